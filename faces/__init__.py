@@ -1,0 +1,1 @@
+"""Face detection, alignment, masks and paste-back (pure numpy/opencv/onnxruntime; never imports ComfyUI)."""

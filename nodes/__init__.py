@@ -1,0 +1,19 @@
+"""Node registry. Each node module exports its own NODE_CLASS_MAPPINGS / NODE_DISPLAY_NAME_MAPPINGS.
+
+Node modules are light at import (no torch model code, no opencv); their cores load when a node runs.
+Node ids never change once released: workflows saved by users refer to them.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+_MODULES: tuple[str, ...] = ()
+
+NODE_CLASS_MAPPINGS: dict[str, type] = {}
+NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {}
+
+for _name in _MODULES:
+    _mod = import_module(f".{_name}", __name__)
+    NODE_CLASS_MAPPINGS.update(_mod.NODE_CLASS_MAPPINGS)
+    NODE_DISPLAY_NAME_MAPPINGS.update(_mod.NODE_DISPLAY_NAME_MAPPINGS)

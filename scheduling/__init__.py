@@ -1,0 +1,1 @@
+"""Training-free token scheduling for diffusion attention (pure torch; never imports ComfyUI)."""

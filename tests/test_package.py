@@ -1,0 +1,132 @@
+"""Packaging and architecture rules that keep the pack installable and layered."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACK_DIRS = ("nodes", "scheduling", "faces")
+PURE_DIRS = ("scheduling", "faces")
+COMFY_ROOTS = {"comfy", "comfy_extras", "comfy_api", "comfy_execution", "folder_paths", "server", "nodes",
+               "node_helpers", "latent_preview", "execution"}
+
+
+def _requirement_names(lines: list[str]) -> list[str]:
+    return [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+
+
+def _pack_files() -> list[Path]:
+    files = [REPO / "__init__.py"]
+    for d in PACK_DIRS:
+        files += sorted((REPO / d).rglob("*.py"))
+    return files
+
+
+def _imports(path: Path) -> list[tuple[int, str, int]]:
+    """(level, module, lineno) for every import statement in a file."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [(0, a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            out.append((node.level, node.module or "", node.lineno))
+    return out
+
+
+def test_requirements_equal_project_dependencies() -> None:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    reqs = _requirement_names((REPO / "requirements.txt").read_text(encoding="utf-8").splitlines())
+    assert reqs == pyproject["project"]["dependencies"]
+
+
+def test_torch_is_never_a_requirement() -> None:
+    reqs = _requirement_names((REPO / "requirements.txt").read_text(encoding="utf-8").splitlines())
+    names = [re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower() for r in reqs]
+    assert not {"torch", "torchvision", "torchaudio"} & set(names)
+
+
+def test_pyproject_registry_fields() -> None:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    project = pyproject["project"]
+    assert project["name"] == "tokenfuse"
+    assert re.fullmatch(r"\d+\.\d+\.\d+", project["version"])
+    assert isinstance(project["license"], dict)
+    assert project["classifiers"]
+    assert pyproject["tool"]["comfy"]["PublisherId"]
+    assert pyproject["tool"]["comfy"]["DisplayName"] == "TokenFuse"
+
+
+@pytest.mark.parametrize("path", _pack_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_pack_uses_relative_imports_only(path: Path) -> None:
+    """ComfyUI loads the pack under a path-derived name; `import nodes` would even pick up ComfyUI's own module."""
+    for level, module, lineno in _imports(path):
+        root = module.split(".")[0]
+        assert not (level == 0 and root in set(PACK_DIRS) | {"tokenfuse"}), f"{path}:{lineno} absolute pack import"
+
+
+@pytest.mark.parametrize(
+    "path", [p for d in PURE_DIRS for p in sorted((REPO / d).rglob("*.py"))], ids=lambda p: str(p.relative_to(REPO))
+)
+def test_core_layers_never_import_comfyui(path: Path) -> None:
+    for level, module, lineno in _imports(path):
+        root = module.split(".")[0]
+        assert level > 0 or root not in COMFY_ROOTS, f"{path}:{lineno} imports {module}"
+        if level > 0:
+            assert root not in ("nodes",), f"{path}:{lineno} core imports the node layer"
+
+
+def test_only_the_glue_module_touches_comfy() -> None:
+    offenders = []
+    for path in sorted((REPO / "nodes").rglob("*.py")):
+        if path.name == "comfy_glue.py":
+            continue
+        for level, module, lineno in _imports(path):
+            if level == 0 and module.split(".")[0] in COMFY_ROOTS:
+                offenders.append(f"{path.name}:{lineno} {module}")
+    assert not offenders
+
+
+def test_root_import_is_light() -> None:
+    """Importing the pack must not pull torch, cv2 or onnxruntime (ComfyUI imports every pack at start-up)."""
+    code = (
+        "import importlib.util, sys;"
+        f"spec = importlib.util.spec_from_file_location('tf_light', {str(REPO / '__init__.py')!r},"
+        f" submodule_search_locations=[{str(REPO)!r}]);"
+        "m = importlib.util.module_from_spec(spec); sys.modules['tf_light'] = m; spec.loader.exec_module(m);"
+        "heavy = [k for k in ('torch', 'cv2', 'onnxruntime', 'comfy', 'spandrel') if k in sys.modules];"
+        "assert not heavy, heavy; assert m.NODE_CLASS_MAPPINGS is not None; print(len(m.NODE_CLASS_MAPPINGS))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+
+
+def test_no_print_no_eval_no_unsafe_loading() -> None:
+    bad = []
+    for path in _pack_files():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                fn = node.func
+                name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
+                if name in {"print", "eval", "exec"}:
+                    bad.append(f"{path.name}:{node.lineno} {name}()")
+                if name == "load" and isinstance(fn, ast.Attribute) and getattr(fn.value, "id", "") == "torch":
+                    kw = {k.arg: k.value for k in node.keywords}
+                    ok = isinstance(kw.get("weights_only"), ast.Constant) and kw["weights_only"].value is True
+                    if not ok:
+                        bad.append(f"{path.name}:{node.lineno} torch.load without weights_only=True")
+                if name == "load" and getattr(fn.value, "id", "") == "yaml" if isinstance(fn, ast.Attribute) else False:
+                    bad.append(f"{path.name}:{node.lineno} yaml.load (use yaml.safe_load)")
+    assert not bad
+
+
+def test_no_subprocess_in_pack() -> None:
+    for path in _pack_files():
+        for level, module, lineno in _imports(path):
+            assert module.split(".")[0] not in {"subprocess", "pickle"}, f"{path}:{lineno} imports {module}"
