@@ -1,0 +1,180 @@
+"""The one module that touches ComfyUI (`comfy.*`, `server`, `folder_paths`), always lazily inside functions.
+
+Node modules call these helpers instead of importing ComfyUI, so the pack imports (and its node classes run) in CI
+where ComfyUI is absent. Each helper either has a harmless fallback (progress bar, stats, interrupt check) or
+raises `ComfyUnavailableError` naming what needs ComfyUI.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+log = logging.getLogger(__name__)
+
+# ComfyUI's value of comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, used when ComfyUI is absent (fake models).
+_OUTER_SAMPLE = "outer_sample"
+
+
+class ComfyUnavailableError(RuntimeError):
+    """Raised when a feature needs ComfyUI and the `comfy` package cannot be imported."""
+
+
+def comfy_available() -> bool:
+    """True when ComfyUI's `comfy` package is importable (inside ComfyUI or with its folder on sys.path)."""
+    return "comfy" in sys.modules or importlib.util.find_spec("comfy") is not None
+
+
+def require_comfy(feature: str) -> None:
+    """Raise a clear error when `feature` needs ComfyUI and it is absent."""
+    if not comfy_available():
+        raise ComfyUnavailableError(
+            f"{feature} needs ComfyUI: run it inside ComfyUI (or put the ComfyUI folder on sys.path)."
+        )
+
+
+# ----------------------------------------------------------------------------------------------- progress / cancel
+class _NoProgress:
+    """Stand-in for comfy.utils.ProgressBar outside ComfyUI."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.current = 0
+
+    def update(self, value: int) -> None:
+        self.current += value
+
+    def update_absolute(self, value: int, total: int | None = None, preview: Any = None) -> None:
+        self.current = value
+        if total is not None:
+            self.total = total
+
+
+def progress_bar(total: int) -> Any:
+    """comfy.utils.ProgressBar(total) inside ComfyUI (its update() raises on user cancel); a no-op outside."""
+    if comfy_available():
+        try:
+            import comfy.utils
+
+            return comfy.utils.ProgressBar(total)
+        except ImportError:
+            pass
+    return _NoProgress(total)
+
+
+def throw_if_interrupted() -> None:
+    """Raise ComfyUI's interrupt exception when the user pressed cancel; no-op outside ComfyUI."""
+    if "comfy.model_management" in sys.modules:
+        sys.modules["comfy.model_management"].throw_exception_if_processing_interrupted()
+
+
+# ------------------------------------------------------------------------------------------------ model patching
+def add_outer_sample_wrapper(model: Any, key: str, fn: Callable[..., Any]) -> None:
+    """Attach `fn(executor, *args, **kw)` around one whole sampling run (per-run state reset + summary).
+
+    `model` is a ModelPatcher clone (or a stand-in with add_wrapper_with_key in tests).
+    """
+    wrapper_type = _OUTER_SAMPLE
+    if comfy_available():
+        try:
+            from comfy.patcher_extension import WrappersMP
+
+            wrapper_type = WrappersMP.OUTER_SAMPLE
+        except ImportError:
+            pass
+    model.add_wrapper_with_key(wrapper_type, key, fn)
+
+
+def set_transformer_option(model: Any, key: str, value: Any) -> None:
+    """Set `model.model_options["transformer_options"][key]` without touching dicts shared with other patchers.
+
+    ModelPatcher.clone deep-copies model_options, but a stand-in or a careless node may share them, so the nested
+    dict is copied before it is written.
+    """
+    opts = dict(model.model_options)
+    to = dict(opts.get("transformer_options", {}))
+    to[key] = value
+    opts["transformer_options"] = to
+    model.model_options = opts
+
+
+# ------------------------------------------------------------------------------------------------ family detection
+Route = Literal["unet", "override", "none"]
+
+# model_base classes (matched along the MRO, so subclasses such as Chroma(Flux) or WAN22(WAN21) count).
+_OVERRIDE_MODELS = {"Flux", "WAN21", "QwenImage", "HunyuanVideo", "LTXV"}
+_SDXL_CONFIGS = {"SDXL", "SDXLRefiner", "SSD1B", "Segmind_Vega", "KOALA_700M", "KOALA_1B", "SDXL_instructpix2pix"}
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """How the scheduler can reach a model's attention.
+
+    family: the schedule family ("sd15" for 4-level U-Nets, "sdxl" for 3-level U-Nets, "dit"), or "" if none.
+    route: "unet" (attn1_patch / attn1_output_patch), "override" (optimized_attention_override), "none".
+    name: the model class name, for logs and reports.
+    """
+
+    family: str
+    route: Route
+    name: str
+
+
+def _mro_names(obj: Any) -> list[str]:
+    return [c.__name__ for c in type(obj).__mro__] if obj is not None else []
+
+
+def detect_family(model: Any) -> ModelFamily:
+    """Classify a ModelPatcher by model.model (model_base class), its model_config and its diffusion_model.
+
+    Works on stand-ins too: only class names and `unet_config` are read.
+    """
+    base = getattr(model, "model", None)
+    config = getattr(base, "model_config", None)
+    diffusion = getattr(base, "diffusion_model", None)
+    base_names = _mro_names(base)
+    config_names = _mro_names(config)
+    diffusion_name = type(diffusion).__name__ if diffusion is not None else ""
+    name = (config_names or base_names or [type(model).__name__])[0]
+    if diffusion_name == "UNetModel":
+        if _SDXL_CONFIGS & set(config_names) or "SDXL" in base_names or "SDXLRefiner" in base_names:
+            return ModelFamily("sdxl", "unet", name)
+        unet_config = getattr(config, "unet_config", {}) or {}
+        depth = list(unet_config.get("transformer_depth", []) or [])
+        if depth and depth[0] == 0:  # no attention at full resolution: SDXL-like level layout
+            return ModelFamily("sdxl", "unet", name)
+        return ModelFamily("sd15", "unet", name)
+    if _OVERRIDE_MODELS & set(base_names):
+        return ModelFamily("dit", "override", base_names[0])
+    return ModelFamily("", "none", name if name != "NoneType" else type(model).__name__)
+
+
+# ------------------------------------------------------------------------------------------------ live stats
+def send_stats(event: str, data: dict[str, Any]) -> bool:
+    """Send a websocket event to the ComfyUI frontend when a server runs; False (no-op) otherwise.
+
+    Reads `server` from sys.modules instead of importing it: outside a running server there is nobody to tell, and
+    importing the server module would be expensive.
+    """
+    server = sys.modules.get("server")
+    prompt_server = getattr(server, "PromptServer", None)
+    instance = getattr(prompt_server, "instance", None)
+    if instance is None:
+        return False
+    try:
+        instance.send_sync(event, data)
+    except Exception as exc:  # a stats event must never break sampling
+        log.debug("send_sync(%s) failed: %s", event, exc)
+        return False
+    return True
+
+
+def import_comfy(module: str) -> Any:
+    """Import a ComfyUI module by name (e.g. "comfy.model_management"), or raise ComfyUnavailableError."""
+    require_comfy(module)
+    return importlib.import_module(module)
