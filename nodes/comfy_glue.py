@@ -17,9 +17,6 @@ from typing import Any, Literal
 
 log = logging.getLogger(__name__)
 
-# ComfyUI's value of comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, used when ComfyUI is absent (fake models).
-_OUTER_SAMPLE = "outer_sample"
-
 
 class ComfyUnavailableError(RuntimeError):
     """Raised when a feature needs ComfyUI and the `comfy` package cannot be imported."""
@@ -74,20 +71,27 @@ def throw_if_interrupted() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ model patching
-def add_outer_sample_wrapper(model: Any, key: str, fn: Callable[..., Any]) -> None:
-    """Attach `fn(executor, *args, **kw)` around one whole sampling run (per-run state reset + summary).
+def add_wrapper(model: Any, kind: str, key: str, fn: Callable[..., Any]) -> None:
+    """Attach `fn(executor, *args, **kw)` (must return `executor(*args, **kw)`) as a keyed ModelPatcher wrapper.
 
-    `model` is a ModelPatcher clone (or a stand-in with add_wrapper_with_key in tests).
+    kind: a comfy.patcher_extension.WrappersMP attribute name, e.g. "OUTER_SAMPLE" (one whole sampling run: per-run
+    state reset + summary) or "PREDICT_NOISE" (once per step). `model` is a ModelPatcher clone (or a stand-in with
+    add_wrapper_with_key in tests; the wrapper type then is the lower-case name, ComfyUI's own value).
     """
-    wrapper_type = _OUTER_SAMPLE
+    wrapper_type = kind.lower()
     if comfy_available():
         try:
             from comfy.patcher_extension import WrappersMP
 
-            wrapper_type = WrappersMP.OUTER_SAMPLE
+            wrapper_type = getattr(WrappersMP, kind)
         except ImportError:
             pass
     model.add_wrapper_with_key(wrapper_type, key, fn)
+
+
+def add_outer_sample_wrapper(model: Any, key: str, fn: Callable[..., Any]) -> None:
+    """Attach `fn(executor, *args, **kw)` around one whole sampling run (see add_wrapper)."""
+    add_wrapper(model, "OUTER_SAMPLE", key, fn)
 
 
 def set_transformer_option(model: Any, key: str, value: Any) -> None:
@@ -155,6 +159,12 @@ def detect_family(model: Any) -> ModelFamily:
 
 
 # ------------------------------------------------------------------------------------------------ live stats
+def stats_listener_present() -> bool:
+    """True when a ComfyUI server runs in this process (so live stats have somewhere to go)."""
+    server = sys.modules.get("server")
+    return getattr(getattr(server, "PromptServer", None), "instance", None) is not None
+
+
 def send_stats(event: str, data: dict[str, Any]) -> bool:
     """Send a websocket event to the ComfyUI frontend when a server runs; False (no-op) otherwise.
 
@@ -178,3 +188,86 @@ def import_comfy(module: str) -> Any:
     """Import a ComfyUI module by name (e.g. "comfy.model_management"), or raise ComfyUnavailableError."""
     require_comfy(module)
     return importlib.import_module(module)
+
+
+# ------------------------------------------------------------------------------------------------ model files / memory
+FACERESTORE_FOLDER = "facerestore_models"
+
+
+def facerestore_dirs() -> list[str]:
+    """Folders searched for face-restoration models: ComfyUI's models/facerestore_models (registered with
+    folder_paths on first use, like other face packs do) plus any extra_model_paths entries; [] outside ComfyUI."""
+    if not comfy_available():
+        return []
+    try:
+        import folder_paths
+    except ImportError:
+        return []
+    import os
+
+    default = os.path.join(folder_paths.models_dir, FACERESTORE_FOLDER)
+    folder_paths.add_model_folder_path(FACERESTORE_FOLDER, default)  # no-op when already listed
+    return folder_paths.get_folder_paths(FACERESTORE_FOLDER)
+
+
+def list_facerestore_models(extensions: tuple[str, ...]) -> list[str]:
+    """File names (relative to the facerestore folders) with one of `extensions`; [] outside ComfyUI."""
+    if not facerestore_dirs():
+        return []
+    import folder_paths
+
+    return [f for f in folder_paths.get_filename_list(FACERESTORE_FOLDER) if f.lower().endswith(extensions)]
+
+
+def facerestore_model_path(name: str) -> str:
+    """Full path of a face-restoration model: an existing absolute path as is (scripts, CI), else looked up in
+    models/facerestore_models. Raises FileNotFoundError naming the folder and the fix."""
+    import os
+
+    if os.path.isabs(name) and os.path.isfile(name):
+        return name
+    dirs = facerestore_dirs()
+    if dirs:
+        import folder_paths
+
+        path = folder_paths.get_full_path(FACERESTORE_FOLDER, name)
+        if path:
+            return path
+    where = ", ".join(dirs) if dirs else "ComfyUI/models/facerestore_models (ComfyUI not running: give a full path)"
+    raise FileNotFoundError(
+        f"face-restoration model {name!r} not found in {where}: download e.g. GFPGANv1.4 (.safetensors preferred) "
+        "into models/facerestore_models, then press R in ComfyUI to refresh the list."
+    )
+
+
+def manage_module(module: Any, supports_half: bool = False, supports_bfloat16: bool = False) -> tuple[Any, Any]:
+    """Hand a plain torch module (a face restorer) to ComfyUI's memory manager.
+
+    Casts to fp16 (or bf16) where the device and the model allow it and wraps it in comfy.model_patcher.ModelPatcher,
+    so ComfyUI can offload it when a diffusion model needs the memory; call load_managed before each use.
+    Returns (patcher, dtype); outside ComfyUI (None, torch.float32) with the module left on the CPU.
+    """
+    import torch
+
+    if not comfy_available():
+        return None, torch.float32
+    import comfy.model_management as mm
+    import comfy.model_patcher
+
+    device = mm.get_torch_device()
+    dtype = torch.float32
+    if supports_half and mm.should_use_fp16(device, prioritize_performance=True):
+        dtype = torch.float16
+    elif supports_bfloat16 and mm.should_use_bf16(device, prioritize_performance=True):
+        dtype = torch.bfloat16
+    if next(module.parameters()).dtype != dtype:
+        module.to(dtype)
+    patcher = comfy.model_patcher.ModelPatcher(module, load_device=device, offload_device=mm.unet_offload_device())
+    return patcher, dtype
+
+
+def load_managed(patcher: Any) -> None:
+    """Put a ModelPatcher's weights on the compute device (model_management.load_model_gpu; frees others first)."""
+    import comfy.model_management as mm
+
+    mm.load_model_gpu(patcher)

@@ -1,0 +1,188 @@
+"""Random-weight diffusion models built from real ComfyUI code, for integration tests and bench scripts.
+
+No checkpoint is needed: the architecture comes from ComfyUI's `comfy.supported_models` configs (the published SD1.5 /
+SDXL / Flux hyper-parameters below complete them), weights are drawn here. Random weights are valid for speed, memory
+and "does the patch run / change / stay bit-identical" checks, never for image quality.
+
+Usage (before anything imports comfy.model_management):
+    setup_comfy("/path/to/ComfyUI", cpu=True, sdpa=True)
+    patcher = build_model("sd15", model_channels=32, tiny=True)
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Architecture keys the supported_models classes leave to checkpoint detection (published SD1.5 / SDXL layouts).
+_UNET_ARCH: dict[str, dict[str, Any]] = {
+    "sd15": {
+        "use_checkpoint": False, "image_size": 32, "in_channels": 4, "out_channels": 4, "use_spatial_transformer": True,
+        "legacy": False, "num_res_blocks": [2, 2, 2, 2], "channel_mult": [1, 2, 4, 4],
+        "transformer_depth": [1, 1, 1, 1, 1, 1, 0, 0], "transformer_depth_middle": 1,
+        "transformer_depth_output": [1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0], "use_temporal_resblock": False,
+    },
+    "sdxl": {
+        "use_checkpoint": False, "image_size": 32, "in_channels": 4, "out_channels": 4, "use_spatial_transformer": True,
+        "legacy": False, "num_classes": "sequential", "num_res_blocks": [2, 2, 2], "channel_mult": [1, 2, 4],
+        "transformer_depth_middle": 10, "transformer_depth_output": [0, 0, 0, 2, 2, 2, 10, 10, 10],
+        "num_head_channels": 64, "use_temporal_resblock": False,
+    },
+}
+# Shrunk transformer depths for tests (one block per attention site keeps the layout, not the cost).
+_TINY_DEPTH: dict[str, dict[str, Any]] = {
+    "sd15": {},
+    "sdxl": {"transformer_depth": [0, 0, 1, 1, 1, 1], "transformer_depth_middle": 1,
+             "transformer_depth_output": [0, 0, 0, 1, 1, 1, 1, 1, 1]},
+}
+# Flux.1-dev layout (hidden 3072, 19 double + 38 single blocks); tiny=True keeps the structure at hidden 64.
+_FLUX_FULL = {"in_channels": 16, "out_channels": 16, "vec_in_dim": 768, "context_in_dim": 4096, "hidden_size": 3072,
+              "mlp_ratio": 4.0, "num_heads": 24, "depth": 19, "depth_single_blocks": 38, "axes_dim": [16, 56, 56],
+              "theta": 10000, "patch_size": 2, "qkv_bias": True, "guidance_embed": True}
+_FLUX_TINY = {**_FLUX_FULL, "vec_in_dim": 32, "context_in_dim": 64, "hidden_size": 64, "num_heads": 2, "depth": 1,
+              "depth_single_blocks": 1, "axes_dim": [8, 12, 12]}
+
+FAMILIES = ("sd15", "sdxl", "flux")
+
+
+def setup_comfy(comfyui_path: str | Path, cpu: bool = True, sdpa: bool = True) -> None:
+    """Put ComfyUI on sys.path and set its CLI args before comfy.model_management is imported.
+
+    cpu: force ComfyUI's CPU mode. sdpa: select PyTorch SDPA attention (what NVIDIA users get); otherwise ComfyUI
+    picks its own default for the device (sub-quadratic attention on CPU).
+    """
+    path = str(Path(comfyui_path).resolve())
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    import comfy.cli_args
+
+    if "comfy.model_management" not in sys.modules:
+        comfy.cli_args.args.cpu = cpu
+        comfy.cli_args.args.use_pytorch_cross_attention = sdpa
+    import comfy.model_management  # noqa: F401  (fixes the device / attention choice now)
+
+
+def attention_backend() -> str:
+    """Name of the attention function ComfyUI's U-Net / DiT layers call (e.g. attention_pytorch = SDPA)."""
+    import comfy.ldm.modules.attention as attention
+
+    name = getattr(attention.optimized_attention, "__name__", str(attention.optimized_attention))
+    return {"attention_pytorch": "pytorch-sdpa", "attention_sub_quad": "sub-quadratic", "attention_split": "split",
+            "attention_xformers": "xformers", "attention_basic": "basic", "attention_sage": "sage",
+            "attention_flash": "flash"}.get(name, name)
+
+
+@torch.no_grad()
+def init_random_weights(module: torch.nn.Module, seed: int = 0) -> None:
+    """Seeded fan-in scaled init of every parameter (ComfyUI's layers skip init, so memory is garbage otherwise).
+
+    Matrices/convs: N(0, 1/fan_in); norm scales 1, every other vector 0. Drawn on CPU so the weights do not depend
+    on the device.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    norm_params = set()
+    for m in module.modules():
+        if isinstance(m, (torch.nn.GroupNorm, torch.nn.LayerNorm)) or type(m).__name__ in ("RMSNorm",):
+            if getattr(m, "weight", None) is not None:
+                norm_params.add(id(m.weight))
+    for _, p in module.named_parameters():
+        if id(p) in norm_params:
+            p.fill_(1.0)
+        elif p.ndim >= 2:
+            fan_in = math.prod(p.shape[1:])
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) / math.sqrt(fan_in))
+        elif p.ndim == 1 and p.numel() > 0 and _is_scale(module, p):
+            p.fill_(1.0)
+        else:
+            p.zero_()
+
+
+def _is_scale(module: torch.nn.Module, p: torch.Tensor) -> bool:
+    """A 1-D parameter named like a norm scale (Flux's QKNorm / RMSNorm `scale`)."""
+    for name, q in module.named_parameters():
+        if q is p:
+            return name.endswith("scale")
+    return False
+
+
+def _unet_config(family: str, model_channels: int, tiny: bool, dtype: torch.dtype) -> tuple[Any, dict[str, Any]]:
+    import comfy.supported_models as sm
+
+    cls = {"sd15": sm.SD15, "sdxl": sm.SDXL}[family]
+    cfg = {**cls.unet_config, **_UNET_ARCH[family], "model_channels": model_channels, "dtype": dtype}
+    if tiny:
+        cfg.update(_TINY_DEPTH[family])
+        if family == "sdxl":  # keep >= 2 heads at 64-channel-wide levels
+            cfg["num_head_channels"] = max(8, model_channels // 4)
+    return cls, cfg
+
+
+def build_model(family: str, *, model_channels: int = 320, tiny: bool = False, dtype: torch.dtype = torch.float32,
+                seed: int = 0) -> Any:
+    """A ModelPatcher around a random-weight model of `family` ("sd15", "sdxl" or "flux").
+
+    model_channels: U-Net base width (320 is the real one; tests use 32). tiny: one transformer block per attention
+    site (SDXL) / hidden 64 (Flux). Weights stay on the offload device until ComfyUI loads the model.
+    """
+    import comfy.model_management as mm
+    import comfy.model_patcher
+    import comfy.supported_models as sm
+
+    if family == "flux":
+        cls = sm.Flux
+        cfg = {**sm.Flux.unet_config, **(_FLUX_TINY if tiny else _FLUX_FULL), "dtype": dtype}
+    else:
+        cls, cfg = _unet_config(family, model_channels, tiny, dtype)
+    model_config = cls(cfg)
+    model_config.set_inference_dtype(dtype, None)
+    model = model_config.get_model({}, device=torch.device("cpu"))
+    init_random_weights(model.diffusion_model, seed)
+    model.diffusion_model.to(dtype)
+    return comfy.model_patcher.ModelPatcher(model, load_device=mm.get_torch_device(),
+                                            offload_device=mm.unet_offload_device())
+
+
+def conditioning(family: str, batch: int = 1, tokens: int = 77, seed: int = 1, tiny: bool = False) -> list:
+    """Random text conditioning in ComfyUI's CONDITIONING format ([[cond [B,T,C], {"pooled_output": ...}]])."""
+    gen = torch.Generator().manual_seed(seed)
+    if family == "sd15":
+        return [[torch.randn(batch, tokens, 768, generator=gen), {}]]
+    if family == "sdxl":
+        pooled = torch.randn(batch, 1280, generator=gen)
+        return [[torch.randn(batch, tokens, 2048, generator=gen), {"pooled_output": pooled}]]
+    flux = _FLUX_TINY if tiny else _FLUX_FULL
+    return [[torch.randn(batch, tokens, flux["context_in_dim"], generator=gen),
+             {"pooled_output": torch.randn(batch, flux["vec_in_dim"], generator=gen), "guidance": 3.5}]]
+
+
+def latent_channels(family: str) -> int:
+    return 16 if family == "flux" else 4
+
+
+def model_inputs(patcher: Any, family: str, batch: int, height: int, width: int, seed: int = 0,
+                 tiny: bool = False) -> dict[str, Any]:
+    """Tensors for one direct `model.apply_model` call (what one sampling step feeds the model for a batch).
+
+    height/width in pixels (latent is /8). Returns x [B,C,H/8,W/8], t [B] (sigma), and the model kwargs
+    (c_crossattn, y, guidance) on the model's device and dtype.
+    """
+    import comfy.model_management as mm
+
+    device = mm.get_torch_device()
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, latent_channels(family), height // 8, width // 8, generator=gen)
+    cond, extra = conditioning(family, batch=batch, seed=seed + 1, tiny=tiny)[0]
+    kwargs: dict[str, Any] = {"c_crossattn": cond}
+    if family == "sdxl":
+        kwargs["y"] = patcher.model.encode_adm(pooled_output=extra["pooled_output"], width=width, height=height)
+    elif family == "flux":
+        kwargs["y"] = extra["pooled_output"]
+        kwargs["guidance"] = torch.full((batch,), 3.5)
+    sigma = 1.0 if family == "flux" else 7.0
+    out = {"x": x.to(device), "t": torch.full((batch,), sigma, device=device)}
+    out.update({k: v.to(device) for k, v in kwargs.items()})
+    return out
