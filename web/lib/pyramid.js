@@ -1,0 +1,170 @@
+// Per-block token-reduction ratios ("pyramid"): pure math shared by the chart and its tests.
+//
+// Mirrors scheduling/schedule.py: ratioFor() is Schedule.ratio_for, presetSchedule() is preset_schedule(),
+// SCHEDULE_DEFAULTS are the Schedule dataclass defaults. Keep them line-by-line comparable when either side changes.
+
+export const LEVELS = Object.freeze([8, 16, 32, 64]);
+export const MAX_RATIO = 0.9;
+
+/** Schedule defaults (scheduling/schedule.py, dataclass Schedule). */
+export const SCHEDULE_DEFAULTS = Object.freeze({
+  strategy: "todo",
+  protectBlocks: 2,
+  rampStart: 3,
+  rampStep: 0.0,
+  rampEvery: 2,
+  rampCap: 0.5,
+  startPercent: 0.0,
+  endPercent: 1.0,
+});
+
+/** Levels with self-attention per family (FAMILY_LEVELS). */
+export const FAMILY_LEVELS = Object.freeze({ sd15: [8, 16, 32, 64], sdxl: [16, 32], dit: [] });
+
+/**
+ * Level of each attention site in ComfyUI's transformer_index order (one index per SpatialTransformer).
+ * SD1.5: input 1,2 (/8), 4,5 (/16), 7,8 (/32); middle (/64); output 3-5 (/32), 6-8 (/16), 9-11 (/8).
+ * SDXL: input 4,5 (/16), 7,8 (/32); middle (/32); output 0-2 (/32), 3-5 (/16).
+ */
+export const BLOCK_LEVELS = Object.freeze({
+  sd15: Object.freeze([8, 8, 16, 16, 32, 32, 64, 32, 32, 32, 16, 16, 16, 8, 8, 8]),
+  sdxl: Object.freeze([16, 16, 32, 32, 32, 32, 32, 32, 16, 16, 16]),
+});
+
+/**
+ * Ratio of a level's tokens taken out of attention at one transformer index (Schedule.ratio_for).
+ *
+ * The first protectBlocks indices keep every token. From rampStart on, rampStep is added every rampEvery indices
+ * (the first step already at rampStart), never above rampCap, and never below the level's base ratio.
+ *
+ * @param {number} base the level's ratio (Schedule.ratios[level], 0 when the level is not scheduled)
+ * @param {number} index transformer_index (0-based)
+ * @param {{protectBlocks: number, rampStart: number, rampStep: number, rampEvery: number, rampCap: number}} p
+ * @returns {number} ratio in [0, MAX_RATIO]
+ */
+export function ratioFor(base, index, p) {
+  let r = num(base, 0);
+  if (r <= 0 || index < num(p.protectBlocks, SCHEDULE_DEFAULTS.protectBlocks)) return 0;
+  const step = num(p.rampStep, SCHEDULE_DEFAULTS.rampStep);
+  const start = num(p.rampStart, SCHEDULE_DEFAULTS.rampStart);
+  const every = Math.max(1, num(p.rampEvery, SCHEDULE_DEFAULTS.rampEvery));
+  if (step > 0 && index >= start) {
+    const steps = Math.floor((index - start) / every) + 1;
+    r = Math.max(r, Math.min(num(p.rampCap, SCHEDULE_DEFAULTS.rampCap), r + steps * step));
+  }
+  return round4(Math.min(r, MAX_RATIO));
+}
+
+/** Named presets per family (preset_schedule). Returns a schedule object as resolveSchedule() does. */
+export function presetSchedule(name, family = "sd15") {
+  const d = { ...SCHEDULE_DEFAULTS, ratios: {}, ditRatio: 0 };
+  if (name === "off") return d;
+  if (name === "balanced") {
+    if (family === "sdxl") return { ...d, strategy: "todo", ratios: { 16: 0.75, 32: 0.5 }, protectBlocks: 0 };
+    if (family === "dit") return { ...d, strategy: "topk", ditRatio: 0.5, protectBlocks: 2 };
+    return { ...d, strategy: "todo", ratios: { 8: 0.75, 16: 0.75 }, protectBlocks: 0 };
+  }
+  const strength = { lowvram_8gb: 0.0, lowvram_6gb: 0.05, lowvram_4gb: 0.1 }[name];
+  if (strength === undefined) return null;
+  if (family === "dit") return { ...d, strategy: "topk", ditRatio: 0.6 + strength, protectBlocks: 1, endPercent: 0.9 };
+  const levels = FAMILY_LEVELS[family] ?? FAMILY_LEVELS.sd15;
+  const top = { 8: 0.75, 16: 0.75, 32: 0.5, 64: 0.5 };
+  const ratios = {};
+  for (const lv of levels) ratios[lv] = round4(Math.min(MAX_RATIO, top[lv] + (lv === levels[0] ? 0.14 : 0) + strength));
+  return {
+    ...d, strategy: "todo", ratios, protectBlocks: 0, rampStart: 3, rampStep: 0.05, rampEvery: 2, rampCap: 0.89,
+  };
+}
+
+/** Every Schedule field (dataclass order); schedule_text may set any of them, others are an error in Python. */
+export const SCHEDULE_FIELDS = Object.freeze([
+  "strategy", "ratios", "protect_blocks", "ramp_start", "ramp_step", "ramp_every", "ramp_cap", "start_percent",
+  "end_percent", "adaptive", "pool", "sx", "sy", "dit_ratio", "seed", "telemetry_jsonl", "time_calls",
+]);
+
+const DRAWN_FIELDS = Object.freeze({
+  protect_blocks: "protectBlocks", ramp_start: "rampStart", ramp_step: "rampStep", ramp_every: "rampEvery",
+  ramp_cap: "rampCap", start_percent: "startPercent", end_percent: "endPercent", dit_ratio: "ditRatio",
+});
+
+/**
+ * Apply a schedule_text override (JSON only: YAML text is reported, not previewed) to a schedule object.
+ * @returns {{schedule: object, error: (string|null)}} the schedule unchanged plus an error when the text is unusable
+ */
+export function applyScheduleText(schedule, textValue) {
+  const t = typeof textValue === "string" ? textValue.trim() : "";
+  if (!t) return { schedule, error: null };
+  let data;
+  try {
+    data = JSON.parse(t);
+  } catch {
+    return { schedule, error: "schedule_text is not JSON (YAML is applied at run time, not previewed)" };
+  }
+  if (!data || typeof data !== "object" || Array.isArray(data)) {
+    return { schedule, error: "schedule_text must be a mapping of fields" };
+  }
+  const unknown = Object.keys(data).filter((k) => !SCHEDULE_FIELDS.includes(k));
+  if (unknown.length) return { schedule, error: `unknown schedule field(s): ${unknown.join(", ")}` };
+  const out = { ...schedule };
+  if (typeof data.strategy === "string") out.strategy = data.strategy;
+  if ("ratios" in data) {
+    const r = data.ratios;
+    if (!r || typeof r !== "object" || Array.isArray(r)) return { schedule, error: "ratios must be {level: ratio}" };
+    const ratios = {};
+    for (const [k, v] of Object.entries(r)) {
+      const lv = Number(k);
+      const x = num(v, NaN);
+      if (!LEVELS.includes(lv) || !(x >= 0 && x <= MAX_RATIO)) return { schedule, error: `bad ratios entry ${k}: ${v}` };
+      ratios[lv] = x;
+    }
+    out.ratios = ratios;
+  }
+  for (const [key, name] of Object.entries(DRAWN_FIELDS)) {
+    if (!(key in data)) continue;
+    const x = num(data[key], NaN);
+    if (!Number.isFinite(x)) return { schedule, error: `${key} must be a number` };
+    out[name] = x;
+  }
+  return { schedule: out, error: null };
+}
+
+/**
+ * The schedule the chart shows, from the node's widget values ({name: value}; any key may be missing).
+ * Mirrors nodes/scheduler_node.py schedule_from_widgets: the preset for the family, then the strategy widget
+ * ("preset" keeps the preset's), then ratio (> 0 replaces the ratio at every level the preset reduces; preset "off"
+ * stays identity), then schedule_text.
+ */
+export function resolveSchedule(values, family = "sd15") {
+  const v = values || {};
+  const preset = typeof v.preset === "string" && presetSchedule(v.preset, family) ? v.preset : "off";
+  let schedule = presetSchedule(preset, family);
+  if (typeof v.strategy === "string" && v.strategy !== "preset" && family !== "dit") {
+    schedule = { ...schedule, strategy: v.strategy };
+  }
+  const ratio = clamp(num(v.ratio, 0), 0, MAX_RATIO);
+  if (ratio > 0 && preset !== "off") {
+    if (family === "dit") schedule = { ...schedule, ditRatio: ratio };
+    else schedule = { ...schedule, ratios: Object.fromEntries(Object.keys(schedule.ratios).map((lv) => [lv, ratio])) };
+  }
+  const { schedule: final, error } = applyScheduleText(schedule, v.schedule_text);
+  return { ...final, preset, textError: error };
+}
+
+/** Chart series: one bar per transformer index with its level and ratio. */
+export function pyramidSeries(schedule, family = "sd15") {
+  const levels = BLOCK_LEVELS[family] ?? BLOCK_LEVELS.sd15;
+  return levels.map((level, index) => ({ index, level, ratio: ratioFor(schedule.ratios?.[level] ?? 0, index, schedule) }));
+}
+
+function num(x, fallback) {
+  const v = typeof x === "string" && x.trim() !== "" ? Number(x) : x;
+  return typeof v === "number" && Number.isFinite(v) ? v : fallback;
+}
+
+function clamp(x, lo, hi) {
+  return Math.min(hi, Math.max(lo, x));
+}
+
+function round4(x) {
+  return Math.round(x * 1e4) / 1e4;
+}

@@ -1,0 +1,118 @@
+// `tokenfuse.stats` websocket events: validation, node matching and text formatting (pure).
+//
+// Payload (sent by the Python side with PromptServer.instance.send_sync("tokenfuse.stats", payload)):
+// {
+//   "node": "12" | null,          // unique id of the TokenSchedulerController that scheduled the model, or null
+//   "step": 3, "steps": 20,       // 1-based step just finished, total steps of the run
+//   "step_time_s": 0.41,          // wall time of that step in seconds
+//   "peak_mem_mb": 3120.5 | null, // peak device memory so far in MiB (null when unknown, e.g. CPU)
+//   "levels": [{"level": 8, "tokens_in": 4096, "tokens_out": 2458}, ...],  // per U-Net level (factor vs image)
+//   "final": false,               // true on the last event of a run
+//   "summary": null | "..."       // one-line run summary, set on the final event
+// }
+
+/**
+ * A clean copy of an event payload, or null when it is not a usable stats payload.
+ * Unknown fields are dropped, numbers are coerced, bad level entries are skipped.
+ */
+export function normalizeStats(detail) {
+  if (!detail || typeof detail !== "object") return null;
+  const step = int(detail.step);
+  const steps = int(detail.steps);
+  if (step === null || steps === null || steps <= 0) return null;
+  const levels = Array.isArray(detail.levels)
+    ? detail.levels
+        .map((l) => ({ level: int(l?.level), tokensIn: int(l?.tokens_in), tokensOut: int(l?.tokens_out) }))
+        .filter((l) => l.level !== null && l.tokensIn !== null && l.tokensOut !== null && l.tokensIn >= 0)
+        .sort((a, b) => a.level - b.level)
+    : [];
+  return {
+    node: detail.node === null || detail.node === undefined ? null : String(detail.node),
+    step: Math.max(0, Math.min(step, steps)),
+    steps,
+    stepTimeS: float(detail.step_time_s),
+    peakMemMb: float(detail.peak_mem_mb),
+    levels,
+    final: detail.final === true,
+    summary: typeof detail.summary === "string" && detail.summary ? detail.summary : null,
+  };
+}
+
+/**
+ * Which candidate nodes an event belongs to.
+ *
+ * @param {string|null} eventNode the payload's `node`
+ * @param {{id: (number|string), inRoot: boolean}[]} candidates TokenSchedulerController nodes of the open graph
+ * @returns {number[]} indices into candidates
+ *
+ * null → every candidate. "12" → the root-graph node with id 12. "7:12" (a node inside a subgraph) → candidates
+ * with id 12 that are not in the root graph.
+ */
+export function matchEventToNodes(eventNode, candidates) {
+  const out = [];
+  (candidates || []).forEach((c, i) => {
+    if (eventNode === null || eventNode === undefined) {
+      out.push(i);
+      return;
+    }
+    const target = String(eventNode);
+    const id = String(c.id);
+    if (!target.includes(":")) {
+      if (target === id && c.inRoot !== false) out.push(i);
+    } else if (c.inRoot === false && target.split(":").pop() === id) {
+      out.push(i);
+    }
+  });
+  return out;
+}
+
+/** Compact token count: 950, 4.1k, 65.5k, 1.2M. */
+export function formatTokens(n) {
+  if (typeof n !== "number" || !Number.isFinite(n)) return "?";
+  const a = Math.abs(n);
+  if (a < 1000) return String(Math.round(n));
+  if (a < 1e6) return `${(n / 1e3).toFixed(a < 1e4 ? 1 : 0)}k`;
+  return `${(n / 1e6).toFixed(1)}M`;
+}
+
+/** "0.41 s", "38 ms", "—" when unknown. */
+export function formatSeconds(s) {
+  if (typeof s !== "number" || !Number.isFinite(s) || s < 0) return "—";
+  return s < 1 ? `${Math.round(s * 1000)} ms` : `${s.toFixed(2)} s`;
+}
+
+/** "3.05 GiB", "512 MiB", "—" when unknown. */
+export function formatMemMb(mb) {
+  if (typeof mb !== "number" || !Number.isFinite(mb) || mb < 0) return "—";
+  return mb >= 1024 ? `${(mb / 1024).toFixed(2)} GiB` : `${Math.round(mb)} MiB`;
+}
+
+/** Kept fraction of one level (1 when nothing came in). */
+export function keptFraction(level) {
+  return level.tokensIn > 0 ? Math.max(0, Math.min(1, level.tokensOut / level.tokensIn)) : 1;
+}
+
+/** Label of one level's bar: "/8  4.1k → 2.5k (60%)". */
+export function levelLabel(level) {
+  const pct = Math.round(keptFraction(level) * 100);
+  return `/${level.level}  ${formatTokens(level.tokensIn)} → ${formatTokens(level.tokensOut)} (${pct}%)`;
+}
+
+/** Header lines for the node: progress, step time and peak memory, then the summary when the run is done. */
+export function statsLines(stats) {
+  if (!stats) return [];
+  const head = stats.final ? `done ${stats.steps} steps` : `step ${stats.step}/${stats.steps}`;
+  const lines = [`${head} · ${formatSeconds(stats.stepTimeS)}/step · peak ${formatMemMb(stats.peakMemMb)}`];
+  if (stats.final && stats.summary) lines.push(stats.summary);
+  return lines;
+}
+
+function int(x) {
+  const v = typeof x === "string" && x.trim() !== "" ? Number(x) : x;
+  return typeof v === "number" && Number.isFinite(v) ? Math.trunc(v) : null;
+}
+
+function float(x) {
+  const v = typeof x === "string" && x.trim() !== "" ? Number(x) : x;
+  return typeof v === "number" && Number.isFinite(v) ? v : null;
+}

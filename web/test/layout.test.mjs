@@ -1,0 +1,57 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { columnBars, rowBars, windowSpan, levelColor, panelRect } from "../lib/layout.js";
+import { viewRoutes } from "../lib/preview.js";
+
+const RECT = { x: 10, y: 20, w: 100, h: 50 };
+
+test("column bars fill the width and stand on the bottom edge", () => {
+  const bars = columnBars([0, 0.5, 1], RECT, { gap: 5, maxValue: 1 });
+  assert.equal(bars.length, 3);
+  assert.equal(bars[0].x, 10);
+  assert.ok(Math.abs(bars[2].x + bars[2].w - 110) < 1e-9);
+  assert.equal(bars[0].h, 0);
+  assert.equal(bars[1].h, 25);
+  assert.equal(bars[2].y, 20);
+  for (const b of bars) assert.equal(b.y + b.h, 70);
+});
+
+test("column bars clamp values and survive empty input", () => {
+  assert.deepEqual(columnBars([], RECT), []);
+  const [b] = columnBars([5], RECT, { maxValue: 1 });
+  assert.equal(b.h, 50);
+  const [n] = columnBars([NaN], RECT, { maxValue: 1 });
+  assert.equal(n.h, 0);
+  assert.deepEqual(columnBars([1], { ...RECT, w: 0 }), []);
+});
+
+test("row bars stack from the top with the filled part proportional", () => {
+  const rows = rowBars([1, 0.25], RECT, { gap: 2, maxRowH: 10 });
+  assert.equal(rows[0].track.y, 20);
+  assert.equal(rows[1].track.y, 32);
+  assert.equal(rows[0].fill.w, 100);
+  assert.equal(rows[1].fill.w, 25);
+});
+
+test("window span covers start..end of the rect", () => {
+  assert.deepEqual(windowSpan(0.2, 0.6, RECT), { x: 30, y: 20, w: 40, h: 50 });
+  assert.equal(windowSpan(0.8, 0.2, RECT).w, 0);
+});
+
+test("level colours are stable and fall back to grey", () => {
+  assert.equal(levelColor(8), "#4fa3e0");
+  assert.equal(levelColor(128), "#999999");
+});
+
+test("panel rect sits at the bottom of the node, null when it does not fit", () => {
+  assert.deepEqual(panelRect([300, 400], 150, 8), { x: 8, y: 250, w: 284, h: 142 });
+  assert.equal(panelRect([300, 100], 150), null);
+  assert.equal(panelRect(undefined, 150), null);
+  assert.deepEqual(panelRect(new Float32Array([300, 400]), 150, 8), { x: 8, y: 250, w: 284, h: 142 });
+});
+
+test("preview routes carry filename, subfolder and type", () => {
+  const r = viewRoutes([{ filename: "a b.png", subfolder: "", type: "temp" }, { filename: "" }, null], 7);
+  assert.deepEqual(r, ["/view?filename=a+b.png&subfolder=&type=temp&rand=7"]);
+  assert.deepEqual(viewRoutes(undefined), []);
+});

@@ -1,0 +1,67 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import {
+  normalizeStats, matchEventToNodes, formatTokens, formatSeconds, formatMemMb, levelLabel, statsLines, keptFraction,
+} from "../lib/stats.js";
+
+const EVENT = {
+  node: "12", step: 3, steps: 20, step_time_s: 0.41, peak_mem_mb: 3120.5,
+  levels: [{ level: 16, tokens_in: 1024, tokens_out: 700 }, { level: 8, tokens_in: 4096, tokens_out: 2458 }],
+  final: false, summary: null,
+};
+
+test("normalizeStats keeps a valid payload and sorts levels", () => {
+  const s = normalizeStats(EVENT);
+  assert.equal(s.node, "12");
+  assert.equal(s.step, 3);
+  assert.deepEqual(s.levels.map((l) => l.level), [8, 16]);
+  assert.equal(s.levels[0].tokensOut, 2458);
+  assert.equal(s.peakMemMb, 3120.5);
+});
+
+test("normalizeStats rejects junk and skips bad levels", () => {
+  assert.equal(normalizeStats(null), null);
+  assert.equal(normalizeStats({ step: 1 }), null);
+  assert.equal(normalizeStats({ step: 1, steps: 0 }), null);
+  const s = normalizeStats({ node: 7, step: 25, steps: 20, peak_mem_mb: null, levels: [{ level: 8 }, null, "x"] });
+  assert.equal(s.node, "7");
+  assert.equal(s.step, 20);
+  assert.equal(s.peakMemMb, null);
+  assert.deepEqual(s.levels, []);
+});
+
+test("events match nodes by id, subgraph path or broadcast", () => {
+  const nodes = [{ id: 12, inRoot: true }, { id: 3, inRoot: true }, { id: 12, inRoot: false }];
+  assert.deepEqual(matchEventToNodes("12", nodes), [0]);
+  assert.deepEqual(matchEventToNodes("5:12", nodes), [2]);
+  assert.deepEqual(matchEventToNodes(null, nodes), [0, 1, 2]);
+  assert.deepEqual(matchEventToNodes("99", nodes), []);
+  assert.deepEqual(matchEventToNodes("12", undefined), []);
+});
+
+test("formatting helpers", () => {
+  assert.equal(formatTokens(950), "950");
+  assert.equal(formatTokens(4096), "4.1k");
+  assert.equal(formatTokens(65536), "66k");
+  assert.equal(formatTokens(1_200_000), "1.2M");
+  assert.equal(formatTokens(undefined), "?");
+  assert.equal(formatSeconds(0.038), "38 ms");
+  assert.equal(formatSeconds(1.5), "1.50 s");
+  assert.equal(formatSeconds(null), "—");
+  assert.equal(formatMemMb(512), "512 MiB");
+  assert.equal(formatMemMb(3120.5), "3.05 GiB");
+  assert.equal(formatMemMb(null), "—");
+});
+
+test("level label and kept fraction", () => {
+  const l = { level: 8, tokensIn: 4096, tokensOut: 2458 };
+  assert.equal(levelLabel(l), "/8  4.1k → 2.5k (60%)");
+  assert.equal(keptFraction({ level: 8, tokensIn: 0, tokensOut: 0 }), 1);
+});
+
+test("statsLines shows progress while running and the summary at the end", () => {
+  assert.deepEqual(statsLines(null), []);
+  assert.deepEqual(statsLines(normalizeStats(EVENT)), ["step 3/20 · 410 ms/step · peak 3.05 GiB"]);
+  const fin = normalizeStats({ ...EVENT, step: 20, final: true, summary: "tokens -38%, 1.21x" });
+  assert.deepEqual(statsLines(fin), ["done 20 steps · 410 ms/step · peak 3.05 GiB", "tokens -38%, 1.21x"]);
+});
