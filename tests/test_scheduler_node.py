@@ -1,0 +1,249 @@
+"""TokenSchedulerController without ComfyUI: widgets → Schedule, text override, report, clone-not-mutate (fake MODEL).
+
+The fake ModelPatcher below mirrors the few ModelPatcher methods the node uses (clone deep-copies model_options, as
+ComfyUI's does); family detection reads class names, so the fake model classes carry ComfyUI's names.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import replace
+
+import pytest
+import torch
+from tokenfuse.nodes import comfy_glue
+from tokenfuse.nodes.scheduler_node import (
+    TokenSchedulerController,
+    chain_attention_override,
+    schedule_from_widgets,
+)
+from tokenfuse.scheduling.plan import TokenPlan
+from tokenfuse.scheduling.schedule import ScheduleError, preset_schedule
+
+NODE = TokenSchedulerController()
+
+
+# ---- stand-ins with ComfyUI's class names (detect_family reads names only) ----
+class UNetModel:
+    pass
+
+
+class Flux:  # model_base.Flux
+    def __init__(self) -> None:
+        self.model_config = None
+        self.diffusion_model = object()
+
+
+class SD3:  # model_base.SD3: reachable only by block replacement
+    def __init__(self) -> None:
+        self.model_config = None
+        self.diffusion_model = object()
+
+
+class SD15:
+    unet_config = {"transformer_depth": [1, 1, 1, 1, 1, 1, 0, 0]}
+
+
+class SDXL:
+    unet_config = {"transformer_depth": [0, 0, 2, 2, 10, 10]}
+
+
+class BaseModel:
+    def __init__(self, config: object) -> None:
+        self.model_config = config
+        self.diffusion_model = UNetModel()
+
+
+class FakeModelPatcher:
+    def __init__(self, model: object, model_options: dict | None = None) -> None:
+        self.model = model
+        self.model_options = model_options if model_options is not None else {"transformer_options": {}}
+        self.wrappers: dict = {}
+        self.load_device = torch.device("cpu")
+
+    def clone(self) -> FakeModelPatcher:
+        n = FakeModelPatcher(self.model, copy.deepcopy(self.model_options))
+        n.wrappers = {k: {k1: list(w) for k1, w in v.items()} for k, v in self.wrappers.items()}
+        return n
+
+    def set_model_patch(self, patch: object, name: str) -> None:
+        to = self.model_options["transformer_options"]
+        to.setdefault("patches", {})
+        to["patches"][name] = to["patches"].get(name, []) + [patch]
+
+    def set_model_attn1_patch(self, patch: object) -> None:
+        self.set_model_patch(patch, "attn1_patch")
+
+    def set_model_attn1_output_patch(self, patch: object) -> None:
+        self.set_model_patch(patch, "attn1_output_patch")
+
+    def add_wrapper_with_key(self, wrapper_type: str, key: str, fn: object) -> None:
+        self.wrappers.setdefault(wrapper_type, {}).setdefault(key, []).append(fn)
+
+
+def other_attn1(n, ctx, val, extra):  # another pack's attn1 patch (identity)
+    return n, ctx, val
+
+
+def ipadapter_attn2(n, ctx, val, extra):  # stands for IPAdapter's attn2 replacement
+    return n
+
+
+def sd15_model(**options) -> FakeModelPatcher:
+    return FakeModelPatcher(BaseModel(SD15()), {"transformer_options": {}, **options})
+
+
+def snapshot(m: FakeModelPatcher) -> tuple:
+    """Everything the node could mutate, with patch callables compared by identity."""
+    return repr(m.model_options), {k: {k1: list(map(id, w)) for k1, w in v.items()} for k, v in m.wrappers.items()}
+
+
+# ---- widgets → Schedule ----
+def test_preset_widgets_map_to_preset_schedule() -> None:
+    assert schedule_from_widgets("balanced", "preset", 0.0, "sd15") == preset_schedule("balanced", "sd15")
+    assert schedule_from_widgets("balanced", "preset", 0.0, "sdxl") == preset_schedule("balanced", "sdxl")
+    assert schedule_from_widgets("off", "tome", 0.5, "sd15").is_off  # off stays identity whatever the widgets say
+
+
+def test_strategy_and_ratio_widgets_override_the_preset() -> None:
+    s = schedule_from_widgets("balanced", "tome", 0.5, "sd15")
+    assert s.strategy == "tome"
+    assert s.ratios == {lv: 0.5 for lv in preset_schedule("balanced", "sd15").ratios}
+    dit = schedule_from_widgets("balanced", "todo", 0.3, "dit")
+    assert dit.dit_ratio == pytest.approx(0.3) and dit.strategy == preset_schedule("balanced", "dit").strategy
+
+
+def test_schedule_text_overrides_widgets_json_and_yaml() -> None:
+    s = schedule_from_widgets("balanced", "tome", 0.5, "sd15", '{"ratios": {"8": 0.25}, "end_percent": 0.6}')
+    assert s.strategy == "tome" and s.ratios == {8: 0.25} and s.end_percent == pytest.approx(0.6)
+    y = schedule_from_widgets("balanced", "preset", 0.0, "sd15", "strategy: topk\nprotect_blocks: 3\n")
+    assert y.strategy == "topk" and y.protect_blocks == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [('{"end_percent": 2}', "end_percent"), ("ratios: {8: 1.5}", "ratios[8]"), ('{"strenght": 1}', "strenght")],
+)
+def test_schedule_text_error_names_the_field(text: str, field: str) -> None:
+    with pytest.raises(ScheduleError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        NODE.apply(sd15_model(), "balanced", "preset", 0.0, schedule_text=text)
+
+
+# ---- the node on a fake MODEL ----
+def test_model_is_cloned_not_mutated_and_patches_chain() -> None:
+    model = sd15_model()
+    model.set_model_attn1_patch(other_attn1)
+    model.model_options["transformer_options"]["patches_replace"] = {"attn2": {("input", 1): ipadapter_attn2}}
+    before = snapshot(model)
+    patched, report = NODE.apply(model, "balanced", "preset", 0.0)
+    assert snapshot(model) == before
+    assert patched is not model
+    patches = patched.model_options["transformer_options"]["patches"]
+    assert patches["attn1_patch"][0] is other_attn1 and len(patches["attn1_patch"]) == 2  # theirs first, then ours
+    assert len(patches["attn1_output_patch"]) == 1
+    assert patched.model_options["transformer_options"]["patches_replace"]["attn2"][("input", 1)] is ipadapter_attn2
+    assert list(patched.wrappers["outer_sample"]) == ["tokenfuse"]
+    assert "SD15 (sd15, attn1 patches)" in report and "strategy todo" in report and "/8:0.75" in report
+
+
+def test_sdxl_family_and_token_plan_reach_transformer_options() -> None:
+    model = FakeModelPatcher(BaseModel(SDXL()))
+    plan = TokenPlan(importance=torch.ones(1, 64, 64), image_size=(64, 64))
+    patched, report = NODE.apply(model, "balanced", "preset", 0.0, token_plan=plan)
+    assert patched.model_options["transformer_options"]["tokenfuse_plan"] is plan
+    assert "tokenfuse_plan" not in model.model_options["transformer_options"]
+    assert "(sdxl, attn1 patches)" in report and "/16:0.75" in report and "1 image(s)" in report
+
+
+def test_off_preset_attaches_no_attention_patch() -> None:
+    patched, report = NODE.apply(sd15_model(), "off", "preset", 0.0)
+    assert "patches" not in patched.model_options["transformer_options"]
+    assert "off (identity)" in report
+
+
+def test_dit_family_uses_the_attention_override_and_chains_an_existing_one() -> None:
+    def theirs(func, *args, **kwargs):
+        return func(*args, **kwargs)
+
+    model = FakeModelPatcher(Flux(), {"transformer_options": {"optimized_attention_override": theirs}})
+    before = snapshot(model)
+    patched, report = NODE.apply(model, "balanced", "preset", 0.0)
+    assert snapshot(model) == before
+    override = patched.model_options["transformer_options"]["optimized_attention_override"]
+    assert callable(override) and override is not theirs
+    assert "Flux (dit, attention override)" in report
+
+
+def test_chain_attention_override_runs_both_in_order() -> None:
+    calls: list[str] = []
+
+    def theirs(func, *args, **kwargs):
+        calls.append("theirs")
+        return func(*args, **kwargs) + 1
+
+    def ours(func, *args, **kwargs):
+        calls.append("ours")
+        return func(*args, **kwargs) * 10
+
+    chained = chain_attention_override(ours, theirs)
+    assert chained(lambda x: x, 2) == 30 and calls == ["ours", "theirs"]
+    assert chain_attention_override(ours, None) is ours
+
+
+def test_unsupported_model_passes_through_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    model = FakeModelPatcher(SD3())
+    with caplog.at_level(logging.WARNING):
+        out, report = NODE.apply(model, "balanced", "preset", 0.0)
+    assert out is model and model.model_options == {"transformer_options": {}}
+    assert "unchanged" in report
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+
+
+def test_non_model_input_raises_a_clear_error() -> None:
+    with pytest.raises(TypeError, match="expects a ComfyUI MODEL"):
+        NODE.apply(object(), "balanced", "preset", 0.0)
+
+
+def test_outer_sample_wrapper_resets_and_logs_one_line_even_on_error(caplog: pytest.LogCaptureFixture) -> None:
+    patched, _ = NODE.apply(sd15_model(), "balanced", "preset", 0.0)
+    (wrapper,) = patched.wrappers["outer_sample"]["tokenfuse"]
+    with caplog.at_level(logging.INFO, logger="tokenfuse"):
+        assert wrapper(lambda a, b=0: a + b, 1, b=2) == 3
+        with pytest.raises(RuntimeError):
+            wrapper(lambda: (_ for _ in ()).throw(RuntimeError("cancelled")))
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(lines) == 2 and all("tokens saved" in ln and "peak" in ln for ln in lines)
+
+
+def test_glue_fallbacks_without_a_server() -> None:
+    assert comfy_glue.send_stats("tokenfuse.stats", {"calls": 0}) is False
+    bar = comfy_glue.progress_bar(3)
+    bar.update(1)
+    comfy_glue.throw_if_interrupted()
+
+
+def test_schedule_widget_replace_keeps_frozen_dataclass() -> None:
+    s = schedule_from_widgets("lowvram_6gb", "preset", 0.0, "sd15")
+    assert replace(s, seed=1) != s and s == preset_schedule("lowvram_6gb", "sd15")
+
+
+def test_attached_patches_reduce_tokens_and_the_run_line_reports_them(caplog: pytest.LogCaptureFixture) -> None:
+    """The closures on the fake clone run on real tensors the way a BasicTransformerBlock calls them."""
+    patched, _ = NODE.apply(sd15_model(), "balanced", "preset", 0.0)
+    patches = patched.model_options["transformer_options"]["patches"]
+    (attn1,), (attn1_out,) = patches["attn1_patch"], patches["attn1_output_patch"]
+    (wrapper,) = patched.wrappers["outer_sample"]["tokenfuse"]
+    n = torch.randn(2, 16 * 16, 32)  # latent 16x16: level /8 tokens, batch 2 (CFG)
+    extra = {"original_shape": [2, 4, 16, 16], "transformer_index": 0, "block": ("input", 1), "block_index": 0,
+             "sigmas": torch.tensor([14.6]), "sample_sigmas": torch.tensor([14.6, 7.0, 1.0, 0.0])}
+
+    def sample() -> tuple:
+        q, k, v = attn1(n, n, n, dict(extra))
+        return q, k, v, attn1_out(q, dict(extra))
+
+    with caplog.at_level(logging.INFO, logger="tokenfuse"):
+        q, k, v, out = wrapper(sample)
+    assert q is n and out is n and k.shape == v.shape == (2, 64, 32)  # 2x2 K/V pooling, queries untouched
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert "1/1 attention calls reduced" in line and "37.5% q+k/v tokens saved" in line
