@@ -1,0 +1,102 @@
+"""Artifact check on a fused face crop: catches the failures a token schedule (or fp16) can cause.
+
+A crop fails when it holds NaN/Inf, is near-constant or black, is blown out (most pixels clipped), looks like noise
+(neighbouring pixels uncorrelated: a diverged sampler), or lost identity (embedding similarity to the input face
+below a floor, only when embeddings exist). Thresholds are loose on purpose: a real face crop, even a dark or
+flat-lit one, passes; the check exists to trigger a rerun, not to grade quality.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ArtifactThresholds:
+    """black_mean: mean below this is black. min_std: std below this is near-constant. max_clipped: fraction of
+    pixels with a channel at 0 or 1 above this is blown. min_neighbour_corr: correlation of horizontally/vertically
+    adjacent pixels below this is noise (real photos sit above 0.8). min_identity: cosine similarity floor."""
+
+    black_mean: float = 0.04
+    min_std: float = 0.02
+    max_clipped: float = 0.4
+    min_neighbour_corr: float = 0.5
+    min_identity: float = 0.35
+
+
+@dataclass(frozen=True)
+class ArtifactResult:
+    ok: bool
+    reasons: tuple[str, ...] = ()
+    stats: tuple[tuple[str, float], ...] = ()
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def _neighbour_corr(gray: np.ndarray) -> float:
+    a = np.concatenate([gray[:, :-1].ravel(), gray[:-1, :].ravel()])
+    b = np.concatenate([gray[:, 1:].ravel(), gray[1:, :].ravel()])
+    sa, sb = a.std(), b.std()
+    if sa < 1e-8 or sb < 1e-8:
+        return 1.0
+    return float(((a - a.mean()) * (b - b.mean())).mean() / (sa * sb))
+
+
+def cosine_similarity(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine similarity of two embeddings ([D] each)."""
+    a = np.asarray(a, dtype=np.float64).ravel()
+    b = np.asarray(b, dtype=np.float64).ravel()
+    den = np.linalg.norm(a) * np.linalg.norm(b)
+    return 0.0 if den == 0 else float(a @ b / den)
+
+
+def check_crop(
+    crop: np.ndarray,
+    mask: np.ndarray | None = None,
+    identity_similarity: float | None = None,
+    thresholds: ArtifactThresholds | None = None,
+) -> ArtifactResult:
+    """Check one output crop.
+
+    crop: [H, W, 3] float in [0, 1] (values outside are allowed and count as clipped/non-finite).
+    mask: optional [H, W] face weight in [0, 1]; statistics are taken where mask > 0.5 (the refined region).
+    identity_similarity: cosine similarity between the input face's and the output's embeddings, when known.
+    """
+    t = thresholds or ArtifactThresholds()
+    crop = np.asarray(crop)
+    if crop.ndim != 3 or crop.shape[2] != 3 or crop.shape[0] < 2 or crop.shape[1] < 2:
+        return ArtifactResult(False, (f"bad crop shape {tuple(crop.shape)}",))
+    if not np.isfinite(crop).all():
+        bad = float((~np.isfinite(crop)).mean())
+        return ArtifactResult(False, (f"non-finite values ({bad:.1%})",))
+    x = crop.astype(np.float32)
+    sel = np.ones(x.shape[:2], dtype=bool)
+    if mask is not None:
+        m = np.asarray(mask, dtype=np.float32)
+        if m.shape == x.shape[:2] and (m > 0.5).sum() >= 16:
+            sel = m > 0.5
+    px = x[sel]
+    mean, std = float(px.mean()), float(px.std())
+    clipped = float(((px <= 0.005) | (px >= 0.995)).any(axis=1).mean())
+    gray = x.mean(axis=2)
+    ys, xs = np.nonzero(sel)
+    box = gray[ys.min() : ys.max() + 1, xs.min() : xs.max() + 1]
+    corr = _neighbour_corr(box) if min(box.shape) >= 2 else 1.0
+    reasons = []
+    if mean < t.black_mean:
+        reasons.append(f"black (mean {mean:.3f})")
+    if std < t.min_std:
+        reasons.append(f"near-constant (std {std:.4f})")
+    if clipped > t.max_clipped:
+        reasons.append(f"blown ({clipped:.0%} pixels clipped)")
+    if std >= t.min_std and corr < t.min_neighbour_corr:
+        reasons.append(f"noise (neighbour correlation {corr:.2f})")
+    if identity_similarity is not None and identity_similarity < t.min_identity:
+        reasons.append(f"identity drop (similarity {identity_similarity:.2f} < {t.min_identity})")
+    stats = (("mean", mean), ("std", std), ("clipped", clipped), ("neighbour_corr", corr))
+    if identity_similarity is not None:
+        stats += (("identity", float(identity_similarity)),)
+    return ArtifactResult(not reasons, tuple(reasons), stats)

@@ -1,0 +1,144 @@
+"""Crop, mask and batch geometry for ScheduledFusion (pure numpy/opencv/torch; never imports ComfyUI).
+
+A face is refined in its aligned crop at guide size: `face.affine` maps the frame to a crop_size crop, so the same
+map scaled by guide/crop_size gives the guide-size crop, and the result is resized back to crop_size for Blend
+(which pastes with `face.inverse`). Only the masked face region is re-noised (the noise mask), so the crop's border
+stays as it was and the paste seam is invisible.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cv2
+import numpy as np
+import torch
+
+from ..scheduling.plan import LEVEL_FACTORS, TokenPlan
+from .types import Face
+
+
+def context_transform(crop_size: int, guide_size: int, crop_factor: float = 1.0, max_size: int = 4096
+                      ) -> tuple[np.ndarray, int]:
+    """Map from the face's aligned crop (crop_size px) to the sampled context crop, and that crop's side.
+
+    The aligned crop lands centred at guide_size px; crop_factor > 1 adds context around it. The side is
+    guide_size * crop_factor rounded up to a multiple of 8 (the latent factor), capped at max_size (then the face is
+    sampled below guide size). Returns ([2, 3] float64, side).
+    """
+    cf = max(1.0, float(crop_factor))
+    side = int(math.ceil(guide_size * cf / 8.0) * 8)
+    side = max(64, min(side, int(max_size) // 8 * 8))
+    k = side / (crop_size * cf)
+    t = side / 2.0 - k * crop_size / 2.0
+    return np.array([[k, 0.0, t], [0.0, k, t]], dtype=np.float64), side
+
+
+def context_affine(face: Face, guide_size: int, crop_factor: float = 1.0, max_size: int = 4096
+                   ) -> tuple[np.ndarray, int]:
+    """[2, 3] float64 map from frame pixels to the context crop, and its side."""
+    m_c, side = context_transform(face.crop_size, guide_size, crop_factor, max_size)
+    full = np.vstack([m_c, [0.0, 0.0, 1.0]]) @ np.vstack([np.asarray(face.affine, np.float64), [0.0, 0.0, 1.0]])
+    return full[:2], side
+
+
+def aligned_crop(image: np.ndarray, face: Face, guide_size: int, crop_factor: float = 1.0,
+                 max_size: int = 4096) -> np.ndarray:
+    """image: [H, W, 3] float32 in [0, 1] -> [S, S, 3] float32 context crop (S from context_transform).
+
+    Borders outside the frame are reflected so the VAE sees plausible content (they are never pasted back).
+    """
+    a, side = context_affine(face, guide_size, crop_factor, max_size)
+    crop = cv2.warpAffine(np.ascontiguousarray(image, dtype=np.float32), a, (side, side), flags=cv2.INTER_LINEAR,
+                          borderMode=cv2.BORDER_REFLECT101)
+    return np.clip(crop, 0.0, 1.0)
+
+
+def resize_square(img: np.ndarray, size: int) -> np.ndarray:
+    """Resize [S, S(, C)] to [size, size(, C)]: area filter when shrinking, cubic when growing."""
+    if img.shape[0] == size and img.shape[1] == size:
+        return img.astype(np.float32, copy=True)
+    interp = cv2.INTER_AREA if size < img.shape[0] else cv2.INTER_CUBIC
+    out = cv2.resize(np.ascontiguousarray(img, dtype=np.float32), (size, size), interpolation=interp)
+    return np.clip(out, 0.0, 1.0)
+
+
+def noise_mask_context(face: Face, m_c: np.ndarray, side: int, feather: float = 0.04, grow: float = 0.02
+                       ) -> np.ndarray:
+    """[side, side] float32 in [0, 1]: where the sampler may change the context crop.
+
+    The face mask is warped from crop space by m_c. grow: dilation, feather: Gaussian sigma, both as fractions of
+    the face's size in the context crop (cover the hairline/jaw the landmark mask misses; soft edge, no seam).
+    """
+    m = cv2.warpAffine(np.ascontiguousarray(face.mask, dtype=np.float32), m_c, (side, side), flags=cv2.INTER_LINEAR,
+                       borderValue=0.0)
+    face_px = float(m_c[0, 0]) * face.crop_size
+    if grow > 0:
+        k = int(round(grow * face_px)) * 2 + 1
+        if k > 1:
+            m = cv2.dilate(m, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (k, k)))
+    if feather > 0:
+        m = cv2.GaussianBlur(m, (0, 0), sigmaX=max(0.5, feather * face_px))
+    return np.clip(m, 0.0, 1.0).astype(np.float32)
+
+
+def paste_crop(image: np.ndarray, face: Face, crop: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    """Inverse-warp a [S, S, 3] crop (any S) into a copy of image [H, W, 3] through `mask` (crop space, default the
+    face mask). A preview of what Blend does, used by the geometry tests and the benchmark; pixels with zero mask
+    weight stay bit-identical."""
+    size = crop.shape[0]
+    h, w = image.shape[:2]
+    inv = np.asarray(face.inverse, dtype=np.float64).copy()
+    inv[:, :2] *= face.crop_size / float(size)
+    m = resize_square(np.asarray(face.mask if mask is None else mask, dtype=np.float32), size)
+    back = cv2.warpAffine(np.ascontiguousarray(crop, dtype=np.float32), inv, (w, h), flags=cv2.INTER_LINEAR)
+    alpha = cv2.warpAffine(m, inv, (w, h), flags=cv2.INTER_LINEAR, borderValue=0.0)[..., None]
+    out = image.astype(np.float32, copy=True)
+    sel = alpha[..., 0] > 0
+    out[sel] = (alpha * back + (1.0 - alpha) * out)[sel]
+    return out
+
+
+def face_seed(seed: int, face_number: int) -> int:
+    """Deterministic per-face seed: seed + the face's number in frame-major order (stable across reruns)."""
+    return (int(seed) + int(face_number)) % (2**64)
+
+
+def make_batches(items: list[int], per_batch: int) -> list[list[int]]:
+    """Split face numbers into consecutive batches of at most per_batch (>= 1)."""
+    per_batch = max(1, int(per_batch))
+    return [items[i : i + per_batch] for i in range(0, len(items), per_batch)]
+
+
+def top_tokens(guide_size: int) -> int:
+    """Top-level U-Net tokens for one guide-size image (latent /8 grid)."""
+    return (guide_size // 8) ** 2
+
+
+def crop_plan(masks: np.ndarray, floor: float = 0.1, protect_threshold: float = 0.5,
+              background_keep: float = 0.5) -> TokenPlan:
+    """A TokenPlan in crop space from the noise masks of a batch.
+
+    masks: [B, S, S] float in [0, 1]. Importance = max(mask, floor): the face is protected, the rest may be merged.
+    budgets estimate kept tokens per level: protected tokens plus `background_keep` of the others (the scheduler
+    decides the real reduction; budgets are for the report).
+    """
+    m = torch.from_numpy(np.ascontiguousarray(masks, dtype=np.float32))
+    if m.ndim != 3:
+        raise ValueError(f"crop_plan needs masks [B, S, S], got {tuple(m.shape)}")
+    importance = torch.clamp(m, min=floor, max=1.0)
+    size = int(m.shape[-1])
+    budgets, uniform = [], []
+    for b in range(m.shape[0]):
+        kept: dict[int, int] = {}
+        full: dict[int, int] = {}
+        for f in LEVEL_FACTORS:
+            g = max(1, math.ceil(size / f))
+            pooled = torch.nn.functional.adaptive_max_pool2d(importance[b][None, None], (g, g)).flatten()
+            prot = int((pooled >= protect_threshold).sum())
+            full[f] = g * g
+            kept[f] = prot + int(round((g * g - prot) * background_keep))
+        budgets.append(kept)
+        uniform.append(full)
+    return TokenPlan(importance=importance, image_size=(size, size), budgets=tuple(budgets),
+                     uniform_tokens=tuple(uniform), protect_threshold=protect_threshold)

@@ -1,0 +1,72 @@
+"""The artifact check on real photos: a real face crop passes; black, NaN, constant, blown and noise crops fail."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_fusion_geometry import astronaut_faceset
+from tokenfuse.faces.artifacts import ArtifactThresholds, check_crop, cosine_similarity
+from tokenfuse.faces.fusion_batch import aligned_crop, context_transform, noise_mask_context
+
+
+@pytest.fixture(scope="module")
+def face_crop() -> tuple[np.ndarray, np.ndarray]:
+    img, fs = astronaut_faceset()
+    face = fs.faces[0][0]
+    crop = aligned_crop(img[0], face, 256)
+    m_c, side = context_transform(face.crop_size, 256)
+    return crop, noise_mask_context(face, m_c, side)
+
+
+def test_real_face_crop_passes(face_crop: tuple[np.ndarray, np.ndarray]) -> None:
+    crop, mask = face_crop
+    res = check_crop(crop, mask)
+    assert res.ok, res.reasons
+    assert dict(res.stats)["neighbour_corr"] > 0.8
+    assert check_crop(crop).ok  # without a mask too
+    dark = crop * 0.25  # a dark, underexposed face is still a face
+    assert check_crop(dark, mask).ok, check_crop(dark, mask).reasons
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "reason"),
+    [
+        ("black", lambda c: np.zeros_like(c), "black"),
+        ("nan", lambda c: np.where(np.arange(c.size).reshape(c.shape) % 97 == 0, np.nan, c), "non-finite"),
+        ("inf", lambda c: np.full_like(c, np.inf), "non-finite"),
+        ("grey", lambda c: np.full_like(c, 0.5), "near-constant"),
+        ("noise", lambda c: np.random.default_rng(0).random(c.shape, dtype=np.float32), "noise"),
+        ("blown", lambda c: np.clip(c * 8.0, 0.0, 1.0), "blown"),
+    ],
+)
+def test_broken_crops_fail(face_crop: tuple[np.ndarray, np.ndarray], name: str, make, reason: str) -> None:
+    crop, mask = face_crop
+    res = check_crop(make(crop.copy()), mask)
+    assert not res.ok, name
+    assert any(reason in r for r in res.reasons), res.reasons
+
+
+def test_noise_added_to_a_real_face_fails_but_mild_grain_passes(face_crop: tuple[np.ndarray, np.ndarray]) -> None:
+    crop, mask = face_crop
+    rng = np.random.default_rng(1)
+    grain = np.clip(crop + rng.normal(0, 0.02, crop.shape).astype(np.float32), 0, 1)
+    assert check_crop(grain, mask).ok
+    diverged = np.clip(0.3 * crop + rng.random(crop.shape, dtype=np.float32) * 0.7, 0, 1)
+    assert not check_crop(diverged, mask).ok
+
+
+def test_identity_drop_only_when_embeddings_exist(face_crop: tuple[np.ndarray, np.ndarray]) -> None:
+    crop, mask = face_crop
+    a = np.random.default_rng(2).normal(size=512)
+    assert cosine_similarity(a, a) == pytest.approx(1.0)
+    assert cosine_similarity(a, -a) == pytest.approx(-1.0)
+    assert cosine_similarity(a, np.zeros(512)) == 0.0
+    assert check_crop(crop, mask, identity_similarity=0.8).ok
+    res = check_crop(crop, mask, identity_similarity=0.1)
+    assert not res.ok and "identity drop" in res.reasons[0]
+    assert check_crop(crop, mask, 0.1, ArtifactThresholds(min_identity=0.0)).ok
+
+
+def test_bad_shapes_fail_cleanly() -> None:
+    assert not check_crop(np.zeros((8, 8))).ok
+    assert not check_crop(np.zeros((1, 8, 3))).ok
