@@ -1,0 +1,106 @@
+"""Paste processed aligned crops back into their frame: inverse affine of crop and mask, feathered alpha,
+optional LAB colour transfer and Poisson (seamlessClone) blending. Pixels where the warped mask is 0 are returned
+bit-identical."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from .types import Face
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BlendOptions:
+    """strength: alpha multiplier in [0, 1]; color_transfer: match the crop's LAB mean/std to the frame's face;
+    seamless: Poisson-blend with cv2.seamlessClone before alpha compositing."""
+
+    strength: float = 1.0
+    color_transfer: bool = False
+    seamless: bool = False
+
+
+def _roi(face: Face, h: int, w: int) -> tuple[int, int, int, int] | None:
+    """Integer image rectangle (x0, y0, x1, y1) covering the crop's footprint, clipped to the frame."""
+    s = face.crop_size
+    corners = np.array([[0, 0], [s, 0], [0, s], [s, s]], np.float64)
+    pts = corners @ face.inverse[:, :2].T + face.inverse[:, 2]
+    x0, y0 = np.floor(pts.min(0)).astype(int) - 2
+    x1, y1 = np.ceil(pts.max(0)).astype(int) + 2
+    x0, y0, x1, y1 = max(x0, 0), max(y0, 0), min(x1, w), min(y1, h)
+    return None if x1 <= x0 or y1 <= y0 else (int(x0), int(y0), int(x1), int(y1))
+
+
+def color_transfer(crop: np.ndarray, reference: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Shift crop's LAB mean/std (inside mask) to the reference's. Both [S, S, 3] float32 RGB 0..1."""
+    sel = mask > 0.5
+    if sel.sum() < 16:
+        return crop
+    lab_c = cv2.cvtColor(np.clip(crop, 0, 1).astype(np.float32), cv2.COLOR_RGB2LAB)
+    lab_r = cv2.cvtColor(np.clip(reference, 0, 1).astype(np.float32), cv2.COLOR_RGB2LAB)
+    mc, sc = lab_c[sel].mean(0), lab_c[sel].std(0) + 1e-6
+    mr, sr = lab_r[sel].mean(0), lab_r[sel].std(0)
+    out = (lab_c - mc) * (sr / sc) + mr
+    return np.clip(cv2.cvtColor(out.astype(np.float32), cv2.COLOR_LAB2RGB), 0.0, 1.0)
+
+
+def paste_face(frame: np.ndarray, face: Face, opts: BlendOptions = BlendOptions()) -> np.ndarray:
+    """frame: [H, W, 3] float32 0..1 -> a new frame with face.crop composited in (frame unchanged if no crop)."""
+    if face.crop is None:
+        return frame
+    h, w = frame.shape[:2]
+    roi = _roi(face, h, w)
+    if roi is None:
+        return frame
+    x0, y0, x1, y1 = roi
+    inv = face.inverse.copy()
+    inv[:, 2] -= (x0, y0)  # crop -> ROI coordinates
+    size = (x1 - x0, y1 - y0)
+    crop = np.asarray(face.crop, np.float32)
+    if opts.color_transfer:
+        ref = cv2.warpAffine(frame, face.affine, (face.crop_size, face.crop_size), flags=cv2.INTER_LINEAR,
+                             borderMode=cv2.BORDER_REFLECT101)
+        crop = color_transfer(crop, ref, face.mask)
+    warped = cv2.warpAffine(crop, inv, size, flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT101)
+    alpha = cv2.warpAffine(face.mask.astype(np.float32), inv, size, flags=cv2.INTER_LINEAR,
+                           borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+    alpha = np.clip(alpha, 0.0, 1.0) * float(np.clip(opts.strength, 0.0, 1.0))
+    dst = frame[y0:y1, x0:x1]
+    if opts.seamless:
+        warped = _seamless(warped, dst, alpha)
+    a = alpha[..., None]
+    blended = dst * (1.0 - a) + np.clip(warped, 0.0, 1.0) * a
+    out = frame.copy()
+    out[y0:y1, x0:x1] = np.where(a > 0, blended, dst)
+    return out
+
+
+def _seamless(src: np.ndarray, dst: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """Poisson-blend src into dst inside alpha > 0.5 (uint8 internally); src unchanged if OpenCV refuses."""
+    m = (alpha > 0.5).astype(np.uint8) * 255
+    ys, xs = np.nonzero(m)
+    if len(xs) < 16 or m.shape[0] < 8 or m.shape[1] < 8:
+        return src
+    m[[0, -1], :] = 0
+    m[:, [0, -1]] = 0
+    center = (int((xs.min() + xs.max() + 1) // 2), int((ys.min() + ys.max() + 1) // 2))
+    to8 = lambda x: (np.clip(x, 0, 1) * 255 + 0.5).astype(np.uint8)  # noqa: E731
+    try:
+        out = cv2.seamlessClone(to8(src), to8(dst), m, center, cv2.NORMAL_CLONE)
+    except cv2.error as exc:
+        log.warning("seamless blending skipped for one face: %s", exc)
+        return src
+    return out.astype(np.float32) / 255.0
+
+
+def paste_frame(frame: np.ndarray, faces: tuple[Face, ...], opts: BlendOptions = BlendOptions()) -> np.ndarray:
+    """Paste every face with a crop, in order (later faces over earlier ones). frame: [H, W, 3] float32."""
+    out = frame
+    for face in faces:
+        out = paste_face(out, face, opts)
+    return out

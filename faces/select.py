@@ -1,0 +1,72 @@
+"""Which detected faces a node works on: order, index list, count, size, score and identity filters."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .types import Face, FaceOrder
+
+_KEYS = {
+    "left-right": lambda f: (f.bbox[0] + f.bbox[2]) / 2,
+    "right-left": lambda f: -(f.bbox[0] + f.bbox[2]) / 2,
+    "top-bottom": lambda f: (f.bbox[1] + f.bbox[3]) / 2,
+    "large-small": lambda f: -f.width * f.height,
+    "small-large": lambda f: f.width * f.height,
+    "best-score": lambda f: -f.score,
+}
+
+
+def parse_indices(text: str) -> list[int] | None:
+    """"0, 2, -1" -> [0, 2, -1]; "" or "all" -> None (every face). Raises ValueError naming the bad item."""
+    text = text.strip().lower()
+    if text in ("", "all"):
+        return None
+    out = []
+    for item in text.replace(";", ",").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            out.append(int(item))
+        except ValueError as exc:
+            raise ValueError(
+                f"face index '{item}' is not an integer: write indices like '0,2' or leave empty for all"
+            ) from exc
+    return out
+
+
+@dataclass(frozen=True)
+class Selection:
+    """order: sort key; indices: positions after sorting (None = all; negative counts from the end);
+    max_faces: 0 = no limit; min_size: px of the box's shorter side; reference: [D] unit embedding or None."""
+
+    order: FaceOrder = "large-small"
+    indices: tuple[int, ...] | None = None
+    max_faces: int = 0
+    min_size: float = 0.0
+    score_threshold: float = 0.5
+    reference: np.ndarray | None = None
+    similarity_threshold: float = 0.3
+
+
+def similarity(face: Face, reference: np.ndarray) -> float:
+    """Cosine similarity of a face's embedding to a reference ([D], unit); -1 when the face has no embedding."""
+    if face.embedding is None:
+        return -1.0
+    return float(np.dot(face.embedding, reference))
+
+
+def select_faces(faces: Sequence[Face], sel: Selection) -> list[Face]:
+    kept = [f for f in faces if min(f.width, f.height) >= sel.min_size and f.score >= sel.score_threshold]
+    if sel.reference is not None:
+        kept = [f for f in kept if similarity(f, sel.reference) >= sel.similarity_threshold]
+    kept.sort(key=_KEYS[sel.order])
+    if sel.indices is not None:
+        n = len(kept)
+        kept = [kept[i] for i in sel.indices if -n <= i < n]
+    if sel.max_faces > 0:
+        kept = kept[: sel.max_faces]
+    return kept
