@@ -8,10 +8,11 @@ import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { MAX_RATIO, pyramidSeries, resolveSchedule } from "./lib/pyramid.js";
 import { keptFraction, levelLabel, matchEventToNodes, normalizeStats, statsLines } from "./lib/stats.js";
-import { columnBars, levelColor, panelRect, rowBars, windowSpan } from "./lib/layout.js";
+import { columnBars, levelColor, rowBars, windowSpan } from "./lib/layout.js";
 
 const NODE_TYPE = "TokenFuseTokenSchedulerController";
-const PANEL_H = 196; // chart (~92 px) + stats (~96 px) + padding, below the widgets
+const PANEL_H = 196; // chart (92 px) + stats (~96 px) + padding
+const CHART_WIDGET = "tokenfuse_chart";
 const WATCHED = ["preset", "strategy", "ratio", "schedule_text"]; // nodes/scheduler_node.py widgets
 const TEXT = "#b8b8b8";
 const DIM = "#6c6c6c";
@@ -142,10 +143,8 @@ function drawStats(ctx, rect, stats) {
   });
 }
 
-function drawPanel(node, ctx) {
-  if (node?.flags?.collapsed) return;
-  const rect = panelRect(node.size, PANEL_H, 10);
-  if (!rect) return;
+function drawPanel(node, ctx, rect) {
+  if (node?.flags?.collapsed || !(rect.w > 40) || !(rect.h > 40)) return;
   ctx.save();
   ctx.font = "10px sans-serif";
   try {
@@ -158,6 +157,29 @@ function drawPanel(node, ctx) {
   } finally {
     ctx.restore();
   }
+}
+
+/**
+ * A canvas-drawn widget below the node's own widgets: the frontend lays it out at a fixed height (computeSize)
+ * and lets the multiline schedule_text take the remaining space. Not serialized (no workflow or prompt value).
+ */
+function chartWidget() {
+  return {
+    name: CHART_WIDGET,
+    type: CHART_WIDGET,
+    value: null,
+    serialize: false,
+    options: { serialize: false },
+    computeSize(width) {
+      return [Number.isFinite(width) ? width : 280, PANEL_H];
+    },
+    draw(ctx, node, width, y) {
+      drawPanel(node, ctx, { x: 10, y: y + 2, w: (Number.isFinite(width) ? width : node.size?.[0] ?? 0) - 20, h: PANEL_H - 6 });
+    },
+    mouse() {
+      return false;
+    },
+  };
 }
 
 function redraw(node) {
@@ -209,21 +231,14 @@ app.registerExtension({
     if (nodeData?.name !== NODE_TYPE) return;
     const proto = nodeType.prototype;
 
-    const computeSize = proto.computeSize;
-    proto.computeSize = function (...args) {
-      const size = computeSize.apply(this, args);
-      if (size && Number.isFinite(size[1])) {
-        size[0] = Math.max(size[0], 280);
-        size[1] += PANEL_H;
-      }
-      return size;
-    };
-
     const onNodeCreated = proto.onNodeCreated;
     proto.onNodeCreated = function (...args) {
       const r = onNodeCreated?.apply(this, args);
       try {
         watchWidgets(this);
+        if (typeof this.addCustomWidget === "function" && !this.widgets?.some((w) => w?.name === CHART_WIDGET)) {
+          this.addCustomWidget(chartWidget());
+        }
         const min = this.computeSize?.();
         if (min) {
           const w = Math.max(this.size?.[0] ?? 0, min[0] ?? 280);
@@ -233,13 +248,6 @@ app.registerExtension({
       } catch (err) {
         warnOnce(err);
       }
-      return r;
-    };
-
-    const onDrawForeground = proto.onDrawForeground;
-    proto.onDrawForeground = function (ctx, ...rest) {
-      const r = onDrawForeground?.apply(this, [ctx, ...rest]);
-      if (ctx) drawPanel(this, ctx);
       return r;
     };
   },

@@ -48,11 +48,3 @@ export function windowSpan(startPercent, endPercent, rect) {
 export function levelColor(level) {
   return { 8: "#4fa3e0", 16: "#59c27a", 32: "#e0b44f", 64: "#d9675b" }[level] ?? "#999999";
 }
-
-/** Where the chart panel goes: the bottom `panelH` pixels of a node of size [w, h], inset by `pad`. */
-export function panelRect(size, panelH, pad = 8) {
-  const w = Array.isArray(size) || ArrayBuffer.isView(size) ? Number(size[0]) : 0;
-  const h = Array.isArray(size) || ArrayBuffer.isView(size) ? Number(size[1]) : 0;
-  if (!(w > 2 * pad) || !(h > panelH)) return null;
-  return { x: pad, y: h - panelH, w: w - 2 * pad, h: panelH - pad };
-}

@@ -92,10 +92,10 @@ export function keptFraction(level) {
   return level.tokensIn > 0 ? Math.max(0, Math.min(1, level.tokensOut / level.tokensIn)) : 1;
 }
 
-/** Label of one level's bar: "/8  4.1k → 2.5k (60%)". */
+/** Label of one level's bar: "/8  4.1k → 2.5k tokens (kept 60%)". */
 export function levelLabel(level) {
   const pct = Math.round(keptFraction(level) * 100);
-  return `/${level.level}  ${formatTokens(level.tokensIn)} → ${formatTokens(level.tokensOut)} (${pct}%)`;
+  return `/${level.level}  ${formatTokens(level.tokensIn)} → ${formatTokens(level.tokensOut)} tokens (kept ${pct}%)`;
 }
 
 /** Header lines for the node: progress, step time and peak memory, then the summary when the run is done. */

@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { columnBars, rowBars, windowSpan, levelColor, panelRect } from "../lib/layout.js";
+import { columnBars, rowBars, windowSpan, levelColor } from "../lib/layout.js";
 import { viewRoutes } from "../lib/preview.js";
 
 const RECT = { x: 10, y: 20, w: 100, h: 50 };
@@ -41,13 +41,6 @@ test("window span covers start..end of the rect", () => {
 test("level colours are stable and fall back to grey", () => {
   assert.equal(levelColor(8), "#4fa3e0");
   assert.equal(levelColor(128), "#999999");
-});
-
-test("panel rect sits at the bottom of the node, null when it does not fit", () => {
-  assert.deepEqual(panelRect([300, 400], 150, 8), { x: 8, y: 250, w: 284, h: 142 });
-  assert.equal(panelRect([300, 100], 150), null);
-  assert.equal(panelRect(undefined, 150), null);
-  assert.deepEqual(panelRect(new Float32Array([300, 400]), 150, 8), { x: 8, y: 250, w: 284, h: 142 });
 });
 
 test("preview routes carry filename, subfolder and type", () => {

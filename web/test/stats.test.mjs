@@ -55,7 +55,7 @@ test("formatting helpers", () => {
 
 test("level label and kept fraction", () => {
   const l = { level: 8, tokensIn: 4096, tokensOut: 2458 };
-  assert.equal(levelLabel(l), "/8  4.1k → 2.5k (60%)");
+  assert.equal(levelLabel(l), "/8  4.1k → 2.5k tokens (kept 60%)");
   assert.equal(keptFraction({ level: 8, tokensIn: 0, tokensOut: 0 }), 1);
 });
 
