@@ -271,3 +271,176 @@ def load_managed(patcher: Any) -> None:
     import comfy.model_management as mm
 
     mm.load_model_gpu(patcher)
+
+
+# ------------------------------------------------------------------------------------------------ ScheduledFusion
+# Test hook: when > 0, the next fusion_sample calls raise ComfyUI's OOM exception (one per count). Set by the
+# ScheduledFusion node from the environment variable FUSION_OOM_ENV at the start of each run (or by tests directly).
+FUSION_OOM_ENV = "TOKENFUSE_FUSION_INDUCE_OOM"
+_fusion_oom_left = [0]
+
+
+def fusion_induce_oom(times: int) -> None:
+    """Make the next `times` fusion_sample calls raise the OOM exception (tests, demos of the fallback chain)."""
+    _fusion_oom_left[0] = max(0, int(times))
+
+
+def fusion_oom_exception() -> type[BaseException]:
+    """comfy.model_management.OOM_EXCEPTION inside ComfyUI (torch.cuda.OutOfMemoryError), MemoryError outside."""
+    mm = sys.modules.get("comfy.model_management")
+    if mm is None and comfy_available():
+        mm = importlib.import_module("comfy.model_management")
+    return getattr(mm, "OOM_EXCEPTION", MemoryError) if mm is not None else MemoryError
+
+
+def fusion_is_oom(exc: BaseException) -> bool:
+    oom = fusion_oom_exception()
+    return isinstance(exc, MemoryError) or (oom is not Exception and isinstance(exc, oom))
+
+
+def fusion_is_interrupt(exc: BaseException) -> bool:
+    """True for ComfyUI's cancel exception (it must propagate, never count as a failed face)."""
+    return type(exc).__name__ == "InterruptProcessingException"
+
+
+def fusion_sampler_choices() -> tuple[list[str], list[str]]:
+    """(sampler names, scheduler names) from comfy.samplers.KSampler; a minimal list outside ComfyUI."""
+    if comfy_available():
+        try:
+            import comfy.samplers
+
+            return list(comfy.samplers.KSampler.SAMPLERS), list(comfy.samplers.KSampler.SCHEDULERS)
+        except ImportError:
+            pass
+    return ["euler", "euler_ancestral", "dpmpp_2m"], ["normal", "karras", "simple"]
+
+
+def fusion_sample(model: Any, latent: Any, noise_mask: Any, seeds: list[int], plan: Any, *, steps: int, cfg: float,
+                  sampler_name: str, scheduler: str, positive: Any, negative: Any, denoise: float) -> Any:
+    """Sample a batch of face latents through ComfyUI's own sampler path (comfy.sample.sample, as KSampler does).
+
+    latent: [B, C, h, w]; noise_mask: [B, 1, S, S] in [0, 1] (1 = may change); seeds: one per batch item, so each
+    face's noise is the same whether it is sampled alone or in a batch. plan: a crop-space TokenPlan or None; it
+    reaches the attention patches through transformer_options["tokenfuse_plan"] on a clone.
+    """
+    require_comfy("ScheduledFusion sampling")
+    import comfy.sample
+    import comfy.utils
+    import torch
+
+    if _fusion_oom_left[0] > 0:
+        _fusion_oom_left[0] -= 1
+        raise fusion_oom_exception()(f"out of memory induced by {FUSION_OOM_ENV} (test hook)")
+    latent_image = comfy.sample.fix_empty_latent_channels(model, latent)
+    noise = torch.cat([comfy.sample.prepare_noise(latent_image[i : i + 1], int(s)) for i, s in enumerate(seeds)])
+    m = model
+    if plan is not None:
+        m = model.clone()
+        set_transformer_option(m, "tokenfuse_plan", plan)
+    quiet = not comfy.utils.PROGRESS_BAR_ENABLED
+    return comfy.sample.sample(m, noise, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
+                               denoise=denoise, noise_mask=noise_mask, disable_pbar=quiet, seed=int(seeds[0]))
+
+
+def fusion_vae_encode(vae: Any, pixels: Any, tiled: bool) -> Any:
+    """pixels [B, S, S, 3] float 0..1 -> latent, with ComfyUI's VAE (tiled: vae.encode_tiled)."""
+    return vae.encode_tiled(pixels[..., :3]) if tiled else vae.encode(pixels[..., :3])
+
+
+def fusion_vae_decode(vae: Any, latent: Any, tiled: bool) -> Any:
+    """latent -> pixels [B, S, S, 3] float 0..1 (tiled: vae.decode_tiled)."""
+    out = vae.decode_tiled(latent) if tiled else vae.decode(latent)
+    return out.reshape((-1,) + tuple(out.shape[-3:])) if out.ndim == 5 else out
+
+
+def fusion_device(model: Any) -> Any:
+    """The device sampling runs on (model.load_device; ComfyUI's torch device otherwise)."""
+    dev = getattr(model, "load_device", None)
+    if dev is None and comfy_available():
+        import comfy.model_management as mm
+
+        dev = mm.get_torch_device()
+    return dev
+
+
+def fusion_peak_reset(device: Any) -> None:
+    import torch
+
+    if device is not None and torch.device(device).type == "cuda" and torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def fusion_peak_bytes(device: Any) -> int | None:
+    """Peak allocated device memory since fusion_peak_reset (CUDA); None where the device cannot tell (CPU)."""
+    import torch
+
+    if device is not None and torch.device(device).type == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.max_memory_allocated(device))
+    return None
+
+
+def fusion_empty_cache() -> None:
+    if "comfy.model_management" in sys.modules:
+        sys.modules["comfy.model_management"].soft_empty_cache()
+
+
+def insightface_dirs() -> list[str]:
+    """Folders for insightface-style ONNX models (models/insightface), registering the name if ComfyUI lacks it."""
+    if not comfy_available():
+        return []
+    import os
+
+    import folder_paths
+
+    if "insightface" not in folder_paths.folder_names_and_paths:
+        folder_paths.add_model_folder_path("insightface", os.path.join(folder_paths.models_dir, "insightface"))
+    return list(folder_paths.get_folder_paths("insightface"))
+
+
+def list_insightface_onnx() -> list[str]:
+    """ONNX files (relative names) under models/insightface; [] outside ComfyUI."""
+    import os
+
+    out: list[str] = []
+    for root in insightface_dirs():
+        if not os.path.isdir(root):
+            continue
+        for dirpath, _, files in os.walk(root):
+            for f in files:
+                if f.lower().endswith(".onnx"):
+                    out.append(os.path.relpath(os.path.join(dirpath, f), root).replace(os.sep, "/"))
+    return sorted(set(out))
+
+
+def insightface_model_path(name: str) -> str:
+    """Full path of an ONNX model in models/insightface (an existing absolute path is returned as is)."""
+    import os
+
+    if os.path.isabs(name) and os.path.isfile(name):
+        return name
+    for root in insightface_dirs():
+        path = os.path.join(root, name)
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError(
+        f"model {name!r} not found in models/insightface: put the ONNX file (e.g. inswapper_128.onnx, "
+        "w600k_r50.onnx) there and press R in ComfyUI to refresh the list."
+    )
+
+
+def face_model_dirs(kind: str) -> list[str]:
+    """Model folders of `kind` ("facedetection" or "insightface"): ComfyUI's models/<kind> (registered on first use)
+    plus extra_model_paths entries; outside ComfyUI, $TOKENFUSE_MODELS/<kind> when that variable is set, else []."""
+    import os
+
+    if comfy_available():
+        try:
+            import folder_paths
+
+            if kind not in folder_paths.folder_names_and_paths:
+                folder_paths.add_model_folder_path(kind, os.path.join(folder_paths.models_dir, kind))
+            return list(folder_paths.get_folder_paths(kind))
+        except ImportError:
+            pass
+    root = os.environ.get("TOKENFUSE_MODELS")
+    return [os.path.join(root, kind)] if root else []

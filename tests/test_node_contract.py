@@ -7,7 +7,7 @@ import tokenfuse
 
 MAPPINGS = tokenfuse.NODE_CLASS_MAPPINGS
 
-EXPECTED_IDS = {"TokenFuseTokenSchedulerController"}  # grows as nodes land; ids never change once released
+EXPECTED_IDS = {"TokenFuseTokenSchedulerController", "TokenFuseScheduledFusion"}  # grows as nodes land; ids never change once released
 
 
 def _inputs(cls: type) -> list[tuple[str, str, object]]:

@@ -1,0 +1,153 @@
+"""Identity pre-swap with an inswapper_128-style ONNX model, applied to the aligned crop before diffusion refinement.
+
+What the model needs (the layout of insightface's `inswapper_128.onnx`):
+- input `target`: [1, 3, 128, 128] float32 RGB in [0, 1], the target face aligned to the ArcFace 5-point template
+  scaled to 128 px (insightface's `arcface_dst * 128 / 112`);
+- input `source`: [1, 512] float32, the source identity latent = L2-normalised(ArcFace embedding @ emap), where the
+  ArcFace embedding is the L2-normalised 512-d output of a recognition model (e.g. buffalo_l/w600k_r50.onnx, input
+  [1, 3, 112, 112], (RGB - 127.5) / 127.5) and `emap` is the 512 x 512 matrix stored as the model's last
+  initializer (named "emap" here when present);
+- output: [1, 3, 128, 128] float32 RGB in [0, 1], the swapped face.
+The 128-px result is blurry by design: ScheduledFusion warps it back into the guide-size crop and the diffusion pass
+that follows re-details it. Reading `emap` needs the `onnx` package (insightface itself depends on it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+# insightface's arcface_dst (112-px ArcFace template); inswapper works on the same template at 128 px.
+ARCFACE_112 = np.array(
+    [[38.2946, 51.6963], [73.5318, 51.5014], [56.0252, 71.7366], [41.5493, 92.3655], [70.7299, 92.2041]],
+    dtype=np.float64,
+)
+SWAP_SIZE = 128
+
+
+class SwapModelError(ValueError):
+    """The swap model file is missing, malformed or of the wrong signature; the message names the fix."""
+
+
+def _similarity(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    m, _ = cv2.estimateAffinePartial2D(np.asarray(src, np.float64), np.asarray(dst, np.float64), method=cv2.LMEDS)
+    if m is None:
+        raise SwapModelError("could not fit the face landmarks to the ArcFace template (degenerate landmarks)")
+    return m
+
+
+def read_emap(path: Path) -> np.ndarray:
+    """The [512, 512] float32 `emap` initializer of an inswapper model (by name, else the last 512x512 one)."""
+    try:
+        import onnx
+        from onnx import numpy_helper
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise SwapModelError(
+            "the identity pre-swap reads the model's emap with the `onnx` package: pip install onnx"
+        ) from exc
+    model = onnx.load(str(path), load_external_data=False)
+    inits = list(model.graph.initializer)
+    named = [t for t in inits if t.name == "emap"]
+    square = [t for t in inits if list(t.dims) == [512, 512]]
+    pick = named[-1] if named else (square[-1] if square else None)
+    if pick is None:
+        raise SwapModelError(f"{path} has no 512x512 'emap' initializer: is it an inswapper_128 model?")
+    return numpy_helper.to_array(pick).astype(np.float32)
+
+
+class InSwapper:
+    """An inswapper_128-style model: swap(target_crop_128, source_latent) -> swapped 128 crop."""
+
+    def __init__(self, model_path: Path, providers: list[str] | None = None) -> None:
+        import onnxruntime as ort
+
+        self.path = Path(model_path)
+        if not self.path.is_file():
+            raise SwapModelError(f"swap model {self.path} not found: put inswapper_128.onnx in models/insightface/")
+        self.session = ort.InferenceSession(str(self.path), providers=providers or ["CPUExecutionProvider"])
+        inputs = {i.name: list(i.shape) for i in self.session.get_inputs()}
+        if set(inputs) != {"target", "source"} or inputs["target"][1:] != [3, SWAP_SIZE, SWAP_SIZE] \
+                or inputs["source"][-1] != 512:
+            raise SwapModelError(
+                f"{self.path} is not an inswapper_128-style model: inputs {inputs}, want target [1,3,128,128] and "
+                "source [1,512]"
+            )
+        self.emap = read_emap(self.path)
+
+    def source_latent(self, embedding: np.ndarray) -> np.ndarray:
+        """ArcFace embedding [512] -> the model's source input [1, 512] (emap-projected, unit length)."""
+        e = np.asarray(embedding, np.float32).reshape(1, -1)
+        e = e / max(float(np.linalg.norm(e)), 1e-12)
+        lat = e @ self.emap
+        return (lat / max(float(np.linalg.norm(lat)), 1e-12)).astype(np.float32)
+
+    def swap128(self, target: np.ndarray, latent: np.ndarray) -> np.ndarray:
+        """target: [128, 128, 3] float32 RGB 0..1 on the ArcFace-128 template -> [128, 128, 3] float32 0..1."""
+        blob = np.ascontiguousarray(target.transpose(2, 0, 1)[None], dtype=np.float32)
+        out = self.session.run(None, {"target": blob, "source": latent.astype(np.float32)})[0]
+        return np.clip(np.asarray(out, np.float32)[0].transpose(1, 2, 0), 0.0, 1.0)
+
+
+def swap_in_crop(crop: np.ndarray, landmarks: np.ndarray, swapper: InSwapper, latent: np.ndarray,
+                 feather: float = 0.1) -> np.ndarray:
+    """Swap the face in an aligned crop.
+
+    crop: [S, S, 3] float32 RGB 0..1; landmarks: [5, 2] in crop pixels. The face is warped to the ArcFace-128
+    template, swapped, and warped back (upscaled) into the crop through a feathered square mask; pixels outside the
+    128-px window are unchanged. Returns [S, S, 3] float32.
+    """
+    side = crop.shape[0]
+    m = _similarity(landmarks, ARCFACE_112 * (SWAP_SIZE / 112.0))
+    target = cv2.warpAffine(np.ascontiguousarray(crop, np.float32), m, (SWAP_SIZE, SWAP_SIZE), flags=cv2.INTER_AREA
+                            if side > SWAP_SIZE else cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT101)
+    swapped = swapper.swap128(target, latent)
+    inv = cv2.invertAffineTransform(m)
+    back = cv2.warpAffine(swapped, inv, (side, crop.shape[1]), flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REPLICATE)
+    win = np.zeros((SWAP_SIZE, SWAP_SIZE), np.float32)
+    pad = int(SWAP_SIZE * feather)
+    win[pad:-pad or None, pad:-pad or None] = 1.0
+    win = cv2.GaussianBlur(win, (0, 0), sigmaX=max(0.5, pad / 2.0))
+    alpha = cv2.warpAffine(win, inv, (side, crop.shape[1]), flags=cv2.INTER_LINEAR, borderValue=0.0)[..., None]
+    return np.clip(alpha * back + (1.0 - alpha) * crop, 0.0, 1.0).astype(np.float32)
+
+
+def arcface_crop(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
+    """[112, 112, 3] ArcFace-aligned crop of image [H, W, 3] (same dtype) from 5 landmarks, for embedding."""
+    m = _similarity(landmarks, ARCFACE_112)
+    return cv2.warpAffine(np.ascontiguousarray(image), m, (112, 112), flags=cv2.INTER_LINEAR,
+                          borderMode=cv2.BORDER_CONSTANT)
+
+
+class ArcFaceOnnx:
+    """An ArcFace recognition ONNX (input [N, 3, 112, 112], output [N, D]) on float RGB 0..1 images.
+
+    Normalisation as insightface: (RGB*255 - 127.5) / 127.5, NCHW; the output is L2-normalised.
+    """
+
+    def __init__(self, model_path: Path, providers: list[str] | None = None) -> None:
+        import onnxruntime as ort
+
+        self.path = Path(model_path)
+        if not self.path.is_file():
+            raise SwapModelError(f"ArcFace model {self.path} not found: put e.g. w600k_r50.onnx in models/insightface/")
+        self.session = ort.InferenceSession(str(self.path), providers=providers or ["CPUExecutionProvider"])
+        inp = self.session.get_inputs()[0]
+        if list(inp.shape[1:]) != [3, 112, 112]:
+            raise SwapModelError(f"{self.path} is not an ArcFace model (input {inp.shape}, want Nx3x112x112)")
+        self.input_name = inp.name
+
+    def embed_crop112(self, crop112: np.ndarray) -> np.ndarray:
+        blob = ((np.asarray(crop112, np.float32) * 255.0 - 127.5) / 127.5).transpose(2, 0, 1)[None]
+        vec = np.asarray(self.session.run(None, {self.input_name: np.ascontiguousarray(blob)})[0], np.float32)
+        vec = vec.reshape(-1)
+        return vec / max(float(np.linalg.norm(vec)), 1e-12)
+
+    def embed_image(self, rgb: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
+        """rgb: [H, W, 3] float 0..1; landmarks: [5, 2] pixels. Returns [D] float32, unit length."""
+        return self.embed_crop112(arcface_crop(np.asarray(rgb, np.float32), landmarks))
+
+    def embed_crop(self, crop: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
+        """Same as embed_image, for a crop with landmarks in crop pixels (FusionBackend.embed)."""
+        return self.embed_image(crop, landmarks)

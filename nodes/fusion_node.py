@@ -1,0 +1,290 @@
+"""ScheduledFusion: refine each face in its aligned crop at guide size through ComfyUI's own sampler.
+
+Every model patch upstream (TokenSchedulerController, ControlNet, IPAdapter/InstantID/PuLID) applies, since sampling
+goes through comfy.sample.sample with a noise mask. Fallbacks (OOM, artifacts) are reported in the STRING output.
+
+"Scheduling off" (the artifact fallback) = a clone with `transformer_options["tokenfuse_disabled"] = True` and
+TokenFuse's attn1 patches / wrappers removed, so it works whether or not the patches honour the flag.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, get_args
+
+from ..faces.fallback import PRESET_ORDER, FallbackMode
+from . import comfy_glue
+
+log = logging.getLogger(__name__)
+
+DISABLED_KEY = "tokenfuse_disabled"
+WRAPPER_KEY = "tokenfuse"
+_PATCH_LISTS = ("attn1_patch", "attn1_output_patch")
+
+
+def _is_ours(fn: Any) -> bool:
+    mod = getattr(fn, "__module__", "") or ""
+    return mod.endswith(".scheduling.patches") or mod.endswith(".nodes.scheduler_node")
+
+
+def strip_tokenfuse(model: Any) -> Any:
+    """A clone of `model` with TokenFuse scheduling off: flag set for the patches, our patches and wrappers removed.
+
+    Other packs' patches (ControlNet, IPAdapter, ...) stay. The input model is never touched.
+    """
+    m = model.clone()
+    opts = dict(m.model_options)
+    to = dict(opts.get("transformer_options", {}))
+    patches = {k: list(v) for k, v in to.get("patches", {}).items()}
+    for name in _PATCH_LISTS:
+        if name in patches:
+            patches[name] = [p for p in patches[name] if not _is_ours(p)]
+    to["patches"] = patches
+    to[DISABLED_KEY] = True
+    opts["transformer_options"] = to
+    m.model_options = opts
+    remove = getattr(m, "remove_wrappers_with_key", None)
+    if callable(remove):
+        for wtype in list(getattr(m, "wrappers", {}) or {}):
+            remove(wtype, WRAPPER_KEY)
+    return m
+
+
+def repatch_with_preset(model: Any, preset: str) -> tuple[Any, str]:
+    """(model re-scheduled with `preset`, note). Uses the scheduler API (nodes/scheduler_node.schedule_model on a
+    stripped clone); when it is unavailable the model is returned as is and the note says the step was skipped."""
+    try:
+        from ..scheduling.schedule import preset_schedule
+        from .scheduler_node import schedule_model
+    except ImportError as exc:
+        return model, f"stronger preset {preset} skipped (scheduler API unavailable: {exc})"
+    family = comfy_glue.detect_family(model)
+    if family.route == "none":
+        return model, f"stronger preset {preset} skipped (model family not schedulable)"
+    base = strip_tokenfuse(model)
+    comfy_glue.set_transformer_option(base, DISABLED_KEY, False)
+    patched, _ = schedule_model(base, preset_schedule(preset, family.family), family)
+    return patched, ""
+
+
+def _stronger_presets() -> tuple[str, ...]:
+    try:
+        from ..scheduling.schedule import Preset
+        from .scheduler_node import schedule_model  # noqa: F401 - availability check
+    except ImportError:
+        return ()
+    return tuple(p for p in PRESET_ORDER if p in get_args(Preset) and p != "off")
+
+
+class ScheduledFusion:
+    """Per-face diffusion refinement in aligned crops, with fallbacks that are always reported."""
+
+    DESCRIPTION = (
+        "Refines every face in its aligned crop at guide size: VAE encode, sampling through ComfyUI's own sampler with "
+        "a noise mask from the face mask (so every model patch upstream applies, TokenSchedulerController included), "
+        "VAE decode. Faces of a frame share a batch when the budget allows. On out-of-memory it splits the batch, "
+        "re-schedules stronger, tiles the VAE, then lowers the guide size; broken outputs are rerun with scheduling "
+        "off; faces that still fail pass through unchanged. Optional inswapper identity pre-swap. Connect FACES to "
+        "Blend to paste the crops back."
+    )
+    CATEGORY = "TokenFuse"
+    FUNCTION = "fuse"
+    RETURN_TYPES = ("IMAGE", "FACES", "STRING")
+    RETURN_NAMES = ("crops", "faces", "report")
+    OUTPUT_TOOLTIPS = (
+        "The fused aligned face crops, one per face in frame order (faces that passed through: the input crop).",
+        "The FACES carrying the fused crops (Face.crop) for GFPGANEnhance / Blend.",
+        "Per face: seed, guide size, U-Net tokens, time, peak memory, fallbacks fired and warnings.",
+    )
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict[str, dict[str, tuple]]:
+        samplers, schedulers = comfy_glue.fusion_sampler_choices()
+        onnx = comfy_glue.list_insightface_onnx()
+        return {
+            "required": {
+                "model": ("MODEL", {"tooltip": "The diffusion model, usually from TokenSchedulerController."}),
+                "vae": ("VAE", {"tooltip": "The VAE of the model (encodes/decodes the face crops)."}),
+                "positive": ("CONDITIONING", {"tooltip": "Prompt conditioning for the faces."}),
+                "negative": ("CONDITIONING", {"tooltip": "Negative conditioning for the faces."}),
+                "image": ("IMAGE", {"tooltip": "The frames the FACES were detected on."}),
+                "faces": ("FACES", {"tooltip": "Faces from FaceDetect (or PatchTokenize) on the same frames."}),
+                "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF, "control_after_generate": True,
+                                 "tooltip": "Base seed; face k (frame-major order) uses seed + k, stable across "
+                                            "reruns."}),
+                "steps": ("INT", {"default": 20, "min": 1, "max": 10000,
+                                  "tooltip": "Sampling steps (with denoise < 1 only the last part runs)."}),
+                "cfg": ("FLOAT", {"default": 7.0, "min": 0.0, "max": 100.0, "step": 0.1,
+                                  "tooltip": "Classifier-free guidance scale (4-8 typical for face refinement)."}),
+                "sampler_name": (samplers, {"default": samplers[0], "tooltip": "ComfyUI sampler."}),
+                "scheduler": (schedulers, {"default": schedulers[0], "tooltip": "ComfyUI noise schedule."}),
+                "denoise": ("FLOAT", {"default": 0.45, "min": 0.0, "max": 1.0, "step": 0.01,
+                                      "tooltip": "How much of the face is re-generated: 0.3-0.5 refines and keeps "
+                                                 "identity; above 0.6 the face changes."}),
+                "guide_size": ("INT", {"default": 512, "min": 64, "max": 2048, "step": 8,
+                                       "tooltip": "Face resolution sampled (pixels). 512 suits SD1.5, 1024 SDXL; "
+                                                  "smaller is faster and lighter."}),
+                "max_size": ("INT", {"default": 1024, "min": 64, "max": 4096, "step": 8,
+                                     "tooltip": "Cap on the sampled crop side (guide_size x crop_factor)."}),
+                "crop_factor": ("FLOAT", {"default": 1.0, "min": 1.0, "max": 4.0, "step": 0.1,
+                                          "tooltip": "Context around the aligned face crop: 1 = the crop itself; 1.5 "
+                                                     "gives the model more hair/neck (more tokens)."}),
+                "feather": ("FLOAT", {"default": 0.04, "min": 0.0, "max": 0.25, "step": 0.01,
+                                      "tooltip": "Noise-mask edge softness as a fraction of the face size "
+                                                 "(0.02-0.08 hides the seam)."}),
+                "faces_per_batch": ("INT", {"default": 2, "min": 1, "max": 8,
+                                            "tooltip": "Faces of one frame sampled together (2-3 fit 6-8 GB at 512 "
+                                                       "with scheduling; an OOM splits the batch)."}),
+                "fallback": (list(get_args(FallbackMode)), {
+                    "default": "auto",
+                    "tooltip": "auto: OOM -> split batch, stronger preset, tiled VAE, smaller guide; artifacts -> "
+                               "rerun with scheduling off. oom-only / artifacts-only: one chain. off: failing faces "
+                               "pass through. Every fallback is reported."}),
+            },
+            "optional": {
+                "token_plan": ("TOKEN_PLAN", {
+                    "tooltip": "When connected, a crop-space plan built from each face mask protects face tokens "
+                               "(its protect threshold is used)."}),
+                "swap_model": (["none", *onnx], {
+                    "default": "none",
+                    "tooltip": "Identity pre-swap: an inswapper_128-style ONNX in models/insightface. The 128-px swap "
+                               "is re-detailed by the diffusion pass. Needs source_faces (and an ArcFace model when "
+                               "they carry no embedding)."}),
+                "arcface_model": (["none", *onnx], {
+                    "default": "none",
+                    "tooltip": "ArcFace recognition ONNX (e.g. w600k_r50.onnx) in models/insightface: source "
+                               "embedding for the swap and the identity-drop artifact check."}),
+                "source_image": ("IMAGE", {"tooltip": "The image holding the source identity for the swap."}),
+                "source_faces": ("FACES", {"tooltip": "FaceDetect on source_image; its first face is the source."}),
+            },
+        }
+
+    def fuse(self, model: Any, vae: Any, positive: Any, negative: Any, image: Any, faces: Any, seed: int, steps: int,
+             cfg: float, sampler_name: str, scheduler: str, denoise: float, guide_size: int, max_size: int,
+             crop_factor: float, feather: float, faces_per_batch: int, fallback: str, token_plan: Any = None,
+             swap_model: str = "none", arcface_model: str = "none", source_image: Any = None,
+             source_faces: Any = None, backend: Any = None) -> tuple[Any, Any, str]:
+        """backend: a faces.fusion_run.FusionBackend to use instead of ComfyUI's (tests)."""
+        import numpy as np
+        import torch
+
+        from ..faces.fallback import FaceReport, FallbackConfig, format_report
+        from ..faces.fusion_run import FusionSettings, run_fusion
+        from ..faces.types import FaceSet
+
+        if not isinstance(faces, FaceSet):
+            raise TypeError(f"faces must be a FACES output (FaceSet), got {type(faces).__name__}: connect FaceDetect.")
+        if not isinstance(image, torch.Tensor) or image.ndim != 4 or image.shape[-1] < 3:
+            raise ValueError("image must be an IMAGE [B, H, W, 3]: connect a LoadImage / VAE Decode output.")
+        frames = image[..., :3].detach().float().cpu().numpy()
+        faces.check_image(int(image.shape[1]), int(image.shape[2]), int(image.shape[0]))
+        if faces.count == 0:
+            log.warning("ScheduledFusion: no faces in %d frame(s); nothing to refine (Blend returns the image as is).",
+                        faces.batch_size)
+            empty = torch.zeros((0, guide_size, guide_size, 3))
+            return empty, faces, format_report([], "ScheduledFusion: no faces detected; image unchanged.")
+        protect = float(getattr(token_plan, "protect_threshold", 0.5)) if token_plan is not None else 0.5
+        settings = FusionSettings(
+            seed=int(seed), guide_size=int(guide_size) // 8 * 8, max_size=int(max_size), crop_factor=float(crop_factor),
+            feather=float(feather), faces_per_batch=int(faces_per_batch), use_plan=token_plan is not None,
+            protect_threshold=protect,
+            fallback=FallbackConfig(mode=fallback, stronger_presets=_stronger_presets(),  # type: ignore[arg-type]
+                                    min_guide=max(64, min(256, int(guide_size) // 2))),
+        )
+        if backend is None:
+            backend = self._comfy_backend(model, vae, positive, negative, steps, cfg, sampler_name, scheduler, denoise,
+                                          faces.count)
+        swap_note = self._setup_swap(backend, swap_model, arcface_model, source_image, source_faces)
+        result = run_fusion(frames, faces, settings, backend)
+        crops = result.crops
+        size = crops[0].shape[0]
+        crops = [c if c.shape[0] == size else _resize(c, size) for c in crops]
+        out = torch.from_numpy(np.stack(crops).astype(np.float32))
+        reports: list[FaceReport] = result.reports
+        header = (f"ScheduledFusion: {faces.count} face(s) in {faces.batch_size} frame(s), "
+                  f"guide {settings.guide_size}, steps {steps}, denoise {denoise}, fallback {fallback}, "
+                  f"plan {'on' if settings.use_plan else 'off'}"
+                  f"{swap_note}")
+        report = format_report(reports, header)
+        log.info("%s", report.splitlines()[-1])
+        return out, result.faces, report
+
+    @staticmethod
+    def _comfy_backend(model: Any, vae: Any, positive: Any, negative: Any, steps: int, cfg: float, sampler_name: str,
+                       scheduler: str, denoise: float, total: int) -> Any:
+        from ..faces.fusion_run import FusionBackend
+
+        comfy_glue.require_comfy("ScheduledFusion")
+        comfy_glue.fusion_induce_oom(int(os.environ.get(comfy_glue.FUSION_OOM_ENV, "0") or 0))
+        device = comfy_glue.fusion_device(model)
+        pbar = comfy_glue.progress_bar(total)
+        cache: dict[tuple[bool, str], tuple[Any, str]] = {}
+
+        def model_for(attempt: Any) -> tuple[Any, str]:
+            key = (attempt.scheduling, attempt.preset)
+            if key not in cache:
+                if not attempt.scheduling:
+                    cache[key] = (strip_tokenfuse(model), "")
+                elif attempt.preset:
+                    cache[key] = repatch_with_preset(model, attempt.preset)
+                else:
+                    cache[key] = (model, "")
+            return cache[key]
+
+        def sample(m: Any, latent: Any, mask: Any, seeds: list[int], plan: Any) -> Any:
+            return comfy_glue.fusion_sample(m, latent, mask, seeds, plan, steps=steps, cfg=cfg,
+                                            sampler_name=sampler_name, scheduler=scheduler, positive=positive,
+                                            negative=negative, denoise=denoise)
+
+        return FusionBackend(
+            encode=lambda px, tiled: comfy_glue.fusion_vae_encode(vae, px, tiled),
+            decode=lambda lat, tiled: comfy_glue.fusion_vae_decode(vae, lat, tiled),
+            sample=sample,
+            model_for=model_for,
+            is_oom=comfy_glue.fusion_is_oom,
+            is_fatal=comfy_glue.fusion_is_interrupt,
+            progress=lambda: pbar.update(1),
+            peak_reset=lambda: comfy_glue.fusion_peak_reset(device),
+            peak_bytes=lambda: comfy_glue.fusion_peak_bytes(device),
+            empty_cache=comfy_glue.fusion_empty_cache,
+        )
+
+    @staticmethod
+    def _setup_swap(backend: Any, swap_model: str, arcface_model: str, source_image: Any, source_faces: Any) -> str:
+        """Attach the identity pre-swap (and the identity check's embedder) to the backend; returns a report note."""
+        from ..faces.swap import ArcFaceOnnx, InSwapper, swap_in_crop
+
+        embedder = None
+        if arcface_model and arcface_model != "none":
+            embedder = ArcFaceOnnx(comfy_glue.insightface_model_path(arcface_model))
+            backend.embed = embedder.embed_crop
+        if not swap_model or swap_model == "none":
+            return ""
+        if source_faces is None or source_faces.count == 0:
+            raise ValueError("swap_model is set but no source face: run FaceDetect on the source image and connect "
+                             "its FACES to source_faces (and the image to source_image).")
+        src = next(f for frame in source_faces.faces for f in frame)
+        emb = src.embedding
+        if emb is None:
+            if embedder is None or source_image is None:
+                raise ValueError("the source face carries no ArcFace embedding: choose an arcface_model (e.g. "
+                                 "w600k_r50.onnx) and connect source_image, or detect with an insightface backend.")
+            frame_idx = next(i for i, frame in enumerate(source_faces.faces) if frame)
+            rgb = source_image[frame_idx, ..., :3].detach().float().cpu().numpy()
+            emb = embedder.embed_image(rgb, src.landmarks)
+        swapper = InSwapper(comfy_glue.insightface_model_path(swap_model))
+        latent = swapper.source_latent(emb)
+        backend.pre_swap = lambda crop, lm: swap_in_crop(crop, lm, swapper, latent)
+        backend.identity_ref = emb
+        return f", identity pre-swap {os.path.basename(swap_model)}"
+
+
+def _resize(img: Any, size: int) -> Any:
+    from ..faces.fusion_batch import resize_square
+
+    return resize_square(img, size)
+
+
+NODE_CLASS_MAPPINGS = {"TokenFuseScheduledFusion": ScheduledFusion}
+NODE_DISPLAY_NAME_MAPPINGS = {"TokenFuseScheduledFusion": "ScheduledFusion"}

@@ -1,0 +1,322 @@
+"""ScheduledFusion's flow with a fake sampler/VAE injected: ordering, per-face seeds, batching, fallbacks, reports,
+bad inputs, and the "scheduling off" model clone. No ComfyUI needed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from test_fusion_geometry import astronaut_faceset
+from tokenfuse.faces.fusion_run import FusionBackend
+from tokenfuse.faces.types import FaceSet
+from tokenfuse.nodes.fusion_node import DISABLED_KEY, ScheduledFusion, strip_tokenfuse
+
+
+class FakeStack:
+    """A VAE (8x average pool / bilinear upsample) and a sampler that records every call.
+
+    sample() nudges the latent towards 0.5 grey inside the noise mask, seeded by the face seed, so outputs change
+    where the mask allows and stay image-like (the artifact check passes)."""
+
+    def __init__(self, oom_times: int = 0, broken_seeds: frozenset[int] = frozenset(), broken_model: str = "") -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.oom_times = oom_times
+        self.broken_seeds = broken_seeds
+        self.broken_model = broken_model
+        self.progress = 0
+
+    def encode(self, pixels: torch.Tensor, tiled: bool) -> torch.Tensor:
+        assert pixels.ndim == 4 and pixels.shape[-1] == 3 and pixels.dtype == torch.float32
+        self.calls.append({"op": "encode", "tiled": tiled, "shape": tuple(pixels.shape)})
+        return F.avg_pool2d(pixels.movedim(-1, 1), 8)
+
+    def decode(self, latent: torch.Tensor, tiled: bool) -> torch.Tensor:
+        self.calls.append({"op": "decode", "tiled": tiled, "shape": tuple(latent.shape)})
+        return F.interpolate(latent, scale_factor=8, mode="bilinear", align_corners=False).movedim(1, -1).clamp(0, 1)
+
+    def sample(self, model: str, latent: torch.Tensor, mask: torch.Tensor, seeds: list[int], plan: Any) -> torch.Tensor:
+        self.calls.append({"op": "sample", "model": model, "seeds": list(seeds), "shape": tuple(latent.shape),
+                           "mask": tuple(mask.shape), "plan": plan})
+        if self.oom_times > 0:
+            self.oom_times -= 1
+            raise MemoryError("fake OOM")
+        out = latent.clone()
+        m = F.interpolate(mask, size=latent.shape[-2:], mode="area")
+        for i, s in enumerate(seeds):
+            g = torch.Generator().manual_seed(s)
+            target = 0.5 + 0.05 * torch.randn(latent.shape[1:], generator=g)
+            out[i] = latent[i] * (1 - 0.5 * m[i]) + target * 0.5 * m[i]
+            if s in self.broken_seeds and model == self.broken_model:
+                out[i] = 0.0  # black face: the artifact check must catch it
+        return out
+
+    def model_for(self, attempt: Any) -> tuple[str, str]:
+        self.calls.append({"op": "model", "scheduling": attempt.scheduling, "preset": attempt.preset})
+        name = "patched" if attempt.scheduling else "unscheduled"
+        return (f"{name}:{attempt.preset}" if attempt.preset else name), ""
+
+    def backend(self) -> FusionBackend:
+        def progress() -> None:
+            self.progress += 1
+
+        return FusionBackend(encode=self.encode, decode=self.decode, sample=self.sample, model_for=self.model_for,
+                             progress=progress)
+
+    def ops(self, op: str) -> list[dict[str, Any]]:
+        return [c for c in self.calls if c["op"] == op]
+
+
+def _run(frames: int = 1, faces_per_frame: int = 1, stack: FakeStack | None = None, crop_size: int = 128,
+         **kw: Any) -> tuple[torch.Tensor, FaceSet, str, FakeStack]:
+    images, fs = astronaut_faceset(frames, faces_per_frame, crop_size=crop_size)
+    stack = stack or FakeStack()
+    args = dict(model="MODEL", vae="VAE", positive="pos", negative="neg", image=torch.from_numpy(images), faces=fs,
+                seed=100, steps=4, cfg=5.0, sampler_name="euler", scheduler="normal", denoise=0.4, guide_size=128,
+                max_size=1024, crop_factor=1.0, feather=0.04, faces_per_batch=2, fallback="auto")
+    args.update(kw)
+    crops, out_faces, report = ScheduledFusion().fuse(**args, backend=stack.backend())
+    return crops, out_faces, report, stack
+
+
+def test_two_frames_three_faces_batches_seeds_and_outputs() -> None:
+    crops, out, report, stack = _run(frames=2, faces_per_frame=3, faces_per_batch=2)
+    assert crops.shape == (6, 128, 128, 3) and crops.dtype == torch.float32
+    assert torch.isfinite(crops).all() and 0 <= float(crops.min()) and float(crops.max()) <= 1
+    # batches never mix frames: [0,1] [2] per frame; seeds are seed + frame-major face number
+    assert [c["seeds"] for c in stack.ops("sample")] == [[100, 101], [102], [103, 104], [105]]
+    assert [c["shape"][0] for c in stack.ops("encode")] == [2, 1, 2, 1]
+    assert all(c["shape"] == (2 if len(c["seeds"]) == 2 else 1, 3, 16, 16) for c in stack.ops("sample"))
+    # per batch: model, encode, sample, decode in that order
+    order = [c["op"] for c in stack.calls]
+    assert order[:4] == ["encode", "model", "sample", "decode"] or order[:4] == ["model", "encode", "sample", "decode"]
+    assert stack.progress == 6
+    # FACES carry the crops for Blend; the image output holds the same crops in frame-major order
+    flat = [f for row in out.faces for f in row]
+    assert len(flat) == 6 and all(f.crop is not None and f.crop.shape == (128, 128, 3) for f in flat)
+    assert np.allclose(flat[4].crop, crops[4].numpy())
+    assert out.image_size == (512, 512)
+    lines = report.splitlines()
+    assert lines[0].startswith("ScheduledFusion: 6 face(s) in 2 frame(s), guide 128")
+    assert "frame 1 face 2: ok, seed 105" in report and "tokens 256" in report
+    assert lines[-1].startswith("6 face(s), 0 with fallbacks, 0 passed through")
+
+
+def test_the_face_changes_only_inside_the_mask() -> None:
+    images, fs = astronaut_faceset(1, 1, crop_size=128)
+    crops, out, _, _ = _run(crop_size=128)
+    face = fs.faces[0][0]
+    import cv2
+
+    original = cv2.warpAffine(images[0], face.affine, (128, 128), flags=cv2.INTER_LINEAR)
+    diff = np.abs(crops[0].numpy() - original).mean(axis=2)
+    assert diff[face.mask > 0.95].mean() > 0.02  # the fake sampler moved the face towards grey
+    assert diff[:3, :].mean() < 0.02 and diff[:, :3].mean() < 0.02  # the crop border is the input crop
+
+
+def test_seeds_are_stable_across_reruns_and_batching() -> None:
+    a, _, _, _ = _run(faces_per_frame=3, faces_per_batch=3)
+    b, _, _, _ = _run(faces_per_frame=3, faces_per_batch=1)
+    c, _, _, _ = _run(faces_per_frame=3, faces_per_batch=3)
+    assert torch.equal(a, c)
+    assert torch.allclose(a, b, atol=1e-5)  # a face's result does not depend on its batch mates
+    d, _, _, _ = _run(faces_per_frame=3, faces_per_batch=3, seed=101)
+    assert not torch.allclose(a, d)
+
+
+def test_oom_walks_the_chain_and_reports_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tokenfuse.nodes import fusion_node
+
+    monkeypatch.setattr(fusion_node, "_stronger_presets", lambda: ())  # scheduler API absent: the step is skipped
+    stack = FakeStack(oom_times=2)
+    crops, out, report, stack = _run(faces_per_frame=2, faces_per_batch=2, stack=stack)
+    samples = stack.ops("sample")
+    # OOM on the pair -> split; OOM on face 0 alone -> (no stronger preset) tiled VAE
+    assert [c["seeds"] for c in samples] == [[100, 101], [100], [100], [101]]
+    assert [c["tiled"] for c in stack.ops("encode")] == [False, False, True, False]
+    assert all(f.crop is not None for f in out.faces[0])
+    line0 = [ln for ln in report.splitlines() if ln.startswith("frame 0 face 0")][0]
+    assert "split_batch" in line0 and "tiled_vae" in line0 and "out of memory" in line0
+    assert "stronger preset skipped" in line0
+    assert line0.split(":")[1].strip().startswith("fallback")
+    line1 = [ln for ln in report.splitlines() if ln.startswith("frame 0 face 1")][0]
+    assert "split_batch" in line1 and "tiled_vae" not in line1
+
+
+def test_oom_with_scheduler_api_repatches_stronger_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tokenfuse.nodes import fusion_node
+
+    monkeypatch.setattr(fusion_node, "_stronger_presets", lambda: ("balanced", "lowvram_8gb", "lowvram_4gb"))
+    _, out, report, stack = _run(stack=FakeStack(oom_times=1))
+    assert [c["model"] for c in stack.ops("sample")] == ["patched", "patched:lowvram_4gb"]
+    assert "stronger_preset: preset input -> lowvram_4gb (after out of memory)" in report
+    assert out.faces[0][0].crop is not None
+
+
+def test_oom_everywhere_passes_faces_through_and_the_batch_goes_on() -> None:
+    images, fs = astronaut_faceset(2, 1, crop_size=128)
+    stack = FakeStack(oom_times=4)  # frame 0: first try, tiled, guide 64 ... all fail; frame 1 then succeeds
+    crops, out, report, stack = _run(frames=2, stack=stack, guide_size=128)
+    assert out.faces[0][0].crop is None  # passed through unchanged
+    assert out.faces[1][0].crop is not None
+    assert "frame 0 face 0: passthrough" in report and "no fallback left" in report
+    assert "smaller_guide: guide 128 -> 64" in report
+    assert "frame 1 face 0: ok" in report
+    assert crops.shape == (2, 128, 128, 3)
+    import cv2
+
+    original = cv2.warpAffine(images[0], fs.faces[0][0].affine, (128, 128), flags=cv2.INTER_LINEAR,
+                              borderMode=cv2.BORDER_REFLECT101)
+    assert np.allclose(crops[0].numpy(), original, atol=1e-6)
+
+
+def test_broken_output_reruns_with_scheduling_off() -> None:
+    stack = FakeStack(broken_seeds=frozenset({101}), broken_model="patched")
+    crops, out, report, stack = _run(faces_per_frame=2, stack=stack)
+    samples = stack.ops("sample")
+    assert [(c["model"], c["seeds"]) for c in samples] == [("patched", [100, 101]), ("unscheduled", [101])]
+    assert all(f.crop is not None for f in out.faces[0])
+    assert "scheduling_off" in [ln for ln in report.splitlines() if "face 1" in ln][0]
+    assert "artifact: " in report
+
+
+def test_broken_everywhere_passes_through_with_warning(caplog: pytest.LogCaptureFixture) -> None:
+    stack = FakeStack(broken_seeds=frozenset({100}), broken_model="patched")
+    stack.broken_model = "patched"
+    orig = stack.sample
+
+    def always_broken(model: str, *a: Any) -> torch.Tensor:
+        stack.broken_model = model
+        return orig(model, *a)
+
+    stack.sample = always_broken  # type: ignore[method-assign]
+    with caplog.at_level("WARNING"):
+        _, out, report, _ = _run(stack=stack)
+    assert out.faces[0][0].crop is None
+    assert "passthrough" in report and "passed through unchanged" in caplog.text
+
+
+def test_fallback_off_reports_without_retrying() -> None:
+    _, out, report, stack = _run(stack=FakeStack(oom_times=1), fallback="off")
+    assert len(stack.ops("sample")) == 1 and out.faces[0][0].crop is None
+    assert "out of memory; no fallback left" in report
+
+
+def test_token_plan_builds_a_crop_space_plan() -> None:
+    from tokenfuse.scheduling.plan import TokenPlan
+
+    frame_plan = TokenPlan(importance=torch.ones(1, 64, 64), image_size=(512, 512), protect_threshold=0.6)
+    _, _, report, stack = _run(faces_per_frame=2, token_plan=frame_plan)
+    plan = stack.ops("sample")[0]["plan"]
+    assert isinstance(plan, TokenPlan) and plan.batch_size == 2 and plan.image_size == (128, 128)
+    assert plan.protect_threshold == 0.6
+    assert "plan keeps ~" in report and "plan on" in report
+    _, _, _, stack2 = _run()
+    assert stack2.ops("sample")[0]["plan"] is None
+
+
+def test_crop_factor_and_max_size_set_the_sampled_side() -> None:
+    _, _, report, stack = _run(crop_factor=2.0, max_size=192)
+    assert stack.ops("encode")[0]["shape"] == (1, 192, 192, 3)
+    assert "guide 192" in report
+
+
+def test_no_faces_and_empty_frames() -> None:
+    images, _ = astronaut_faceset()
+    empty = FaceSet(image_size=(512, 512), faces=((),))
+    crops, out, report = ScheduledFusion().fuse("M", "V", "p", "n", torch.from_numpy(images), empty, 0, 4, 5.0,
+                                                "euler", "normal", 0.4, 128, 1024, 1.0, 0.04, 2, "auto",
+                                                backend=FakeStack().backend())
+    assert crops.shape[0] == 0 and out is empty and "no faces" in report
+    # a frame without faces next to one with faces
+    images2, fs = astronaut_faceset(2, 1, crop_size=128)
+    mixed = FaceSet(image_size=(512, 512), faces=(fs.faces[0], ()))
+    crops, out, report = ScheduledFusion().fuse("M", "V", "p", "n", torch.from_numpy(images2), mixed, 0, 4, 5.0,
+                                                "euler", "normal", 0.4, 128, 1024, 1.0, 0.04, 2, "auto",
+                                                backend=FakeStack().backend())
+    assert crops.shape[0] == 1 and out.faces[1] == () and out.faces[0][0].crop is not None
+
+
+def test_mismatched_inputs_raise_actionable_errors() -> None:
+    images, fs = astronaut_faceset(1, 1)
+    node = ScheduledFusion()
+    common = dict(model="M", vae="V", positive="p", negative="n", seed=0, steps=4, cfg=5.0, sampler_name="euler",
+                  scheduler="normal", denoise=0.4, guide_size=128, max_size=1024, crop_factor=1.0, feather=0.04,
+                  faces_per_batch=2, fallback="auto", backend=FakeStack().backend())
+    with pytest.raises(ValueError, match="connect the same image"):
+        node.fuse(image=torch.zeros(1, 256, 256, 3), faces=fs, **common)
+    with pytest.raises(ValueError, match="connect the same batch"):
+        node.fuse(image=torch.from_numpy(np.concatenate([images, images])), faces=fs, **common)
+    with pytest.raises(TypeError, match="FaceDetect"):
+        node.fuse(image=torch.from_numpy(images), faces={"faces": []}, **common)
+    with pytest.raises(ValueError, match="IMAGE"):
+        node.fuse(image=torch.zeros(512, 512, 3), faces=fs, **common)
+
+
+def test_without_comfyui_the_node_says_so() -> None:
+    images, fs = astronaut_faceset(1, 1)
+    from tokenfuse.nodes import comfy_glue
+
+    if comfy_glue.comfy_available():
+        pytest.skip("ComfyUI is importable here")
+    with pytest.raises(comfy_glue.ComfyUnavailableError, match="ComfyUI"):
+        ScheduledFusion().fuse("M", "V", "p", "n", torch.from_numpy(images), fs, 0, 4, 5.0, "euler", "normal", 0.4,
+                               128, 1024, 1.0, 0.04, 2, "auto")
+
+
+class FakePatcher:
+    """Just enough of ModelPatcher for strip_tokenfuse."""
+
+    def __init__(self, model_options: dict[str, Any], wrappers: dict[str, dict[str, list]]) -> None:
+        self.model_options = model_options
+        self.wrappers = wrappers
+
+    def clone(self) -> FakePatcher:
+        import copy
+
+        return FakePatcher(copy.deepcopy(self.model_options), {k: dict(v) for k, v in self.wrappers.items()})
+
+    def remove_wrappers_with_key(self, wtype: str, key: str) -> None:
+        self.wrappers.get(wtype, {}).pop(key, None)
+
+
+def test_strip_tokenfuse_removes_only_our_patches_and_never_touches_the_input() -> None:
+    def ours(n: Any, c: Any, v: Any, e: Any) -> Any:
+        return n, c, v
+
+    ours.__module__ = "tokenfuse.scheduling.patches"
+
+    def theirs(n: Any, c: Any, v: Any, e: Any) -> Any:
+        return n, c, v
+
+    theirs.__module__ = "custom_nodes.ipadapter"
+    opts = {"transformer_options": {"patches": {"attn1_patch": [ours, theirs], "attn1_output_patch": [ours],
+                                                "attn2_patch": [theirs]}, "tokenfuse_plan": "plan"}}
+    model = FakePatcher(opts, {"outer_sample": {"tokenfuse": [ours], "other": [theirs]}})
+    off = strip_tokenfuse(model)
+    to = off.model_options["transformer_options"]
+    assert to["patches"]["attn1_patch"] == [theirs]
+    assert to["patches"]["attn1_output_patch"] == []
+    assert to["patches"]["attn2_patch"] == [theirs]
+    assert to[DISABLED_KEY] is True
+    assert off.wrappers["outer_sample"] == {"other": [theirs]}
+    # the input model is untouched
+    assert model.model_options["transformer_options"]["patches"]["attn1_patch"] == [ours, theirs]
+    assert DISABLED_KEY not in model.model_options["transformer_options"]
+    assert "tokenfuse" in model.wrappers["outer_sample"]
+
+
+def test_node_declares_the_contract() -> None:
+    spec = ScheduledFusion.INPUT_TYPES()
+    req = spec["required"]
+    for name in ("model", "vae", "positive", "negative", "image", "faces", "seed", "steps", "cfg", "sampler_name",
+                 "scheduler", "denoise", "guide_size", "max_size", "crop_factor", "feather", "faces_per_batch",
+                 "fallback"):
+        assert name in req, name
+    assert req["guide_size"][1]["default"] == 512
+    assert req["fallback"][0] == ["auto", "oom-only", "artifacts-only", "off"]
+    assert set(spec["optional"]) == {"token_plan", "swap_model", "arcface_model", "source_image", "source_faces"}
+    assert spec["optional"]["swap_model"][1]["default"] == "none"
+    assert ScheduledFusion.RETURN_TYPES == ("IMAGE", "FACES", "STRING")
