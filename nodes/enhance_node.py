@@ -1,0 +1,174 @@
+"""GFPGANEnhance: restore each detected face on its aligned 512 crop (GFPGAN, RestoreFormer, ... via spandrel)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from . import comfy_glue
+
+log = logging.getLogger(__name__)
+
+MODEL_EXTENSIONS = (".safetensors", ".pth", ".pt", ".ckpt", ".bin")
+NO_MODEL = "none found: put GFPGANv1.4.safetensors in models/facerestore_models"
+
+# One loaded model (ComfyUI re-runs the node for every new frame/seed; reloading 350 MB each time would dominate).
+# ComfyUI's memory manager owns its device placement through the ModelPatcher.
+_CACHE: dict[tuple[str, int, int], tuple[Any, Any]] = {}
+
+
+def _model_choices() -> list[str]:
+    return comfy_glue.list_facerestore_models(MODEL_EXTENSIONS) or [NO_MODEL]
+
+
+def _load(path: str) -> tuple[Any, Any]:
+    """(Restorer, ModelPatcher or None) for a model file, on the compute device."""
+    from ..faces.enhance import load_restorer
+
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_mtime_ns, st.st_size)
+    if key not in _CACHE:
+        _CACHE.clear()
+        restorer = load_restorer(path)
+        patcher, _dtype = comfy_glue.manage_module(restorer.module, restorer.supports_half, restorer.supports_bfloat16)
+        _CACHE[key] = (restorer, patcher)
+    restorer, patcher = _CACHE[key]
+    if patcher is not None:
+        comfy_glue.load_managed(patcher)
+    return restorer, patcher
+
+
+class GFPGANEnhance:
+    """Face restoration on aligned crops; Blend pastes the FACES' crops back into the frame."""
+
+    DESCRIPTION = (
+        "Restores every face with a face-restoration model (GFPGAN v1.3/v1.4, RestoreFormer; CodeFormer when "
+        "spandrel_extra_arches is installed) from models/facerestore_models, on the aligned 512 crop: the crop "
+        "ScheduledFusion produced when there is one, else the face aligned from the image. Outputs the restored "
+        "crops and FACES carrying them for Blend. .pth files are read weights-only; .safetensors preferred."
+    )
+    CATEGORY = "TokenFuse"
+    FUNCTION = "enhance"
+    RETURN_TYPES = ("IMAGE", "FACES", "STRING")
+    RETURN_NAMES = ("crops", "faces", "report")
+    OUTPUT_TOOLTIPS = (
+        "The restored aligned crops as a batch [faces, S, S, 3] (frame order, then face order), for preview. "
+        "With no faces: the input image unchanged.",
+        "The input FACES with each face's crop replaced by its restored crop: connect to Blend to paste back.",
+        "One line per run: model, faces restored, seconds per face, device and dtype.",
+    )
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict[str, dict[str, tuple]]:
+        return {
+            "required": {
+                "image": (
+                    "IMAGE",
+                    {"tooltip": "The frames the FACES were detected in (used when a face has no crop)."},
+                ),
+                "faces": ("FACES", {"tooltip": "Faces from FaceDetect, or from ScheduledFusion with its crops."}),
+                "model_name": (
+                    _model_choices(),
+                    {
+                        "tooltip": "Face-restoration model in models/facerestore_models (GFPGANv1.4 is a good default; "
+                        ".safetensors preferred, .pth is read weights-only)."
+                    },
+                ),
+                "visibility": (
+                    "FLOAT",
+                    {
+                        "default": 1.0,
+                        "min": 0.0,
+                        "max": 1.0,
+                        "step": 0.05,
+                        "tooltip": "Mix of restored and input crop: 1 = fully restored, 0 = unchanged (model skipped). "
+                        "0.5-0.8 keeps more of the diffusion detail and skin texture.",
+                    },
+                ),
+                "fidelity": (
+                    "FLOAT",
+                    {
+                        "default": 0.5,
+                        "min": 0.0,
+                        "max": 1.0,
+                        "step": 0.05,
+                        "tooltip": "CodeFormer's w: 0 = strongest restoration, 1 = closest to the input. Models "
+                        "without a fidelity input (GFPGAN, RestoreFormer) ignore it.",
+                    },
+                ),
+            }
+        }
+
+    def enhance(
+        self, image: Any, faces: Any, model_name: str, visibility: float, fidelity: float
+    ) -> tuple[Any, Any, str]:
+        """image: [B, H, W, 3] float 0..1. Returns (crops [N, S, S, 3], FaceSet with restored crops, report)."""
+        import numpy as np
+        import torch
+
+        from ..faces.enhance import align_crop, mix_visibility, restore_crop
+        from ..faces.types import FaceSet
+
+        if not isinstance(faces, FaceSet):
+            raise TypeError(f"faces must be FACES from FaceDetect, got {type(faces).__name__}")
+        if image.ndim != 4 or image.shape[-1] != 3:
+            raise ValueError(f"IMAGE must be [B, H, W, 3], got {tuple(image.shape)}")
+        batch, height, width = int(image.shape[0]), int(image.shape[1]), int(image.shape[2])
+        faces.check_image(height, width, batch)
+        if batch == 0 or faces.count == 0:
+            msg = "GFPGANEnhance: no faces" + (" (empty batch)" if batch == 0 else "") + ": image passed through"
+            log.warning(msg)
+            return image, faces, msg
+
+        restorer = None
+        if visibility > 0:
+            restorer, _patcher = _load(comfy_glue.facerestore_model_path(model_name))
+        pbar = comfy_glue.progress_bar(faces.count)
+        frames = image.detach().cpu().float().numpy()
+        out_faces: list[tuple[Any, ...]] = []
+        crops: list[np.ndarray] = []
+        t0 = time.perf_counter()
+        for b, frame_faces in enumerate(faces.faces):
+            restored_faces = []
+            for face in frame_faces:
+                if face.crop is not None:
+                    original = np.asarray(face.crop, dtype=np.float32)
+                else:
+                    original = align_crop(frames[b], face.affine, face.crop_size)
+                if restorer is not None:
+                    crop = mix_visibility(restore_crop(restorer, original, fidelity), original, visibility)
+                else:
+                    crop = original.copy()
+                crops.append(crop)
+                restored_faces.append(face.with_crop(crop))
+                pbar.update(1)  # cancel point
+            out_faces.append(tuple(restored_faces))
+        seconds = time.perf_counter() - t0
+
+        size = crops[0].shape[0]
+        same = [c if c.shape[0] == size else _resize(c, size) for c in crops]
+        crops_t = torch.from_numpy(np.stack(same)).to(image.dtype)
+        if restorer is None:
+            report = f"GFPGANEnhance: visibility 0, {len(crops)} face crop(s) passed through unchanged"
+        else:
+            param = next(restorer.module.parameters())
+            report = (
+                f"GFPGANEnhance: {restorer.arch} ({restorer.name}) restored {len(crops)} face(s) in {batch} frame(s), "
+                f"{seconds / len(crops):.2f} s/face on {param.device} {str(param.dtype).replace('torch.', '')}, "
+                f"visibility {visibility:.2f}"
+            )
+        log.info(report)
+        return crops_t, FaceSet(image_size=faces.image_size, faces=tuple(out_faces)), report
+
+
+def _resize(crop: Any, size: int) -> Any:
+    """Resize a crop for the preview batch when faces carry different crop sizes (rare: mixed upstream nodes)."""
+    import cv2
+
+    return cv2.resize(crop, (size, size), interpolation=cv2.INTER_AREA)
+
+
+NODE_CLASS_MAPPINGS = {"TokenFuseGFPGANEnhance": GFPGANEnhance}
+NODE_DISPLAY_NAME_MAPPINGS = {"TokenFuseGFPGANEnhance": "GFPGANEnhance"}
