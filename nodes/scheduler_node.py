@@ -104,7 +104,11 @@ def _make_run_wrapper(telemetry: Any, schedule: Schedule, device: Any, label: st
             return executor(*args, **kwargs)
         finally:
             # summary_line: tokens saved, calls reduced, wall time since reset (= this run), patch time
-            log.info("%s, %s [%s]", telemetry.summary_line(), peak(), label)
+            log.info("%s, %s [%s%s]", telemetry.summary_line(), peak(), label,
+                     ", preset off" if schedule.is_off else "")
+            if telemetry.calls == 0 and not schedule.is_off:
+                log.warning("TokenFuse: no attention call reached the scheduler in this run (%s); check that no "
+                            "other node replaces self-attention of this model", label)
             if schedule.telemetry_jsonl:
                 try:
                     telemetry.write_jsonl(schedule.telemetry_jsonl)

@@ -1,0 +1,116 @@
+"""Shared fixtures for integration tests against a real ComfyUI checkout (skipped without COMFYUI_PATH).
+
+Generic on purpose: ComfyUI sys.path setup + in-process import, the random-weight model builder that the bench
+scripts use too (bench/comfy_models.py), and a real ComfyUI server with this pack loaded. Run with ComfyUI's venv:
+    COMFYUI_PATH=/path/to/ComfyUI /path/to/comfy-venv/bin/python -m pytest tests/integration
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def comfy(comfyui_path: Path) -> SimpleNamespace:
+    """ComfyUI imported in-process on CPU with PyTorch SDPA attention.
+
+    Returns a namespace: models (bench/comfy_models: build_model, conditioning, ...), nodes (ComfyUI's nodes.py),
+    path. CLI args are set before comfy.model_management is first imported (DESIGN.md §5).
+    """
+    bench = str(REPO / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import comfy_models
+
+    comfy_models.setup_comfy(comfyui_path, cpu=True, sdpa=True)
+    import utils.extra_config  # noqa: F401  (ComfyUI needs it imported before its nodes module)
+
+    import nodes as nodes_module  # ComfyUI's nodes.py: its folder is first on sys.path now
+
+    assert hasattr(nodes_module, "common_ksampler"), f"'nodes' resolved to {nodes_module.__file__}, not ComfyUI's"
+    return SimpleNamespace(models=comfy_models, nodes=nodes_module, path=comfyui_path)
+
+
+@pytest.fixture(scope="session")
+def random_model(comfy: SimpleNamespace):
+    """Factory: random_model(family, **kw) -> ModelPatcher of a seeded random-weight model (cached per arguments).
+
+    family: "sd15" | "sdxl" | "flux". Defaults are test-sized (model_channels 32, tiny depth).
+    """
+    cache: dict = {}
+
+    def make(family: str, model_channels: int = 32, tiny: bool = True, seed: int = 0):
+        key = (family, model_channels, tiny, seed)
+        if key not in cache:
+            cache[key] = comfy.models.build_model(family, model_channels=model_channels, tiny=tiny, seed=seed)
+        return cache[key]
+
+    return make
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def http_json(url: str, data: dict | None = None, timeout: float = 30.0) -> object:
+    """GET (or POST `data` as JSON) and decode the JSON answer."""
+    body = None if data is None else json.dumps(data).encode()
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"} if body else {})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read().decode())
+
+
+@pytest.fixture(scope="session")
+def comfy_server(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+    """A CPU ComfyUI server with only this pack as custom node; everything it writes goes to a temp folder.
+
+    Yields url (http://127.0.0.1:PORT), log (path of the server's output), pack (the module folder name).
+    """
+    base = tmp_path_factory.mktemp("comfy_base")
+    pack = "ComfyUI-TokenFuse"
+    (base / "custom_nodes").mkdir()
+    (base / "custom_nodes" / pack).symlink_to(REPO, target_is_directory=True)
+    port = _free_port()
+    log_path = base / "server.log"
+    cmd = [sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port),
+           "--base-directory", str(base), "--database-url", "sqlite:///:memory:",
+           "--disable-all-custom-nodes", "--whitelist-custom-nodes", pack, "--disable-auto-launch"]
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1"}
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen(cmd, cwd=comfyui_path, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"ComfyUI server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+            try:
+                http_json(f"{url}/system_stats", timeout=2)
+                break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"ComfyUI server did not answer in 120 s:\n{log_path.read_text()[-3000:]}")
+                time.sleep(0.5)
+        yield SimpleNamespace(url=url, log=log_path, pack=pack)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()

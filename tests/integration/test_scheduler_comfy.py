@@ -1,0 +1,121 @@
+"""TokenSchedulerController inside real ComfyUI sampling: KSampler on random-weight SD1.5 / SDXL / Flux models.
+
+Checks: the output changes when active, is bit-identical with preset off, telemetry counts the reduced tokens, the
+input MODEL is untouched, and other attention patches (TomePatchModel's attn1 patch, an IPAdapter-style attn2
+replacement) keep running next to ours.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+from tokenfuse.nodes import comfy_glue
+from tokenfuse.nodes.scheduler_node import TokenSchedulerController, schedule_from_widgets, schedule_model
+
+pytestmark = pytest.mark.integration
+NODE = TokenSchedulerController()
+SIZE = 128  # px: latent 16x16, level /8 = 256 tokens
+
+
+def ksample(comfy: SimpleNamespace, model, family: str, steps: int = 3, cfg: float = 2.0) -> torch.Tensor:
+    """ComfyUI's KSampler (nodes.common_ksampler) with euler/normal, seed 0; cfg > 1 runs cond + uncond (batch 2)."""
+    pos = comfy.models.conditioning(family, seed=1, tiny=True)
+    neg = comfy.models.conditioning(family, seed=2, tiny=True)
+    latent = {"samples": torch.zeros(1, comfy.models.latent_channels(family), SIZE // 8, SIZE // 8)}
+    (out,) = comfy.nodes.common_ksampler(model, 0, steps, cfg, "euler", "normal", pos, neg, latent)
+    samples = out["samples"]
+    assert torch.isfinite(samples).all(), "random-weight model produced NaN/Inf"
+    return samples
+
+
+def run_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "tokens saved" in r.getMessage()]
+
+
+@pytest.fixture(scope="module")
+def baselines(comfy: SimpleNamespace, random_model) -> dict[str, torch.Tensor]:
+    return {fam: ksample(comfy, random_model(fam), fam) for fam in ("sd15", "sdxl")}
+
+
+@pytest.mark.parametrize(("family", "levels"), [("sd15", {8: 4, 16: 4}), ("sdxl", {16: 4, 32: 2})])
+def test_ksampler_runs_through_the_scheduler(comfy, random_model, baselines, caplog, family, levels) -> None:
+    model = random_model(family)
+    assert comfy_glue.detect_family(model).family == family
+    before = repr(model.model_options)
+    with caplog.at_level(logging.INFO):
+        patched, report = NODE.apply(model, "balanced", "preset", 0.0)
+        out = ksample(comfy, patched, family)
+    assert repr(model.model_options) == before, "the input MODEL was mutated"
+    assert f"({family}, attn1 patches)" in report
+    assert not torch.equal(out, baselines[family])
+    (line,) = run_lines(caplog)  # one summary line per sampling run
+    assert "attention calls reduced over 3 steps" in line and "peak RSS" in line
+
+    # Telemetry: K/V shrink by the preset's pooling factor at its levels, queries keep their count.
+    schedule = schedule_from_widgets("balanced", "preset", 0.0, family)
+    patched2, telemetry = schedule_model(model, schedule, comfy_glue.detect_family(model))
+    ksample(comfy, patched2, family)
+    summary = telemetry.summary()
+    assert summary["reduced_calls"] > 0 and summary["kv_tokens_out"] < summary["kv_tokens_in"]
+    assert summary["q_tokens_out"] == summary["q_tokens_in"]
+    for rec in telemetry.records:
+        assert rec.kv_in == rec.kv_out * levels.get(rec.level, 1), rec
+
+
+@pytest.mark.parametrize("family", ["sd15", "sdxl"])
+def test_preset_off_is_bit_identical(comfy, random_model, baselines, family) -> None:
+    patched, report = NODE.apply(random_model(family), "off", "tome", 0.5)
+    assert torch.equal(ksample(comfy, patched, family), baselines[family])
+    assert "off (identity)" in report
+
+
+def test_tome_strategy_runs_and_unmerges(comfy, random_model, baselines) -> None:
+    schedule = schedule_from_widgets("balanced", "tome", 0.5, "sd15")
+    model = random_model("sd15")
+    patched, telemetry = schedule_model(model, schedule, comfy_glue.detect_family(model))
+    out = ksample(comfy, patched, "sd15")
+    assert not torch.equal(out, baselines["sd15"])
+    assert telemetry.summary()["q_tokens_out"] < telemetry.summary()["q_tokens_in"]
+
+
+def test_chains_with_tome_and_an_attn2_replacement(comfy, random_model, baselines) -> None:
+    """TomePatchModel (attn1 patch before ours) and an IPAdapter-style attn2 replace keep running."""
+    from comfy.ldm.modules.attention import optimized_attention
+    from comfy_extras.nodes_tomesd import TomePatchModel
+
+    model = random_model("sd15")
+    calls = {"attn2": 0}
+
+    def attn2_replace(q, k, v, extra_options):
+        calls["attn2"] += 1
+        return optimized_attention(q, k, v, extra_options["n_heads"])
+
+    other = TomePatchModel.execute(model, 0.5).result[0]
+    other.set_model_attn2_replace(attn2_replace, "input", 1)
+    schedule = schedule_from_widgets("balanced", "preset", 0.0, "sd15")
+    patched, telemetry = schedule_model(other, schedule, comfy_glue.detect_family(other))
+    assert len(patched.model_options["transformer_options"]["patches"]["attn1_patch"]) == 2
+    out = ksample(comfy, patched, "sd15")
+    assert calls["attn2"] > 0 and telemetry.summary()["reduced_calls"] > 0
+    assert not torch.equal(out, baselines["sd15"])
+    assert "attn1_patch" in other.model_options["transformer_options"]["patches"]
+    assert len(other.model_options["transformer_options"]["patches"]["attn1_patch"]) == 1  # Tome's clone untouched
+
+
+def test_flux_attention_override(comfy, random_model, caplog) -> None:
+    model = random_model("flux")
+    assert comfy_glue.detect_family(model) == comfy_glue.ModelFamily("dit", "override", "Flux")
+    base = ksample(comfy, model, "flux")
+    with caplog.at_level(logging.INFO):
+        patched, report = NODE.apply(model, "balanced", "preset", 0.0, schedule_text='{"protect_blocks": 0}')
+        out = ksample(comfy, patched, "flux")
+    assert "optimized_attention_override" not in model.model_options["transformer_options"]
+    assert "(dit, attention override)" in report
+    assert not torch.equal(out, base)
+    (line,) = run_lines(caplog)
+    assert "0/0" not in line
+    off, _ = NODE.apply(model, "off", "preset", 0.0)
+    assert torch.equal(ksample(comfy, off, "flux"), base)
