@@ -7,7 +7,14 @@ import tokenfuse
 
 MAPPINGS = tokenfuse.NODE_CLASS_MAPPINGS
 
-EXPECTED_IDS = {"TokenFuseTokenSchedulerController", "TokenFuseScheduledFusion"}  # grows as nodes land; ids never change once released
+EXPECTED_IDS = {  # grows as nodes land; ids never change once released
+    "TokenFuseTokenSchedulerController",
+    "TokenFuseFaceDetect",
+    "TokenFusePatchTokenize",
+    "TokenFuseBlend",
+    "TokenFuseGFPGANEnhance",
+    "TokenFuseScheduledFusion",
+}
 
 
 def _inputs(cls: type) -> list[tuple[str, str, object]]:

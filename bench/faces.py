@@ -1,0 +1,120 @@
+"""Per-frame face pipeline cost on 720p and 1080p frames: detect + align (warp crop) + paste back, per backend.
+
+Baseline = detection at full frame size; ours = detection at a reduced size (long side `--detect-size`, boxes mapped
+back). Both run in the same process on the same frames (insightface's t1.jpg, 6 real faces, resized to each
+size), pinned to `--cores` CPU cores. Prints median milliseconds over `--repeats` runs and the ratio.
+
+    python bench/faces.py --repeats 10                       # full table (target: <= 60 ms per 720p frame)
+    python bench/faces.py --repeats 1 --sizes 720p --backends retinaface   # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SIZES = {"720p": (720, 1280), "1080p": (1080, 1920)}
+
+
+def _load_pack():
+    spec = importlib.util.spec_from_file_location("tokenfuse", REPO / "__init__.py",
+                                                  submodule_search_locations=[str(REPO)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["tokenfuse"] = module
+    spec.loader.exec_module(module)
+
+
+def _frame(h: int, w: int):
+    import cv2
+    import numpy as np
+
+    spec = importlib.util.find_spec("insightface")
+    if spec is None:
+        raise SystemExit("needs the insightface wheel for t1.jpg: pip install --no-deps insightface==2.1")
+    img = cv2.imread(str(Path(next(iter(spec.submodule_search_locations))) / "data/images/t1.jpg"))[..., ::-1]
+    return np.ascontiguousarray(cv2.resize(img, (w, h), interpolation=cv2.INTER_AREA))
+
+
+def _backends(names: list[str], assets: Path, tmp: Path) -> dict:
+    from tokenfuse.faces.pipeline import load_backend
+
+    out = {}
+    for name in names:
+        if name == "retinaface":
+            out[name] = load_backend("retinaface", [])[0]
+        elif name == "yunet":
+            out[name] = load_backend("yunet", [assets], "face_detection_yunet_2026may.onnx")[0]
+        elif name == "insightface":
+            pack = tmp / "models" / "bench"
+            pack.mkdir(parents=True, exist_ok=True)
+            shutil.copy(assets / "scrfd_500m_bnkps.onnx", pack / "det_500m.onnx")
+            out[name] = load_backend("insightface", [tmp], "bench")[0]
+    return out
+
+
+def _time_ms(fn, repeats: int) -> float:
+    fn()  # warm-up (session init, allocator)
+    runs = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        runs.append((time.perf_counter() - t) * 1000)
+    return statistics.median(runs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--cores", type=int, default=2)
+    ap.add_argument("--detect-size", type=int, default=640)
+    ap.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    ap.add_argument("--backends", nargs="+", default=["retinaface", "yunet", "insightface"])
+    ap.add_argument("--assets", type=Path, default=REPO.parent / "shared" / "assets")
+    args = ap.parse_args()
+
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args.cores]))
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.cores))
+    import cv2
+    import numpy as np
+
+    cv2.setNumThreads(args.cores)
+    _load_pack()
+    from tokenfuse.faces.align import warp_face
+    from tokenfuse.faces.paste import paste_frame
+    from tokenfuse.faces.pipeline import AlignOptions, faces_for_frame
+    from tokenfuse.faces.select import Selection
+
+    sel, align = Selection(order="left-right"), AlignOptions()
+    with tempfile.TemporaryDirectory() as tmp:
+        dets = _backends(args.backends, args.assets, Path(tmp))
+        print(f"cores={args.cores} repeats={args.repeats} detect_size={args.detect_size} (median ms per frame)")
+        print(f"{'backend':12} {'size':6} {'faces':>5} {'detect full':>11} {'detect ours':>11} {'align':>6} "
+              f"{'paste':>6} {'total full':>10} {'total ours':>10} {'speed-up':>8}")
+        for size in args.sizes:
+            rgb = _frame(*SIZES[size])
+            frame = rgb.astype(np.float32) / 255
+            for name, det in dets.items():
+                full = _time_ms(lambda: faces_for_frame(rgb, det, None, sel, align, 0), args.repeats)  # noqa: B023
+                ours = _time_ms(lambda: faces_for_frame(rgb, det, None, sel, align, args.detect_size),  # noqa: B023
+                                args.repeats)
+                faces = faces_for_frame(rgb, det, None, sel, align, args.detect_size)
+                crops = []
+                t_align = _time_ms(lambda: crops.__setitem__(slice(None), [  # noqa: B023
+                    f.with_crop(warp_face(frame, f.affine, f.crop_size)) for f in faces]), args.repeats)  # noqa: B023
+                t_paste = _time_ms(lambda: paste_frame(frame, tuple(crops)), args.repeats)  # noqa: B023
+                tf, to = full + t_align + t_paste, ours + t_align + t_paste
+                print(f"{name:12} {size:6} {len(faces):5d} {full:11.1f} {ours:11.1f} {t_align:6.1f} {t_paste:6.1f} "
+                      f"{tf:10.1f} {to:10.1f} {tf / to:7.2f}x")
+
+
+if __name__ == "__main__":
+    main()
