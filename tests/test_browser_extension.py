@@ -114,9 +114,15 @@ def test_scheduler_chart_in_real_frontend(tools: tuple[str, dict[str, str]], com
     assert res["nodeCreated"]
     assert res["widgets"][-1] == "tokenfuse_chart", res["widgets"]
     assert res["changed"] == {"preset": True, "ratio": True}, "widget names changed: update web/tokenfuse_scheduler.js"
+    assert res["reloaded"] is not None, "node lost when the saved workflow was loaded again"
+    assert res["reloaded"]["widgets"] == res["widgets"], res["reloaded"]
+    assert res["reloaded"]["values"][:3] == ["lowvram_8gb", "preset", 0.5], res["reloaded"]
     # The chart is display-only: not in the prompt, not in the saved workflow.
     assert "tokenfuse_chart" not in res["promptInputs"], res["promptInputs"]
     assert res["widgetsValues"] is not None and len(res["widgetsValues"]) == len(res["widgets"]) - 1
+    if res["planNodeCreated"]:  # PatchTokenize registered: its preview gets room and is shown
+        prev = res["planPreview"]
+        assert prev["after"][1] > prev["before"][1] and prev["imgs"] >= 1, prev
     ours = [e for e in res["consoleErrors"] + res["pageErrors"] + res["failedRequests"] if _ours(e)]
     assert not ours, ours
     assert shot.is_file() and shot.stat().st_size > 10_000

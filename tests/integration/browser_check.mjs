@@ -26,7 +26,9 @@ const result = { consoleErrors: [], pageErrors: [], failedRequests: [] };
 try {
   const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
   page.on("console", (m) => {
-    if (m.type() === "error") result.consoleErrors.push(`${m.text()} @ ${m.location()?.url ?? ""}`);
+    const line = `${m.text()} @ ${m.location()?.url ?? ""}`;
+    if (m.type() === "error") result.consoleErrors.push(line);
+    else if (m.type() === "warning" && /tokenfuse/i.test(line)) result.consoleErrors.push(`warning: ${line}`);
   });
   page.on("pageerror", (e) => result.pageErrors.push(String(e?.stack ?? e)));
   page.on("requestfailed", (r) => result.failedRequests.push(r.url()));
@@ -49,7 +51,7 @@ try {
         types: Object.keys(window.LiteGraph.registered_node_types).filter((t) => t.startsWith("TokenFuse")),
       };
       app.graph.clear();
-      const node = window.LiteGraph.createNode("TokenFuseTokenSchedulerController");
+      let node = window.LiteGraph.createNode("TokenFuseTokenSchedulerController");
       out.nodeCreated = !!node;
       if (!node) return out;
       node.pos = [80, 80];
@@ -65,6 +67,14 @@ try {
       out.widgets = (node.widgets ?? []).map((w) => w.name);
       out.changed = { preset: set("preset", "lowvram_8gb"), ratio: set("ratio", 0.5) };
       app.graph.setDirtyCanvas(true, true);
+      // Save and reload the workflow: values survive, the chart widget is re-added, never saved.
+      const saved = JSON.parse(JSON.stringify(app.graph.serialize()));
+      await app.loadGraphData(saved);
+      node = app.graph.getNodeById(node.id);
+      out.reloaded = node
+        ? { widgets: (node.widgets ?? []).map((w) => w.name), values: (node.widgets ?? []).map((w) => w.value) }
+        : null;
+      if (!node) return out;
       // A live-stats event as the Python side sends it, addressed to this node.
       api.dispatchCustomEvent("tokenfuse.stats", {
         node: String(node.id), step: 20, steps: 20, step_time_s: 0.41, peak_mem_mb: 3120.5,
@@ -82,6 +92,23 @@ try {
       if (plan) {
         plan.pos = [560, 80];
         app.graph.add(plan);
+        // What the node's onExecuted receives when the Python side returns {"ui": {"images": [...]}}.
+        const c = document.createElement("canvas");
+        c.width = 96;
+        c.height = 64;
+        const g = c.getContext("2d");
+        g.fillStyle = "#c33";
+        g.fillRect(0, 0, 96, 64);
+        const blob = await new Promise((r) => c.toBlob(r, "image/png"));
+        const form = new FormData();
+        form.append("image", blob, "tokenfuse_browser_check.png");
+        form.append("type", "temp");
+        form.append("overwrite", "true");
+        const info = await (await api.fetchApi("/upload/image", { method: "POST", body: form })).json();
+        const before = Array.from(plan.size);
+        plan.onExecuted?.({ images: [{ filename: info.name, subfolder: info.subfolder ?? "", type: info.type }] });
+        await new Promise((r) => setTimeout(r, 1200));
+        out.planPreview = { before, after: Array.from(plan.size), imgs: plan.imgs?.length ?? 0 };
       }
       const prompt = await app.graphToPrompt();
       out.promptInputs = Object.keys(prompt?.output?.[String(node.id)]?.inputs ?? {});
