@@ -1,1 +1,14 @@
-"""Training-free token scheduling for diffusion attention (pure torch; never imports ComfyUI)."""
+"""Training-free token scheduling for diffusion attention (pure torch; never imports ComfyUI).
+
+Public API (import the submodule you need; `schedule` is torch-free so UI code can import it at start-up):
+- schedule:  Schedule (frozen settings), Strategy / Preset / Family (Literal vocabularies), ScheduleError,
+             preset_schedule(name, family="sd15"|"sdxl"|"dit"), parse_schedule_text(text, base), load_schedule(path),
+             save_schedule(schedule, path), Schedule.to_dict() / Schedule.from_dict(data, base=None).
+- patches:   build_unet_patches(schedule, telemetry) -> (attn1_patch, attn1_output_patch),
+             build_attention_override(schedule, telemetry) -> override for DiT families, infer_grid(n, shape).
+- telemetry: RunTelemetry (reset / record / summary / summary_line / write_jsonl / finish).
+- merge:     tome_functions, bipartite_soft_matching_2d, random_partition (ToMe merge/unmerge closures).
+- downsample: kv_downsample_functions, pool_tokens, kernel_for_ratio (ToDo K/V pooling).
+- topk:      topk_kv_functions, topk_indices (top-K keys/values).
+- plan:      TokenPlan (the TOKEN_PLAN type: ROI importance per level).
+"""

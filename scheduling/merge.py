@@ -1,0 +1,154 @@
+"""ToMe for diffusion: bipartite soft matching on a 2D strided partition -> (merge, unmerge) closures.
+
+Shapes: x [B, N, C] tokens in row-major order of an h x w grid (N = h * w).
+The partition (one destination per sy x sx cell, chosen by a seeded CPU generator) is shared by the whole batch, so
+cond and uncond halves use one partition, and the sampler's global RNG is never touched. Matching is computed once
+under no_grad on a reduced channel slice, chunked over source rows so only src x dst (never N x N) scores exist.
+Ratio advice: <= 0.5 per level keeps quality (ToMe-SD); 0.75 is the hard maximum with a 2x2 stride.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+MergeFn = Callable[[torch.Tensor], torch.Tensor]
+METRIC_DIM = 64  # channels used for similarity: cheap and enough to rank neighbours
+CHUNK_ELEMS = 1 << 24  # max src x dst scores alive at once per batch
+
+
+def do_nothing(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def random_partition(h: int, w: int, sx: int, sy: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split an h x w grid into (src_idx [Ns], dst_idx [Nd]) CPU int64 token indices, one random dst per full cell.
+
+    Tokens outside the last full cell row/column (odd grids) are always src. Same seed -> same partition.
+    """
+    hsy, wsx = h // sy, w // sx
+    gen = torch.Generator().manual_seed(int(seed) & 0x7FFF_FFFF_FFFF_FFFF)
+    pick = torch.randint(sy * sx, (hsy, wsx), generator=gen)
+    is_dst = torch.zeros(hsy, wsx, sy * sx, dtype=torch.bool)
+    is_dst.scatter_(2, pick.unsqueeze(-1), True)
+    is_dst = is_dst.view(hsy, wsx, sy, sx).transpose(1, 2).reshape(hsy * sy, wsx * sx)
+    full = torch.zeros(h, w, dtype=torch.bool)
+    full[: hsy * sy, : wsx * sx] = is_dst
+    flat = full.flatten()
+    return flat.logical_not().nonzero().flatten(), flat.nonzero().flatten()
+
+
+def max_merge_count(protected: torch.Tensor | None, src_idx: torch.Tensor, dst_idx: torch.Tensor) -> int:
+    """Largest r that never merges a protected token: min over the batch of unprotected src (0 if no free dst).
+
+    protected: CPU bool [B, N] or None. Computed on the host so the device never has to sync.
+    """
+    if protected is None:
+        return int(src_idx.numel())
+    free_src = (~protected[:, src_idx]).sum(1)
+    free_dst = (~protected[:, dst_idx]).sum(1)
+    return int(torch.where(free_dst > 0, free_src, torch.zeros_like(free_src)).min())
+
+
+def _reduce_metric(x: torch.Tensor) -> torch.Tensor:
+    """[B, N, C] -> [B, N, <=METRIC_DIM] by averaging channel groups (keeps every channel's signal, costs one read)."""
+    c = x.shape[-1]
+    if c <= METRIC_DIM:
+        return x
+    if c % METRIC_DIM == 0:
+        return x.unflatten(-1, (METRIC_DIM, c // METRIC_DIM)).mean(-1)
+    return x[..., :METRIC_DIM]
+
+
+def bipartite_soft_matching_2d(
+    metric: torch.Tensor,
+    src_idx: torch.Tensor,
+    dst_idx: torch.Tensor,
+    r: int,
+    protected: torch.Tensor | None = None,
+) -> tuple[MergeFn, MergeFn]:
+    """Merge the r src tokens most similar to a dst token into it (mean); return (merge, unmerge).
+
+    metric: [B, N, C] tokens to match on (the block input). src_idx/dst_idx: from `random_partition`, on metric's
+    device. protected: bool [B, N] on metric's device; protected tokens are neither merged away nor merged into.
+    The caller caps r with `max_merge_count` so a protected token is never picked. merge: [B, N, C'] ->
+    [B, N - r, C']; unmerge: [B, N - r, C'] -> [B, N, C'] (merged tokens copy their destination's value).
+    """
+    b, n, _ = metric.shape
+    ns, nd = src_idx.numel(), dst_idx.numel()
+    r = min(int(r), ns)
+    if r <= 0 or nd == 0:
+        return do_nothing, do_nothing
+    dev = metric.device
+    with torch.no_grad():
+        m = _reduce_metric(metric)
+        m = m / m.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+        a = m.index_select(1, src_idx)
+        bd = m.index_select(1, dst_idx).transpose(1, 2)
+        dst_block = protected[:, dst_idx].unsqueeze(1) if protected is not None else None
+        rows = max(1, CHUNK_ELEMS // max(1, nd))
+        node_max = torch.empty(b, ns, device=dev, dtype=a.dtype)
+        node_idx = torch.empty(b, ns, device=dev, dtype=torch.int64)
+        for s in range(0, ns, rows):  # chunks of src rows, not tokens: a handful of iterations at most
+            scores = a[:, s : s + rows] @ bd
+            if dst_block is not None:
+                scores = scores.masked_fill(dst_block, float("-inf"))
+            node_max[:, s : s + rows], node_idx[:, s : s + rows] = scores.max(dim=-1)
+        if protected is not None:
+            node_max = node_max.masked_fill(protected[:, src_idx], float("-inf"))
+        order = node_max.argsort(dim=-1, descending=True)
+        unm_src, mrg_src = order[:, r:], order[:, :r]
+        unm_tok = src_idx[unm_src]  # [B, ns - r] token index of each kept src
+        mrg_tok = src_idx[mrg_src]  # [B, r] token index of each merged src
+        mrg_dst = node_idx.gather(1, mrg_src)  # [B, r] position in dst of its target
+
+    n_unm = ns - r
+
+    def merge(x: torch.Tensor) -> torch.Tensor:
+        c = x.shape[-1]
+        unm = x.gather(1, unm_tok.unsqueeze(-1).expand(b, n_unm, c))
+        src = x.gather(1, mrg_tok.unsqueeze(-1).expand(b, r, c))
+        dst = x.index_select(1, dst_idx)
+        dst = dst.scatter_reduce(1, mrg_dst.unsqueeze(-1).expand(b, r, c), src, reduce="mean", include_self=True)
+        return torch.cat([unm, dst], dim=1)
+
+    def unmerge(y: torch.Tensor) -> torch.Tensor:
+        c = y.shape[-1]
+        unm, dst = y[:, :n_unm], y[:, n_unm:]
+        out = torch.empty(b, n, c, device=y.device, dtype=y.dtype)
+        out.index_copy_(1, dst_idx, dst)
+        out.scatter_(1, unm_tok.unsqueeze(-1).expand(b, n_unm, c), unm)
+        out.scatter_(1, mrg_tok.unsqueeze(-1).expand(b, r, c), dst.gather(1, mrg_dst.unsqueeze(-1).expand(b, r, c)))
+        return out
+
+    return merge, unmerge
+
+
+def tome_functions(
+    x: torch.Tensor,
+    h: int,
+    w: int,
+    ratio: float,
+    *,
+    sx: int = 2,
+    sy: int = 2,
+    seed: int = 0,
+    protected: torch.Tensor | None = None,
+    partition: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[MergeFn, MergeFn]:
+    """(merge, unmerge) for x [B, h*w, C] removing ~ratio*N tokens; identity when nothing can be merged.
+
+    protected: CPU bool [B, N] (from the ROI plan) or None. partition: precomputed CPU (src_idx, dst_idx), e.g. from a
+    cache; made from `seed` otherwise. A grid of width or height 1, or one smaller than a cell, gives identity.
+    """
+    n = x.shape[1]
+    if ratio <= 0.0 or n != h * w or h < sy or w < sx or (sx == 1 and sy == 1):
+        return do_nothing, do_nothing
+    src_cpu, dst_cpu = partition if partition is not None else random_partition(h, w, sx, sy, seed)
+    r = min(int(n * ratio), max_merge_count(protected, src_cpu, dst_cpu))
+    if r <= 0:
+        return do_nothing, do_nothing
+    dev = x.device
+    prot = protected.to(dev, non_blocking=True) if protected is not None else None
+    return bipartite_soft_matching_2d(x, src_cpu.to(dev), dst_cpu.to(dev), r, prot)

@@ -1,0 +1,313 @@
+"""Attention patch closures built from a Schedule: what the ComfyUI glue attaches to a cloned model.
+
+U-Net families (SD1.x/2.x, SDXL): `build_unet_patches` -> (attn1_patch, attn1_output_patch) for
+`m.set_model_attn1_patch(f)` / `m.set_model_attn1_output_patch(g)`.
+- f(n, ctx, val, extra_options) -> (n, ctx, val): n = norm1(x) [B, N, C] before projection; ComfyUI passes ctx and val
+  as the same object as n for self-attention. tome merges n (and ctx/val when they are the same tokens); todo and topk
+  shrink only ctx/val. Other packs' patches may run before or after ours: we only touch ctx/val that still have N
+  tokens, and merge q-only when they do not.
+- g(n, extra_options) -> n restores N tokens after a tome merge. The unmerge travels from f to g inside
+  `extra_options`, a fresh dict per BasicTransformerBlock call, so concurrent blocks can never mix them up.
+DiT families: `build_attention_override` -> override(func, *args, **kwargs) for
+`transformer_options["optimized_attention_override"]`; top-K K/V on the 1-D sequence (the grid is unknown).
+
+Every closure returns its inputs unchanged (same objects) when the schedule is off, outside the sigma window, in a
+protected block, at a level with ratio 0, or when the call does not look like a known token grid.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .adaptive import adapt_ratio, token_complexity
+from .downsample import kernel_for_ratio, kv_downsample_functions, protected_cell_tokens
+from .merge import bipartite_soft_matching_2d, do_nothing, max_merge_count, random_partition
+from .schedule import MAX_RATIO, Schedule
+from .telemetry import RunTelemetry
+from .topk import gather_tokens, keep_count, topk_indices, topk_kv_functions
+
+log = logging.getLogger(__name__)
+
+UNMERGE_KEY = "tokenfuse_unmerge"
+PLAN_KEY = "tokenfuse_plan"
+TOME_MAX_RATIO = 0.75  # a 2x2 stride leaves 3/4 of tokens as src: more cannot be merged
+MIN_DIT_TOKENS = 64
+
+AttnPatch = Callable[[torch.Tensor, Any, Any, dict], tuple[torch.Tensor, Any, Any]]
+OutputPatch = Callable[[torch.Tensor, dict], torch.Tensor]
+
+
+def infer_grid(n_tokens: int, original_shape: Any) -> tuple[int, int, int] | None:
+    """(level factor 8/16/32/64, grid_h, grid_w) for a token count, from the latent (…, H, W); None if no match.
+
+    ComfyUI's stride-2 convs round up, so level k has ceil(H / 2^k) x ceil(W / 2^k) tokens.
+    """
+    if original_shape is None or len(original_shape) < 2:
+        return None
+    h, w = int(original_shape[-2]), int(original_shape[-1])
+    for k in range(4):
+        if h * w == n_tokens:
+            return 8 << k, h, w
+        h, w = (h + 1) // 2, (w + 1) // 2
+    return None
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    step: int  # index into sample_sigmas (-1 when unknown)
+    steps: int  # number of sampling steps (0 when unknown)
+    progress: float  # fraction of sampling done, in [0, 1)
+    sigma: float
+
+
+class _StepTracker:
+    """Step progress from extra_options["sigmas"] vs ["sample_sigmas"]; one host sync per model call (cached)."""
+
+    def __init__(self) -> None:
+        self._sig: Any = None
+        self._ss: Any = None
+        self._ss_vals: list[float] = []
+        self._info = StepInfo(-1, 0, 0.0, float("nan"))
+
+    def __call__(self, options: dict) -> StepInfo:
+        sig, ss = options.get("sigmas"), options.get("sample_sigmas")
+        if sig is None:
+            return StepInfo(-1, 0, 0.0, float("nan"))
+        if sig is self._sig and ss is self._ss:
+            return self._info
+        sigma = float(sig.reshape(-1)[0]) if isinstance(sig, torch.Tensor) else float(sig)
+        if ss is not self._ss:
+            self._ss_vals = [float(s) for s in ss.reshape(-1).tolist()] if isinstance(ss, torch.Tensor) else []
+        if len(self._ss_vals) >= 2:
+            step = min(range(len(self._ss_vals)), key=lambda i: abs(self._ss_vals[i] - sigma))
+            steps = len(self._ss_vals) - 1
+            info = StepInfo(step, steps, min(step / steps, 1.0), sigma)
+        else:
+            info = StepInfo(-1, 0, 0.0, sigma)
+        self._sig, self._ss, self._info = sig, ss, info
+        return info
+
+
+class _LRU(OrderedDict):
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def get_or(self, key: Any, make: Callable[[], Any]) -> Any:
+        if key in self:
+            self.move_to_end(key)
+            return self[key]
+        value = make()
+        self[key] = value
+        while len(self) > self.size:
+            self.popitem(last=False)
+        return value
+
+
+class _PlanCache:
+    """Per-level ROI tensors from a TokenPlan, computed on the host once per (plan, grid, batch) and kept per device.
+
+    Keeps only the current plan's entries: a new plan object clears the cache (ids are never reused while held).
+    """
+
+    def __init__(self) -> None:
+        self._plan: Any = None
+        self._cache = _LRU(32)
+
+    def get(self, plan: Any, key: tuple, make: Callable[[], Any]) -> Any:
+        if plan is not self._plan:
+            self._plan = plan
+            self._cache.clear()
+        return self._cache.get_or(key, make)
+
+
+def _block_label(options: dict) -> str:
+    block = options.get("block")
+    if isinstance(block, (tuple, list)) and len(block) >= 2:
+        return f"{block[0]}.{block[1]}.{options.get('block_index', 0)}"
+    return str(options.get("block_index", "?"))
+
+
+def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[AttnPatch, OutputPatch]:
+    """(attn1_patch, attn1_output_patch) closures for a U-Net model (see module docstring)."""
+    steps = _StepTracker()
+    partitions = _LRU(8)
+    plans = _PlanCache()
+    complexity = _LRU(16)
+    warned: set[str] = set()
+    timing = schedule.time_calls
+
+    def warn_once(key: str, msg: str, *args: Any) -> None:
+        if key not in warned:
+            warned.add(key)
+            log.warning(msg, *args)
+
+    def roi(plan: Any, h: int, w: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(importance [B, N] float32 CPU, protected [B, N] bool CPU)."""
+
+        def make() -> tuple[torch.Tensor, torch.Tensor]:
+            imp = plan.level_importance(h, w, batch).cpu()
+            return imp, imp >= plan.protect_threshold
+
+        return plans.get(plan, ("roi", h, w, batch), make)
+
+    def on_device(plan: Any, key: tuple, tensor_fn: Callable[[], Any], device: torch.device) -> Any:
+        def make() -> Any:
+            value = tensor_fn()
+            if isinstance(value, tuple):
+                return tuple(t.to(device) for t in value)
+            return value.to(device)
+
+        return plans.get(plan, key + (str(device),), make)
+
+    def kv_targets(n: torch.Tensor, ctx: Any, val: Any, fn: Callable[[torch.Tensor], torch.Tensor],
+                   n_out: torch.Tensor | None = None) -> tuple[Any, Any]:
+        """Apply a token reduction to ctx/val that still hold n's tokens (once per distinct object; n -> n_out)."""
+        memo: dict[int, Any] = {}
+
+        def apply(t: Any) -> Any:
+            if t is n and n_out is not None:
+                return n_out
+            if not (isinstance(t, torch.Tensor) and t.ndim == 3 and t.shape[:2] == n.shape[:2]):
+                return t
+            if id(t) not in memo:
+                memo[id(t)] = fn(t)
+            return memo[id(t)]
+
+        return apply(ctx), apply(val)
+
+    def attn1_patch(n: torch.Tensor, ctx: Any, val: Any, extra_options: dict) -> tuple[torch.Tensor, Any, Any]:
+        if schedule.is_off or not schedule.ratios or n.ndim != 3:
+            return n, ctx, val
+        t0 = time.perf_counter() if timing else 0.0
+        grid = infer_grid(n.shape[1], extra_options.get("original_shape"))
+        if grid is None:
+            return n, ctx, val
+        level, h, w = grid
+        info = steps(extra_options)
+        tidx = int(extra_options.get("transformer_index", extra_options.get("block_index", 0)) or 0)
+        ratio = schedule.ratio_for(level, tidx) if schedule.active_at(info.progress) else 0.0
+        n_tok = n.shape[1]
+        kv_in = ctx.shape[1] if isinstance(ctx, torch.Tensor) and ctx.ndim == 3 else n_tok
+        if ratio > 0.0 and schedule.adaptive > 0.0:
+            c = complexity.get_or((info.step, info.sigma, level, n.shape[0]), lambda: token_complexity(n, h, w))
+            ratio = adapt_ratio(ratio, c, schedule.adaptive, MAX_RATIO)
+        out = (n, ctx, val)
+        if ratio > 0.0:
+            try:
+                out = _reduce(n, ctx, val, extra_options, level, h, w, ratio, info)
+            except Exception as exc:  # a shape we did not foresee: run this call unreduced, never crash sampling
+                warn_once("reduce", "TokenFuse: token reduction skipped (%s: %s); attention runs unchanged",
+                          type(exc).__name__, exc)
+                out = (n, ctx, val)
+        new_n, new_ctx = out[0], out[1]
+        kv_out = new_ctx.shape[1] if isinstance(new_ctx, torch.Tensor) and new_ctx.ndim == 3 else new_n.shape[1]
+        telemetry.record(_block_label(extra_options), level, info.step, info.sigma, n_tok, new_n.shape[1], kv_in,
+                         kv_out, schedule.strategy, (time.perf_counter() - t0) if timing else None)
+        return out
+
+    def _reduce(n: torch.Tensor, ctx: Any, val: Any, options: dict, level: int, h: int, w: int, ratio: float,
+                info: StepInfo) -> tuple[torch.Tensor, Any, Any]:
+        plan = options.get(PLAN_KEY)
+        batch, dev = n.shape[0], n.device
+        if schedule.strategy == "tome":
+            sx, sy = schedule.sx, schedule.sy
+            seed = (schedule.seed * 1_000_003 + max(info.step, 0)) & 0x7FFF_FFFF
+            src_cpu, dst_cpu, src_dev, dst_dev = partitions.get_or(
+                (h, w, sx, sy, seed, str(dev)), lambda: _partition(h, w, sx, sy, seed, dev)
+            )
+            prot_cpu = prot_dev = None
+            if plan is not None:
+                prot_cpu = roi(plan, h, w, batch)[1]
+                prot_dev = on_device(plan, ("prot", h, w, batch), lambda: roi(plan, h, w, batch)[1], dev)
+            r = min(int(n.shape[1] * min(ratio, TOME_MAX_RATIO)), max_merge_count(prot_cpu, src_cpu, dst_cpu))
+            merge, unmerge = bipartite_soft_matching_2d(n, src_dev, dst_dev, r, prot_dev)
+            if merge is do_nothing:
+                return n, ctx, val
+            merged = merge(n)
+            new_ctx, new_val = kv_targets(n, ctx, val, merge, merged)
+            options[UNMERGE_KEY] = (unmerge, merged.shape[1])
+            return merged, new_ctx, new_val
+        if schedule.strategy == "todo":
+            keep = None
+            if plan is not None:
+                kernel = kernel_for_ratio(ratio)
+                keep = on_device(plan, ("cells", h, w, batch, kernel),
+                                 lambda: protected_cell_tokens(roi(plan, h, w, batch)[1], h, w, kernel), dev)
+            fn = kv_downsample_functions(h, w, ratio, schedule.pool, keep)
+        else:  # topk
+            bonus, min_keep = None, 0
+            if plan is not None:
+                imp_cpu, prot_cpu = roi(plan, h, w, batch)
+                min_keep = int(prot_cpu.sum(1).max())
+                bonus = on_device(plan, ("bonus", h, w, batch), lambda: imp_cpu + 2.0 * prot_cpu.float(), dev)
+            fn = topk_kv_functions(n, ratio, bonus, min_keep)
+        new_ctx, new_val = kv_targets(n, ctx, val, fn)
+        return n, new_ctx, new_val
+
+    def attn1_output_patch(n: torch.Tensor, extra_options: dict) -> torch.Tensor:
+        entry = extra_options.pop(UNMERGE_KEY, None)
+        if entry is None:
+            return n
+        unmerge, merged_len = entry
+        if n.ndim != 3 or n.shape[1] != merged_len:
+            warn_once("unmerge", "TokenFuse: attention output has %s tokens, expected %d (another patch changed it); "
+                      "left as is", tuple(n.shape), merged_len)
+            return n
+        t0 = time.perf_counter() if timing else 0.0
+        out = unmerge(n)
+        if timing:
+            telemetry.add_seconds(time.perf_counter() - t0)
+        return out
+
+    return attn1_patch, attn1_output_patch
+
+
+def _partition(h: int, w: int, sx: int, sy: int, seed: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    src, dst = random_partition(h, w, sx, sy, seed)
+    return src, dst, src.to(device), dst.to(device)
+
+
+def build_attention_override(schedule: Schedule, telemetry: RunTelemetry) -> Callable[..., Any]:
+    """override(func, *args, **kwargs) for transformer_options["optimized_attention_override"] (DiT families).
+
+    ComfyUI calls it as override(attention_fn, q, k, v, heads, [mask], ..., skip_reshape=..., transformer_options=...);
+    q/k/v are projected: [B, N, H*D], or [B, H, N, D] with skip_reshape. Inside the window and past the protected
+    blocks, self-attention calls (k has q's token count, no mask) keep the top (1 - dit_ratio) K/V tokens by
+    saliency; everything else is passed through untouched.
+    """
+    steps = _StepTracker()
+
+    def override(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if schedule.dit_ratio <= 0.0 or schedule.end_percent <= schedule.start_percent or len(args) < 3:
+            return func(*args, **kwargs)
+        q, k, v = args[0], args[1], args[2]
+        mask = args[4] if len(args) > 4 else kwargs.get("mask")
+        topts = kwargs.get("transformer_options") or {}
+        tok_dim = 2 if kwargs.get("skip_reshape", False) else 1
+        if (mask is not None or not all(isinstance(t, torch.Tensor) for t in (q, k, v)) or k.ndim != tok_dim + 2
+                or k.shape != v.shape or k.shape[tok_dim] != q.shape[tok_dim] or k.shape[tok_dim] < MIN_DIT_TOKENS):
+            return func(*args, **kwargs)
+        info = steps(topts)
+        bidx = topts.get("block_index")
+        if not schedule.active_at(info.progress) or (isinstance(bidx, int) and bidx < schedule.protect_blocks):
+            return func(*args, **kwargs)
+        t0 = time.perf_counter() if schedule.time_calls else 0.0
+        n_tok = k.shape[tok_dim]
+        keep = keep_count(n_tok, schedule.dit_ratio)
+        if keep >= n_tok:
+            return func(*args, **kwargs)
+        idx = topk_indices(k, keep, None, tok_dim)
+        k2, v2 = gather_tokens(k, idx, tok_dim), gather_tokens(v, idx, tok_dim)
+        telemetry.record(str(topts.get("block_index", "?")), 0, info.step, info.sigma, n_tok, n_tok, n_tok, keep,
+                         "topk", (time.perf_counter() - t0) if schedule.time_calls else None)
+        return func(q, k2, v2, *args[3:], **kwargs)
+
+    return override

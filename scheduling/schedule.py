@@ -1,0 +1,239 @@
+"""Schedule: which tokens the attention patches reduce, where, and when. Pure Python (no torch import).
+
+The node's INPUT_TYPES imports this module at ComfyUI start-up, so it must stay light: dataclasses, json, yaml only.
+
+Ratios mean the same thing for every strategy: the fraction of a level's tokens taken out of attention.
+- `tome`: fraction of block-input tokens merged away (q, k and v shrink; the output is unmerged). <= 0.5 recommended.
+- `todo`: fraction of K/V tokens removed by spatial pooling; snapped down to a pooling kernel (0.5 -> 1x2, 0.75 -> 2x2,
+  0.89 -> 3x3). <= 0.75 (2x2) recommended.
+- `topk`: fraction of K/V tokens dropped (the least important ones).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+Strategy = Literal["tome", "todo", "topk"]
+Preset = Literal["off", "balanced", "lowvram_4gb", "lowvram_6gb", "lowvram_8gb"]
+Family = Literal["sd15", "sdxl", "dit"]
+PoolMode = Literal["avg", "nearest"]
+
+# Level factors relative to the image; the latent is /8, so these are latent grid /1, /2, /4, /8.
+LEVELS: tuple[int, ...] = (8, 16, 32, 64)
+MAX_RATIO = 0.9
+# Which levels have self-attention in each U-Net family (SDXL has none at full latent resolution).
+FAMILY_LEVELS: dict[str, tuple[int, ...]] = {"sd15": (8, 16, 32, 64), "sdxl": (16, 32), "dit": ()}
+
+
+class ScheduleError(ValueError):
+    """A schedule field is out of range; the message names the field and the allowed values."""
+
+
+def _check_range(name: str, value: Any, lo: float, hi: float, integer: bool = False) -> None:
+    kind = "an integer" if integer else "a number"
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok_type or (not integer and not math.isfinite(value)) or not lo <= value <= hi:
+        raise ScheduleError(f"Schedule field '{name}' must be {kind} in [{lo}, {hi}], got {value!r}")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Frozen, validated token-scheduling settings (see module docstring for what a ratio means).
+
+    strategy: tome | todo | topk.
+    ratios: {level factor (8/16/32/64 relative to image): base ratio in [0, 0.9]}; missing levels are 0.
+    protect_blocks: the first N transformer blocks of a sampling call (ComfyUI's transformer_index order, i.e. the
+        shallow input blocks) keep all tokens.
+    ramp_start / ramp_step / ramp_every / ramp_cap: pyramid ramp. From transformer index `ramp_start` on, add
+        `ramp_step` every `ramp_every` blocks to the base ratio, never above `ramp_cap` (0 step = no ramp).
+    start_percent / end_percent: active window as a fraction of sampling steps (strongest early, off late).
+    adaptive: content-adaptive strength in [0, 1]; flat token maps get up to (1 + adaptive) x ratio, busy ones down to
+        (1 - adaptive) x ratio. Costs one host sync per level and step; 0 = off.
+    pool: todo pooling mode (avg | nearest).
+    sx, sy: tome destination stride (one destination token per sy x sx cell).
+    dit_ratio: fraction of K/V dropped (top-K by saliency) in DiT attention via the attention override.
+    seed: tome partition seed (own generator: never touches the sampler's RNG).
+    telemetry_jsonl: optional JSONL path for per-call telemetry ("" = off); time_calls: record patch wall time.
+    """
+
+    strategy: Strategy = "todo"
+    ratios: dict[int, float] = field(default_factory=dict)
+    protect_blocks: int = 2
+    ramp_start: int = 3
+    ramp_step: float = 0.0
+    ramp_every: int = 2
+    ramp_cap: float = 0.5
+    start_percent: float = 0.0
+    end_percent: float = 1.0
+    adaptive: float = 0.0
+    pool: PoolMode = "avg"
+    sx: int = 2
+    sy: int = 2
+    dit_ratio: float = 0.0
+    seed: int = 0
+    telemetry_jsonl: str = ""
+    time_calls: bool = False
+
+    def __post_init__(self) -> None:
+        if self.strategy not in get_args(Strategy):
+            raise ScheduleError(f"Schedule field 'strategy' must be one of {get_args(Strategy)}, got {self.strategy!r}")
+        if self.pool not in get_args(PoolMode):
+            raise ScheduleError(f"Schedule field 'pool' must be one of {get_args(PoolMode)}, got {self.pool!r}")
+        if not isinstance(self.ratios, dict):
+            raise ScheduleError(f"Schedule field 'ratios' must be a mapping {{level: ratio}}, got {self.ratios!r}")
+        clean: dict[int, float] = {}
+        for key, value in self.ratios.items():
+            try:
+                level = int(key)
+            except (TypeError, ValueError):
+                level = -1
+            if level not in LEVELS:
+                raise ScheduleError(f"Schedule field 'ratios' keys must be level factors {LEVELS}, got {key!r}")
+            _check_range(f"ratios[{level}]", value, 0.0, MAX_RATIO)
+            clean[level] = float(value)
+        object.__setattr__(self, "ratios", dict(sorted(clean.items())))
+        _check_range("protect_blocks", self.protect_blocks, 0, 64, integer=True)
+        _check_range("ramp_start", self.ramp_start, 0, 64, integer=True)
+        _check_range("ramp_step", self.ramp_step, 0.0, 0.5)
+        _check_range("ramp_every", self.ramp_every, 1, 64, integer=True)
+        _check_range("ramp_cap", self.ramp_cap, 0.0, MAX_RATIO)
+        _check_range("start_percent", self.start_percent, 0.0, 1.0)
+        _check_range("end_percent", self.end_percent, 0.0, 1.0)
+        if self.end_percent < self.start_percent:
+            raise ScheduleError(
+                f"Schedule field 'end_percent' must be >= start_percent ({self.start_percent}), got {self.end_percent}"
+            )
+        _check_range("adaptive", self.adaptive, 0.0, 1.0)
+        _check_range("sx", self.sx, 1, 8, integer=True)
+        _check_range("sy", self.sy, 1, 8, integer=True)
+        _check_range("dit_ratio", self.dit_ratio, 0.0, MAX_RATIO)
+        _check_range("seed", self.seed, 0, 2**63 - 1, integer=True)
+        if not isinstance(self.telemetry_jsonl, str):
+            raise ScheduleError(f"Schedule field 'telemetry_jsonl' must be a path string, got {self.telemetry_jsonl!r}")
+        if not isinstance(self.time_calls, bool):
+            raise ScheduleError(f"Schedule field 'time_calls' must be true or false, got {self.time_calls!r}")
+        for name in ("ramp_step", "ramp_cap", "start_percent", "end_percent", "adaptive", "dit_ratio"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+
+    def __hash__(self) -> int:  # ratios is a dict; hash its items so the frozen object stays hashable
+        return hash(tuple((f.name, tuple(self.ratios.items()) if f.name == "ratios" else getattr(self, f.name))
+                          for f in fields(self)))
+
+    @property
+    def is_off(self) -> bool:
+        """True when no call can ever be reduced (all ratios 0, or an empty window)."""
+        empty_window = self.end_percent <= self.start_percent
+        return empty_window or (not any(self.ratios.values()) and self.dit_ratio == 0.0)
+
+    def active_at(self, progress: float) -> bool:
+        """progress: fraction of sampling done, in [0, 1]."""
+        return self.start_percent <= progress < self.end_percent or (progress >= 1.0 and self.end_percent >= 1.0)
+
+    def ratio_for(self, level: int, transformer_index: int) -> float:
+        """Base ratio at a level after block protection and the pyramid ramp (before content adaptation)."""
+        base = self.ratios.get(level, 0.0)
+        if base <= 0.0 or transformer_index < self.protect_blocks:
+            return 0.0
+        if self.ramp_step > 0.0 and transformer_index >= self.ramp_start:
+            steps = (transformer_index - self.ramp_start) // self.ramp_every + 1
+            base = max(base, min(self.ramp_cap, base + steps * self.ramp_step))
+        return min(base, MAX_RATIO)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ratios"] = {str(k): v for k, v in self.ratios.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], base: Schedule | None = None) -> Schedule:
+        """Build from a mapping; unknown keys are an error naming the allowed fields. Missing keys come from base."""
+        if not isinstance(data, dict):
+            raise ScheduleError(f"a schedule must be a mapping of fields, got {type(data).__name__}")
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ScheduleError(f"unknown Schedule field(s) {unknown}; allowed: {sorted(names)}")
+        return replace(base or cls(), **data)
+
+
+def _balanced(family: str) -> Schedule:
+    # Under SDPA only a cheap reduction at every attention level pays (DESIGN.md §2). 2x2 average K/V pooling
+    # (ToDo) at the two finest attention levels is inside the validated range (<= 2x2) and costs one pool per call.
+    if family == "sdxl":
+        return Schedule(strategy="todo", ratios={16: 0.75, 32: 0.5}, protect_blocks=0, end_percent=1.0)
+    if family == "dit":
+        return Schedule(strategy="topk", ratios={}, dit_ratio=0.5, protect_blocks=2)
+    return Schedule(strategy="todo", ratios={8: 0.75, 16: 0.75}, protect_blocks=0, end_percent=1.0)
+
+
+def preset_schedule(name: Preset | str, family: Family | str = "sd15") -> Schedule:
+    """Named presets per model family.
+
+    off: identity everywhere.
+    balanced: K/V 2x2 average pooling at the finest attention levels (SD1.5 /8 /16; SDXL /16, 1x2 at /32), all steps.
+    lowvram_8gb / lowvram_6gb / lowvram_4gb: AGGRESSIVE, beyond the literature-validated range at the top: K/V pooling
+        up to 3x3 early in sampling plus a ramp and content adaptation. Trade detail for memory and speed; check faces.
+    """
+    if name not in get_args(Preset):
+        raise ScheduleError(f"unknown preset {name!r}; allowed: {get_args(Preset)}")
+    if family not in get_args(Family):
+        raise ScheduleError(f"unknown model family {family!r}; allowed: {get_args(Family)}")
+    if name == "off":
+        return Schedule(ratios={})
+    if name == "balanced":
+        return _balanced(family)
+    strength = {"lowvram_8gb": 0.0, "lowvram_6gb": 0.05, "lowvram_4gb": 0.1}[name]
+    if family == "dit":
+        return Schedule(strategy="topk", dit_ratio=0.6 + strength, protect_blocks=1, end_percent=0.9)
+    levels = FAMILY_LEVELS[family]
+    top = {8: 0.75, 16: 0.75, 32: 0.5, 64: 0.5}
+    ratios = {lv: min(MAX_RATIO, top[lv] + (0.14 if lv == levels[0] else 0.0) + strength) for lv in levels}
+    return Schedule(strategy="todo", ratios=ratios, protect_blocks=0, ramp_start=3, ramp_step=0.05, ramp_every=2,
+                    ramp_cap=0.89, adaptive=0.3, end_percent=1.0)
+
+
+def _parse_mapping(text: str) -> dict[str, Any]:
+    text = text.strip()
+    if not text:
+        return {}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        import yaml  # only when the text is not JSON
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ScheduleError(f"schedule text is neither valid JSON nor YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ScheduleError(f"schedule text must be a mapping of fields, got {type(data).__name__}")
+    return data
+
+
+def parse_schedule_text(text: str, base: Schedule) -> Schedule:
+    """Override fields of `base` from JSON or YAML text (empty text returns base itself)."""
+    data = _parse_mapping(text)
+    return Schedule.from_dict(data, base=base) if data else base
+
+
+def load_schedule(path: str | Path) -> Schedule:
+    """Load a .json/.yaml/.yml file (JSON is tried first whatever the suffix); missing fields take defaults."""
+    return Schedule.from_dict(_parse_mapping(Path(path).read_text(encoding="utf-8")))
+
+
+def save_schedule(schedule: Schedule, path: str | Path) -> Path:
+    """Write JSON (or YAML when the suffix is .yaml/.yml); returns the path."""
+    path = Path(path)
+    if path.suffix.lower() in (".yaml", ".yml"):
+        import yaml
+
+        path.write_text(yaml.safe_dump(schedule.to_dict(), sort_keys=False), encoding="utf-8")
+    else:
+        path.write_text(json.dumps(schedule.to_dict(), indent=2) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,246 @@
+"""Patch closures driven the way ComfyUI's BasicTransformerBlock / wrap_attn drive them (DESIGN.md §5 keys)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tokenfuse.scheduling.patches import (
+    UNMERGE_KEY,
+    build_attention_override,
+    build_unet_patches,
+    infer_grid,
+)
+from tokenfuse.scheduling.plan import TokenPlan
+from tokenfuse.scheduling.schedule import Schedule, preset_schedule
+from tokenfuse.scheduling.telemetry import RunTelemetry
+
+SAMPLE_SIGMAS = torch.linspace(14.6, 0.0, 11)
+
+
+def extra_options(latent_hw: tuple[int, int], batch: int = 2, step: int = 0, transformer_index: int = 4,
+                  plan: TokenPlan | None = None) -> dict:
+    """The keys a real KSampler run puts in extra_options (DESIGN.md §5)."""
+    opts = {
+        "original_shape": [batch, 4, *latent_hw], "activations_shape": [batch, 320, *latent_hw],
+        "block": ("input", 1), "block_index": 0, "transformer_index": transformer_index, "n_heads": 8,
+        "dim_head": 40, "attn_precision": None, "cond_or_uncond": [0, 1][:batch], "uuids": [],
+        "sigmas": SAMPLE_SIGMAS[step:step + 1].expand(batch).clone(), "sample_sigmas": SAMPLE_SIGMAS,
+        "wrappers": {}, "callbacks": {},
+    }
+    if plan is not None:
+        opts["tokenfuse_plan"] = plan
+    return opts
+
+
+def attention(n: torch.Tensor, ctx: torch.Tensor, val: torch.Tensor, heads: int = 4) -> torch.Tensor:
+    b, c = n.shape[0], n.shape[-1]
+    q, k, v = (t.view(b, -1, heads, c // heads).transpose(1, 2) for t in (n, ctx, val))
+    return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, -1, c)
+
+
+def block(f, g, n: torch.Tensor, opts: dict) -> torch.Tensor:
+    """BasicTransformerBlock's order: attn1_patch on norm1(x), attention, attn1_output_patch."""
+    n2, ctx, val = f(n, n, n, opts)
+    return g(attention(n2, ctx, val), opts)
+
+
+def tokens(b: int, h: int, w: int, c: int = 32, seed: int = 0) -> torch.Tensor:
+    return torch.randn(b, h * w, c, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize(
+    "n,shape,expected",
+    [(96 * 96, (96, 96), (8, 96, 96)), (48 * 48, (96, 96), (16, 48, 48)), (12 * 12, (96, 96), (64, 12, 12)),
+     (49 * 38, (97, 75), (16, 49, 38)), (13 * 10, (97, 75), (64, 13, 10)), (5000, (96, 96), None)],
+)
+def test_infer_grid_rounds_up_like_comfy_downsampling(n: int, shape: tuple[int, int], expected) -> None:
+    assert infer_grid(n, [2, 4, *shape]) == expected
+
+
+@pytest.mark.parametrize("schedule", [preset_schedule("off"), Schedule(ratios={8: 0.0, 16: 0.5}),
+                                      Schedule(ratios={8: 0.75}, protect_blocks=5),
+                                      Schedule(ratios={8: 0.75}, start_percent=0.5)])
+def test_inactive_calls_return_the_same_objects(schedule: Schedule) -> None:
+    f, g = build_unet_patches(schedule, RunTelemetry())
+    n = tokens(2, 16, 12)
+    opts = extra_options((16, 12), step=1)
+    out = f(n, n, n, opts)
+    assert all(a is n for a in out)
+    assert UNMERGE_KEY not in opts
+    y = attention(n, n, n)
+    assert g(y, opts) is y
+
+
+@pytest.mark.parametrize("strategy,ratio", [("tome", 0.5), ("todo", 0.75), ("topk", 0.5)])
+def test_each_strategy_reduces_and_restores_token_count(strategy: str, ratio: float) -> None:
+    tel = RunTelemetry()
+    f, g = build_unet_patches(Schedule(strategy=strategy, ratios={8: ratio}, protect_blocks=0), tel)
+    h, w = 15, 11  # odd, non-square
+    n = tokens(2, h, w)
+    opts = extra_options((h, w))
+    n2, ctx, val = f(n, n, n, opts)
+    if strategy == "tome":
+        assert n2.shape[1] == h * w - int(h * w * ratio) and ctx is n2 and val is n2
+        assert UNMERGE_KEY in opts
+    else:
+        assert n2 is n and ctx is val and ctx.shape[1] < h * w
+    out = g(attention(n2, ctx, val), opts)
+    assert out.shape == n.shape and torch.isfinite(out).all()
+    assert UNMERGE_KEY not in opts  # consumed: a stale unmerge can never leak into another call
+    assert tel.summary()["reduced_calls"] == 1
+
+
+def test_cross_attention_context_is_left_alone() -> None:
+    """disable_self_attn blocks pass text context as ctx: K/V strategies skip it, tome merges queries only."""
+    n, text = tokens(2, 8, 8), torch.randn(2, 77, 32)
+    for strategy in ("todo", "topk", "tome"):
+        f, g = build_unet_patches(Schedule(strategy=strategy, ratios={8: 0.5}, protect_blocks=0), RunTelemetry())
+        opts = extra_options((8, 8))
+        n2, ctx, val = f(n, text, text, opts)
+        assert ctx is text and val is text
+        assert g(attention(n2, ctx, val), opts).shape == n.shape
+
+
+def test_composes_with_a_patch_registered_before_ours() -> None:
+    """Another pack concatenating reference tokens into ctx/val: we must not pool those (they are not our grid)."""
+    n = tokens(2, 8, 8)
+    ref = torch.cat([n, tokens(2, 8, 8, seed=1)], dim=1)
+    f, _ = build_unet_patches(Schedule(strategy="todo", ratios={8: 0.75}, protect_blocks=0), RunTelemetry())
+    n2, ctx, val = f(n, ref, ref, extra_options((8, 8)))
+    assert n2 is n and ctx is ref and val is ref
+
+
+def test_unexpected_output_length_is_passed_through() -> None:
+    f, g = build_unet_patches(Schedule(strategy="tome", ratios={8: 0.5}, protect_blocks=0), RunTelemetry())
+    n = tokens(2, 8, 8)
+    opts = extra_options((8, 8))
+    f(n, n, n, opts)
+    odd = torch.zeros(2, 7, 32)
+    assert g(odd, opts) is odd
+
+
+def test_plan_protects_face_tokens_under_tome() -> None:
+    h, w = 16, 16
+    imp = torch.full((1, 128, 128), 0.1)
+    imp[:, 32:96, 40:104] = 1.0
+    plan = TokenPlan(importance=imp, image_size=(128, 128))
+    f, g = build_unet_patches(Schedule(strategy="tome", ratios={8: 0.75}, protect_blocks=0), RunTelemetry())
+    n = tokens(2, h, w)
+    opts = extra_options((h, w), plan=plan)
+    n2, _, _ = f(n, n, n, opts)
+    assert n2.shape[1] < h * w
+    restored = g(n2, opts)  # identity "attention": what was merged shows up as changed tokens
+    face = plan.level_importance(h, w, 2) >= plan.protect_threshold
+    assert face.any() and torch.equal(restored[face], n[face])
+
+
+def test_plan_keeps_face_kv_at_full_resolution_under_todo_and_topk() -> None:
+    h, w = 16, 16
+    imp = torch.full((1, 64, 64), 0.1)
+    imp[:, 16:32, 16:32] = 1.0
+    plan = TokenPlan(importance=imp, image_size=(64, 64))
+    n = tokens(2, h, w)
+    face_idx = (plan.level_importance(h, w, 1)[0] >= 0.5).nonzero().flatten()
+    for strategy, ratio in (("todo", 0.75), ("topk", 0.75)):
+        f, _ = build_unet_patches(Schedule(strategy=strategy, ratios={8: ratio}, protect_blocks=0), RunTelemetry())
+        _, ctx, _ = f(n, n, n, extra_options((h, w), plan=plan))
+        assert ctx.shape[1] < h * w
+        for i in face_idx.tolist():  # every face token survives verbatim
+            assert (ctx == n[:, i : i + 1]).all(-1).any(1).all()
+
+
+def test_sigma_window_and_protected_blocks_follow_extra_options() -> None:
+    tel = RunTelemetry()
+    s = Schedule(strategy="todo", ratios={8: 0.75}, protect_blocks=2, end_percent=0.5)
+    f, _ = build_unet_patches(s, tel)
+    n = tokens(2, 8, 8)
+    assert f(n, n, n, extra_options((8, 8), step=1, transformer_index=0))[1] is n  # protected block
+    assert f(n, n, n, extra_options((8, 8), step=1, transformer_index=2))[1].shape[1] == 16
+    assert f(n, n, n, extra_options((8, 8), step=6, transformer_index=2))[1] is n  # 60% done: window closed
+    summary = tel.summary()
+    assert summary["calls"] == 3 and summary["reduced_calls"] == 1 and summary["steps"] == 2
+
+
+def test_global_rng_untouched_and_results_deterministic() -> None:
+    state = torch.get_rng_state()
+    outs = []
+    for _ in range(2):
+        f, g = build_unet_patches(Schedule(strategy="tome", ratios={8: 0.5}, protect_blocks=0, seed=3),
+                                  RunTelemetry())
+        outs.append(block(f, g, tokens(2, 12, 12), extra_options((12, 12))))
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_adaptive_ratio_merges_flat_content_more() -> None:
+    s = Schedule(strategy="tome", ratios={8: 0.4}, protect_blocks=0, adaptive=0.5)
+    h, w = 16, 16
+    flat = torch.linspace(0, 1, h * w).view(1, h * w, 1).expand(2, h * w, 32).contiguous()
+    noise = tokens(2, h, w)
+    sizes = []
+    for x in (flat, noise):
+        f, _ = build_unet_patches(s, RunTelemetry())
+        sizes.append(f(x, x, x, extra_options((h, w)))[0].shape[1])
+    assert sizes[0] < h * w - int(h * w * 0.4) < sizes[1]
+
+
+def _override_call(override, q, k, v, heads=4, **kw):
+    seen = {}
+
+    def func(q, k, v, heads, mask=None, skip_reshape=False, **kwargs):
+        seen.update(q=q, k=k, v=v)
+        return q
+
+    override(func, q, k, v, heads, **kw)
+    return seen
+
+
+def test_attention_override_identity_and_reduction() -> None:
+    topts = {"sigmas": SAMPLE_SIGMAS[:1], "sample_sigmas": SAMPLE_SIGMAS}
+    q = k = v = torch.randn(1, 256, 64)
+    off = build_attention_override(preset_schedule("off", "dit"), RunTelemetry())
+    seen = _override_call(off, q, k, v, transformer_options=topts)
+    assert seen["k"] is k and seen["v"] is v
+    tel = RunTelemetry()
+    on = build_attention_override(Schedule(dit_ratio=0.5, protect_blocks=0), tel)
+    seen = _override_call(on, q, k, v, transformer_options=topts)
+    assert seen["q"] is q and seen["k"].shape == (1, 128, 64) and seen["v"].shape == (1, 128, 64)
+    q4 = torch.randn(1, 4, 256, 16)
+    seen = _override_call(on, q4, q4, q4, transformer_options=topts, skip_reshape=True)
+    assert seen["k"].shape == (1, 4, 128, 16)
+    seen = _override_call(on, q, k, v, transformer_options=topts, mask=torch.zeros(256, 256))
+    assert seen["k"] is k  # masks are never reduced: pass through
+    late = {"sigmas": SAMPLE_SIGMAS[9:10], "sample_sigmas": SAMPLE_SIGMAS}
+    windowed = build_attention_override(Schedule(dit_ratio=0.5, protect_blocks=0, end_percent=0.5), tel)
+    assert _override_call(windowed, q, k, v, transformer_options=late)["k"] is k
+    assert tel.summary()["calls"] == 2
+
+
+def test_real_comfy_transformer_block(comfyui_path) -> None:
+    """The closures inside ComfyUI's own BasicTransformerBlock: identity when off, finite and shaped when on."""
+    sys.path.insert(0, str(comfyui_path))
+    import comfy.cli_args
+
+    if "comfy.model_management" not in sys.modules:
+        comfy.cli_args.args.cpu = True
+        comfy.cli_args.args.use_pytorch_cross_attention = True
+    from comfy.ldm.modules.attention import BasicTransformerBlock
+
+    torch.manual_seed(0)
+    blk = BasicTransformerBlock(32, 4, 8, context_dim=16)
+    for p in blk.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    x, text = tokens(2, 9, 7), torch.randn(2, 5, 16)
+    base_opts = extra_options((9, 7))
+    with torch.no_grad():
+        ref = blk(x, context=text, transformer_options=dict(base_opts))
+        for schedule, exact in ((preset_schedule("off"), True), (Schedule(strategy="tome", ratios={8: 0.5},
+                                protect_blocks=0), False), (preset_schedule("balanced"), False)):
+            f, g = build_unet_patches(schedule, RunTelemetry())
+            opts = {**base_opts, "patches": {"attn1_patch": [f], "attn1_output_patch": [g]}}
+            out = blk(x, context=text, transformer_options=opts)
+            assert out.shape == ref.shape and torch.isfinite(out).all()
+            assert torch.equal(out, ref) == exact

@@ -1,0 +1,50 @@
+"""RunTelemetry: aggregation, summary line, JSONL output, reset."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from tokenfuse.scheduling.telemetry import RunTelemetry
+
+
+def _fill(t: RunTelemetry) -> None:
+    t.record("input.1.0", 8, 0, 14.6, 1000, 1000, 1000, 250, "todo", 0.001)
+    t.record("input.1.0", 8, 1, 10.0, 1000, 500, 1000, 500, "tome", 0.002)
+    t.record("middle.0.0", 64, 1, 10.0, 16, 16, 16, 16, "todo")
+
+
+def test_summary_aggregates_tokens_steps_and_time() -> None:
+    t = RunTelemetry()
+    _fill(t)
+    s = t.summary()
+    assert s["calls"] == 3 and s["reduced_calls"] == 2 and s["steps"] == 2
+    assert s["q_tokens_in"] == 2016 and s["q_tokens_out"] == 1516
+    assert s["kv_tokens_out"] == 766
+    assert s["tokens_saved_pct"] == pytest.approx(100 * (1 - (1516 + 766) / 4032))
+    pairs_in = 1000 * 1000 * 2 + 256
+    assert s["attention_pairs_saved_pct"] == pytest.approx(100 * (1 - (250_000 + 250_000 + 256) / pairs_in))
+    assert s["patch_seconds"] == pytest.approx(0.003)
+    line = t.summary_line()
+    assert "43.4% q+k/v tokens saved" in line and "2/3 attention calls" in line and "2 steps" in line
+
+
+def test_reset_and_empty_summary() -> None:
+    t = RunTelemetry()
+    _fill(t)
+    t.reset()
+    s = t.summary()
+    assert s["calls"] == 0 and s["tokens_saved_pct"] == 0.0 and s["steps"] == 0
+
+
+def test_jsonl_and_finish_log_one_info_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    t = RunTelemetry(max_records=2)
+    _fill(t)
+    with caplog.at_level(logging.INFO, logger="tokenfuse.scheduling.telemetry"):
+        line = t.finish(tmp_path / "sub" / "run.jsonl")
+    assert [r.getMessage() for r in caplog.records] == [line]
+    rows = [json.loads(x) for x in (tmp_path / "sub" / "run.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and rows[0]["block"] == "input.1.0" and rows[0]["kv_out"] == 250
+    assert rows[-1]["summary"]["calls"] == 3 and rows[-1]["summary"]["records_dropped"] == 1
