@@ -248,3 +248,28 @@ def test_bad_inputs(astronaut: torch.Tensor, caplog: pytest.LogCaptureFixture) -
 def test_model_choices_without_comfyui() -> None:
     choices = GFPGANEnhance.INPUT_TYPES()["required"]["model_name"][0]
     assert choices == [NO_MODEL] or all(c.endswith((".safetensors", ".pth", ".pt", ".ckpt", ".bin")) for c in choices)
+
+
+class _FidelityEcho(torch.nn.Module):
+    """Stand-in with CodeFormer's calling convention (spandrel_extra_arches: forward(x, weight) on [-1, 1])."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.p = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor, weight: float = 0.5) -> tuple[torch.Tensor, None]:
+        assert x.min() >= -1 and x.max() <= 1
+        return torch.full_like(x, weight * 2 - 1), None
+
+
+def test_fidelity_reaches_models_that_take_it() -> None:
+    from types import SimpleNamespace
+
+    from tokenfuse.faces.enhance import Restorer, _fidelity_param
+
+    module = _FidelityEcho()
+    assert _fidelity_param(module) == "weight"
+    restorer = Restorer(descriptor=SimpleNamespace(model=module), arch="CodeFormer", name="cf", takes_fidelity=True)
+    crop = np.full((64, 64, 3), 0.3, np.float32)
+    np.testing.assert_allclose(restore_crop(restorer, crop, fidelity=0.7), 0.7, atol=1e-5)
+    np.testing.assert_allclose(restore_crop(restorer, crop, fidelity=0.2), 0.2, atol=1e-5)
