@@ -95,6 +95,14 @@ def test_js_knows_every_schedule_field() -> None:
     assert js == [f.name for f in dataclasses.fields(Schedule)]
 
 
+@needs_node
+def test_extension_files_parse_as_es_modules() -> None:
+    """The extension entry points are not imported by the unit tests: at least check their syntax."""
+    for path in sorted(WEB.rglob("*.js")):
+        out = subprocess.run([NODE, "--check", str(path)], capture_output=True, text=True, timeout=60, check=False)
+        assert out.returncode == 0, f"{path}: {out.stderr}"
+
+
 def test_served_js_files_are_browser_modules() -> None:
     """Every .js under web/ is imported by the ComfyUI frontend: none may need Node, tests must be .mjs."""
     files = sorted(WEB.rglob("*.js"))
