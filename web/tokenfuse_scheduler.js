@@ -6,7 +6,7 @@
 
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
-import { MAX_RATIO, pyramidSeries, resolveSchedule } from "./lib/pyramid.js";
+import { chartFamily, MAX_RATIO, pyramidSeries, resolveSchedule } from "./lib/pyramid.js";
 import { keptFraction, levelLabel, matchEventToNodes, normalizeStats, statsLines } from "./lib/stats.js";
 import { columnBars, levelColor, rowBars, windowSpan } from "./lib/layout.js";
 
@@ -65,13 +65,8 @@ function text(ctx, s, x, y, color = TEXT, align = "left") {
   ctx.fillText(s, x, y);
 }
 
-function familyOf(values) {
-  const f = values.family ?? values.model_family;
-  return f === "sdxl" ? "sdxl" : "sd15";
-}
-
-function drawPyramid(ctx, rect, values) {
-  const family = familyOf(values);
+function drawPyramid(ctx, rect, values, stats) {
+  const family = chartFamily(values.family ?? values.model_family, stats?.levels);
   const schedule = resolveSchedule(values, family);
   const series = pyramidSeries(schedule, family);
   const ratio = Number(values.ratio);
@@ -149,9 +144,10 @@ function drawPanel(node, ctx, rect) {
   ctx.font = "10px sans-serif";
   try {
     const chart = { x: rect.x, y: rect.y, w: rect.w, h: 92 };
-    drawPyramid(ctx, chart, widgetValues(node));
+    const stats = liveStats.get(node) ?? null;
+    drawPyramid(ctx, chart, widgetValues(node), stats);
     const statsRect = { x: rect.x, y: rect.y + 98, w: rect.w, h: rect.h - 98 };
-    drawStats(ctx, statsRect, liveStats.get(node) ?? null);
+    drawStats(ctx, statsRect, stats);
   } catch (err) {
     warnOnce(err);
   } finally {

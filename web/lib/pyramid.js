@@ -150,6 +150,19 @@ export function resolveSchedule(values, family = "sd15") {
   return { ...final, preset, textError: error };
 }
 
+/**
+ * Model family for the chart: a `family` widget when the node has one, else what the last run's stats showed
+ * (SDXL has attention only at /16 and /32), else SD1.5.
+ * @param {string|undefined} widgetFamily
+ * @param {{level: number}[]|undefined} statsLevels
+ */
+export function chartFamily(widgetFamily, statsLevels) {
+  if (widgetFamily === "sd15" || widgetFamily === "sdxl") return widgetFamily;
+  const levels = Array.isArray(statsLevels) ? statsLevels.map((l) => l?.level) : [];
+  if (levels.length && levels.every((lv) => lv === 16 || lv === 32)) return "sdxl";
+  return "sd15";
+}
+
 /** Chart series: one bar per transformer index with its level and ratio. */
 export function pyramidSeries(schedule, family = "sd15") {
   const levels = BLOCK_LEVELS[family] ?? BLOCK_LEVELS.sd15;

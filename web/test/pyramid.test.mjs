@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  BLOCK_LEVELS, presetSchedule, pyramidSeries, ratioFor, resolveSchedule, SCHEDULE_DEFAULTS,
+  BLOCK_LEVELS, chartFamily, presetSchedule, pyramidSeries, ratioFor, resolveSchedule, SCHEDULE_DEFAULTS,
 } from "../lib/pyramid.js";
 
 const RAMP = { protectBlocks: 2, rampStart: 3, rampStep: 0.05, rampEvery: 2, rampCap: 0.3 };
@@ -80,4 +80,12 @@ test("series has one bar per transformer index with its level", () => {
   const xl = pyramidSeries(presetSchedule("balanced", "sdxl"), "sdxl");
   assert.equal(xl.length, BLOCK_LEVELS.sdxl.length);
   assert.deepEqual([...new Set(xl.map((b) => b.ratio))].sort(), [0.5, 0.75]);
+});
+
+test("chart family: widget, then the levels the last run reported, then SD1.5", () => {
+  assert.equal(chartFamily("sdxl", undefined), "sdxl");
+  assert.equal(chartFamily(undefined, [{ level: 16 }, { level: 32 }]), "sdxl");
+  assert.equal(chartFamily(undefined, [{ level: 8 }, { level: 16 }]), "sd15");
+  assert.equal(chartFamily(undefined, []), "sd15");
+  assert.equal(chartFamily("dit", null), "sd15");
 });
