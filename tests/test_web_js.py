@@ -96,6 +96,21 @@ def test_js_knows_every_schedule_field() -> None:
 
 
 @needs_node
+def test_documented_stats_event_is_accepted() -> None:
+    """The payload example in web/README.md (what the Python side sends) passes the extension's validation."""
+    readme = (WEB / "README.md").read_text(encoding="utf-8")
+    example = json.loads(re.search(r"```json\n(.*?)```", readme, flags=re.S).group(1))
+    assert set(example) == {"node", "step", "steps", "step_time_s", "peak_mem_mb", "levels", "final", "summary"}
+    got = _node_eval(
+        "import { normalizeStats } from './lib/stats.js';"
+        f"console.log(JSON.stringify(normalizeStats({json.dumps(example)})));"
+    )
+    assert got is not None
+    assert got["node"] == example["node"] and got["steps"] == example["steps"]
+    assert [lv["level"] for lv in got["levels"]] == sorted(lv["level"] for lv in example["levels"])
+
+
+@needs_node
 def test_extension_files_parse_as_es_modules() -> None:
     """The extension entry points are not imported by the unit tests: at least check their syntax."""
     for path in sorted(WEB.rglob("*.js")):
