@@ -177,8 +177,10 @@ def _run_batch(image: np.ndarray, jobs: list[_Job], attempt: Attempt, s: FusionS
             rep.kept_tokens = plan.budgets[k][8]
         if not verdict.ok:
             rep.warnings.append(f"artifact: {', '.join(verdict.reasons)}")
-            broken.append(j.number)
-            continue
+            if s.fallback.on_artifact:
+                broken.append(j.number)
+                continue
+            rep.warnings.append("output kept (artifact fallback off)")
         results[j.number] = _back_to_crop(fused, preps[k][2], j.face.crop_size)
     if broken:
         raise _Broken(broken, results)

@@ -139,8 +139,9 @@ class ScheduledFusion:
                 "fallback": (list(get_args(FallbackMode)), {
                     "default": "auto",
                     "tooltip": "auto: OOM -> split batch, stronger preset, tiled VAE, smaller guide; artifacts -> "
-                               "rerun with scheduling off. oom-only / artifacts-only: one chain. off: failing faces "
-                               "pass through. Every fallback is reported."}),
+                               "rerun with scheduling off. oom-only / artifacts-only: one chain. off: no retries (a "
+                               "face that runs out of memory passes through). Artifacts found without the artifact "
+                               "chain are reported and the output is kept."}),
             },
             "optional": {
                 "token_plan": ("TOKEN_PLAN", {

@@ -198,6 +198,14 @@ def test_broken_everywhere_passes_through_with_warning(caplog: pytest.LogCapture
     assert "passthrough" in report and "passed through unchanged" in caplog.text
 
 
+def test_artifacts_without_the_artifact_chain_are_reported_and_kept() -> None:
+    stack = FakeStack(broken_seeds=frozenset({100}), broken_model="patched")
+    _, out, report, stack = _run(stack=stack, fallback="oom-only")
+    assert len(stack.ops("sample")) == 1
+    assert out.faces[0][0].crop is not None
+    assert "artifact: " in report and "output kept (artifact fallback off)" in report
+
+
 def test_fallback_off_reports_without_retrying() -> None:
     _, out, report, stack = _run(stack=FakeStack(oom_times=1), fallback="off")
     assert len(stack.ops("sample")) == 1 and out.faces[0][0].crop is None

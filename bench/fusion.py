@@ -1,0 +1,275 @@
+"""Face refinement cost: naive full-frame img2img vs FaceDetailer-style crop vs ScheduledFusion (crop + schedule).
+
+One process, one seed, real ComfyUI code (comfy.sample.sample, comfy.sd.VAE), random weights of the full SD1.5
+U-Net and SD VAE architectures (valid for speed and memory, never for quality). Per frame size it prints top-level
+U-Net tokens, wall time and peak memory beyond the weights, and the ratios (a)/(c):
+
+    (a) naive   : VAE-encode the whole frame, img2img at denoise, decode the whole frame
+    (b) crop G  : ScheduledFusion on the unscheduled model at guide G (FaceDetailer-style), G in --guides
+    (c) ours    : ScheduledFusion at guide 512 on a TokenSchedulerController-patched model with a token plan
+
+    python bench/fusion.py --comfyui /path/to/ComfyUI --device cuda --dtype fp16 --steps 20 --caps 4,8
+    python bench/fusion.py --comfyui /path/to/ComfyUI --quick          # CPU smoke run (tiny model, small frames)
+
+--caps (CUDA) reruns (a) and (c) at the largest frame under torch.cuda.set_per_process_memory_fraction caps (GB)
+and says which fit. Peak memory: CUDA max_memory_allocated minus what was allocated with the weights loaded
+(the number that matters). CPU: peak RSS (VmHWM, reset per case through /proc/self/clear_refs) minus the RSS before
+the case; indicative only, since memory freed by an earlier case is reused without raising RSS (run a case alone
+with --frames/--guides).
+Artifact reruns are off here (fallback "oom-only"): random weights produce garbage, and a rerun would time twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+FFHQ_512 = np.array([[192.98138, 239.94708], [318.90277, 240.1936], [256.63416, 314.01935],
+                     [201.26117, 371.41043], [313.08905, 371.15118]], dtype=np.float64)
+# YuNet landmarks on skimage.data.astronaut() (512 px); scaled with the frame.
+ASTRONAUT_LM = np.array([[200.1, 101.8], [247.1, 102.6], [220.4, 124.5], [198.6, 142.8], [239.7, 143.6]], np.float32)
+ASTRONAUT_BOX = (178.2, 62.9, 268.1, 176.2)
+SD_VAE_DDCONFIG = {"double_z": True, "z_channels": 4, "resolution": 256, "in_channels": 3, "out_ch": 3, "ch": 128,
+                   "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [], "dropout": 0.0}
+
+
+def load_pack() -> Any:
+    if "tokenfuse" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("tokenfuse", REPO / "__init__.py",
+                                                      submodule_search_locations=[str(REPO)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["tokenfuse"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["tokenfuse"]
+
+
+def comfy_models() -> Any:
+    bench = str(REPO / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import comfy_models as cm
+
+    return cm
+
+
+def build_vae(ch: int = 128, seed: int = 0, dtype: torch.dtype | None = None) -> Any:
+    """comfy.sd.VAE of the SD (AutoencoderKL, /8, 4 latent channels) architecture with seeded random weights.
+
+    ch=128 is the real SD VAE; tests use 32 (same layout, 16x fewer FLOPs). The state dict goes through
+    comfy.sd.VAE's own loading (config path for a shrunk ch, key detection for the real one).
+    """
+    from comfy.ldm.models.autoencoder import AutoencoderKL
+    from comfy.sd import VAE
+
+    ddconfig = {**SD_VAE_DDCONFIG, "ch": ch}
+    model = AutoencoderKL(ddconfig=ddconfig, embed_dim=4)
+    comfy_models().init_random_weights(model, seed)
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    config = None if ch == 128 else {"params": {"ddconfig": ddconfig, "embed_dim": 4}}
+    return VAE(sd=sd, config=config, dtype=dtype)
+
+
+def astronaut_frame(size: int) -> np.ndarray:
+    import cv2
+    from skimage import data
+
+    img = data.astronaut().astype(np.float32) / 255.0
+    return cv2.resize(img, (size, size), interpolation=cv2.INTER_CUBIC if size > 512 else cv2.INTER_AREA).clip(0, 1)
+
+
+def astronaut_faces(size: int, crop_size: int = 512) -> Any:
+    """FACES for the astronaut frame at `size` px, built by hand (landmarks scaled; mask: soft ellipse)."""
+    import cv2
+    from tokenfuse.faces.types import Face, FaceSet
+
+    s = size / 512.0
+    lm = ASTRONAUT_LM * s
+    dst = FFHQ_512 * (crop_size / 512.0)
+    affine, _ = cv2.estimateAffinePartial2D(lm.astype(np.float64), dst, method=cv2.LMEDS)
+    mask = np.zeros((crop_size, crop_size), np.float32)
+    c = crop_size / 512.0
+    cv2.ellipse(mask, (int(256 * c), int(290 * c)), (int(150 * c), int(190 * c)), 0, 0, 360, 1.0, -1)
+    mask = cv2.GaussianBlur(mask, (0, 0), sigmaX=8 * c)
+    face = Face(bbox=tuple(v * s for v in ASTRONAUT_BOX), score=0.9, landmarks=lm, affine=affine,
+                inverse=cv2.invertAffineTransform(affine), crop_size=crop_size, mask=mask)
+    return FaceSet(image_size=(size, size), faces=((face,),))
+
+
+class Meter:
+    """Peak memory beyond a baseline, per case: CUDA allocator stats, or the process's peak RSS on CPU (Linux)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+
+    @staticmethod
+    def _status(field: str) -> int | None:
+        try:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+        return None
+
+    def start(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+        else:
+            try:
+                Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+            except OSError:
+                pass
+            self.base = self._status("VmRSS")
+
+    def peak(self) -> int | None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            return int(torch.cuda.max_memory_allocated(self.device) - self.base)
+        hwm = self._status("VmHWM")
+        return None if hwm is None or self.base is None else max(0, hwm - self.base)
+
+
+def timed(meter: Meter, fn: Callable[[], Any]) -> tuple[Any, float, int | None, str]:
+    """(result, seconds, peak bytes beyond the start, error or "")."""
+    import comfy.model_management as mm
+
+    mm.soft_empty_cache()
+    meter.start()
+    t0 = time.perf_counter()
+    try:
+        out = fn()
+        err = ""
+    except mm.OOM_EXCEPTION as exc:  # noqa: F841 - reported as OOM
+        out, err = None, "OOM"
+    if meter.cuda:
+        torch.cuda.synchronize(meter.device)
+    dt = time.perf_counter() - t0
+    peak = meter.peak()
+    mm.soft_empty_cache()
+    return out, dt, peak, err
+
+
+def naive(model: Any, vae: Any, frame: np.ndarray, args: argparse.Namespace, cond: Any) -> Any:
+    from tokenfuse.nodes import comfy_glue as glue
+
+    px = torch.from_numpy(frame)[None]
+    lat = glue.fusion_vae_encode(vae, px, False)
+    out = glue.fusion_sample(model, lat, None, [args.seed], None, steps=args.steps, cfg=args.cfg,
+                             sampler_name="euler", scheduler="normal", positive=cond[0], negative=cond[1],
+                             denoise=args.denoise)
+    return glue.fusion_vae_decode(vae, out, False)
+
+
+def crop(model: Any, vae: Any, frame: np.ndarray, faces: Any, guide: int, plan: Any, args: argparse.Namespace,
+         cond: Any) -> str:
+    from tokenfuse.nodes.fusion_node import ScheduledFusion
+
+    _, _, report = ScheduledFusion().fuse(model, vae, cond[0], cond[1], torch.from_numpy(frame)[None], faces,
+                                          args.seed, args.steps, args.cfg, "euler", "normal", args.denoise, guide,
+                                          max(guide, 1024), 1.0, 0.04, 1, "oom-only", token_plan=plan)
+    return report
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--comfyui", required=True, help="ComfyUI checkout")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--denoise", type=float, default=0.45)
+    ap.add_argument("--cfg", type=float, default=7.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--frames", default="1024,2048", help="frame sides for (a)")
+    ap.add_argument("--guides", default="512,1024", help="guide sizes for (b)")
+    ap.add_argument("--ours-guide", type=int, default=512)
+    ap.add_argument("--preset", default="balanced", help="TokenSchedulerController preset for (c)")
+    ap.add_argument("--caps", default="", help="CUDA memory caps in GB for (a) vs (c) at the largest frame, e.g. 4,8")
+    ap.add_argument("--quick", action="store_true", help="smoke run: tiny U-Net/VAE, frames 256,512, guides 64,128")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    if args.quick:
+        args.frames, args.guides, args.ours_guide = "256,512", "64,128", 64
+        args.steps = min(args.steps, 2)
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+
+    cm = comfy_models()
+    cm.setup_comfy(args.comfyui, cpu=args.device == "cpu", sdpa=True)
+    load_pack()
+    import comfy.model_management as mm
+    import comfy.utils
+
+    comfy.utils.PROGRESS_BAR_ENABLED = False
+    from tokenfuse.nodes.scheduler_node import TokenSchedulerController
+    from tokenfuse.scheduling.plan import TokenPlan
+
+    device = mm.get_torch_device()
+    model = cm.build_model("sd15", model_channels=32 if args.quick else 320, tiny=args.quick, dtype=dtype)
+    vae = build_vae(32 if args.quick else 128, dtype=dtype if args.device == "cuda" else None)
+    cond = (cm.conditioning("sd15", seed=1), cm.conditioning("sd15", seed=2))
+    plan = TokenPlan(importance=torch.ones(1, 8, 8), image_size=(8, 8))  # presence switches crop-space plans on
+    ours_model, sched_report = TokenSchedulerController().apply(model, args.preset, "preset", 0.0, plan)
+    mm.load_models_gpu([model, vae.patcher])
+    meter = Meter(torch.device(device))
+    print(f"# device {device}, dtype {args.dtype}, attention {cm.attention_backend()}, steps {args.steps}, "
+          f"denoise {args.denoise}, seed {args.seed}, {'TINY quick' if args.quick else 'full SD1.5 + SD VAE'}")
+    print(f"# (c) {sched_report}")
+    frames = [int(v) for v in args.frames.split(",")]
+    guides = [int(v) for v in args.guides.split(",")]
+    print(f"{'frame':>6} {'case':<16} {'tokens':>8} {'time s':>8} {'peak MiB':>9} {'tok x':>6} {'time x':>7} "
+          f"{'mem -%':>7}")
+
+    def fmt_mem(b: int | None) -> str:
+        return "n/a" if b is None else f"{b / 2**20:.0f}"
+
+    for size in frames:
+        frame = astronaut_frame(size)
+        faces = astronaut_faces(size)
+        rows = []
+        _, t, p, e = timed(meter, lambda f=frame: naive(model, vae, f, args, cond))
+        rows.append(("(a) naive", (size // 8) ** 2, t, p, e))
+        for g in guides:
+            _, t, p, e = timed(meter, lambda g=g, f=frame, fs=faces: crop(model, vae, f, fs, g, None, args, cond))
+            rows.append((f"(b) crop {g}", (g // 8) ** 2, t, p, e))
+        rep, t, p, e = timed(meter, lambda f=frame, fs=faces: crop(ours_model, vae, f, fs, args.ours_guide, plan,
+                                                                   args, cond))
+        rows.append((f"(c) ours {args.ours_guide}", (args.ours_guide // 8) ** 2, t, p, e))
+        a = rows[0]
+        for name, tok, t, p, e in rows:
+            tx = f"{a[1] / tok:.1f}"
+            sx = f"{a[2] / t:.1f}" if t > 0 else "-"
+            mx = f"{100 * (1 - p / a[3]):.0f}" if p is not None and a[3] else "-"
+            print(f"{size:>6} {name:<16} {tok:>8} {t:>8.2f} {fmt_mem(p):>9} {tx:>6} {sx:>7} {mx:>7} {e}")
+        if rep:
+            print("#   (c) report: " + " | ".join(rep.splitlines()[1:2]))
+
+    if args.caps and args.device == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        size = frames[-1]
+        frame, faces = astronaut_frame(size), astronaut_faces(size)
+        for cap in [float(c) for c in args.caps.split(",")]:
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cap * 2**30 / total), device)
+            _, ta, pa, ea = timed(meter, lambda: naive(model, vae, frame, args, cond))
+            rep, tc, pc, ec = timed(meter, lambda: crop(ours_model, vae, frame, faces, args.ours_guide, plan, args,
+                                                        cond))
+            fb = "" if not rep else rep.splitlines()[1].split("fallbacks:")[-1].strip()
+            print(f"# cap {cap:g} GB, frame {size}: (a) {ea or 'fits'} {ta:.2f}s peak {fmt_mem(pa)} MiB; "
+                  f"(c) {ec or 'fits'} {tc:.2f}s peak {fmt_mem(pc)} MiB, fallbacks: {fb}")
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
+if __name__ == "__main__":
+    with torch.inference_mode():  # as ComfyUI's executor runs every node
+        main()
