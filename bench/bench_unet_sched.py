@@ -134,6 +134,9 @@ def main() -> None:
                 variants[f"tokenfuse {preset}"] = preset_schedule(preset, family)
             variants["tokenfuse tome 0.5 top attn level"] = Schedule(
                 strategy="tome", ratios={8 if family == "sd15" else 16: 0.5}, protect_blocks=0)
+            first = 8 if family == "sd15" else 16
+            variants[f"tokenfuse todo 2x2 /{first} only"] = Schedule(strategy="todo", ratios={first: 0.75},
+                                                                      protect_blocks=0)
             variants["tokenfuse balanced + protect 2 blocks"] = Schedule(
                 **{**preset_schedule("balanced", family).to_dict(), "protect_blocks": 2})
             times: dict[str, list[float]] = {name: [] for name in variants}

@@ -141,6 +141,7 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
     partitions = _LRU(8)
     plans = _PlanCache()
     complexity = _LRU(16)
+    kv_fns = _LRU(32)  # plan-free K/V closures are pure functions of (grid, ratio): build each once
     warned: set[str] = set()
     timing = schedule.time_calls
 
@@ -236,12 +237,15 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
             options[UNMERGE_KEY] = (unmerge, merged.shape[1])
             return merged, new_ctx, new_val
         if schedule.strategy == "todo":
+            kernel = kernel_for_ratio(ratio)
             keep = None
             if plan is not None:
-                kernel = kernel_for_ratio(ratio)
                 keep = on_device(plan, ("cells", h, w, batch, kernel),
                                  lambda: protected_cell_tokens(roi(plan, h, w, batch)[1], h, w, kernel), dev)
-            fn = kv_downsample_functions(h, w, ratio, schedule.pool, keep)
+            if keep is None:
+                fn = kv_fns.get_or((h, w, kernel), lambda: kv_downsample_functions(h, w, ratio, schedule.pool))
+            else:
+                fn = kv_downsample_functions(h, w, ratio, schedule.pool, keep)
         else:  # topk
             bonus, min_keep = None, 0
             if plan is not None:

@@ -9,15 +9,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class CallRecord:
+class CallRecord(NamedTuple):
     """One attention call. Token counts are per image; seconds is patch wall time (None when timing is off)."""
 
     block: str
@@ -109,7 +107,7 @@ class RunTelemetry:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("w", encoding="utf-8") as fh:
             for rec in self.records:
-                fh.write(json.dumps(asdict(rec)) + "\n")
+                fh.write(json.dumps(rec._asdict()) + "\n")
             fh.write(json.dumps({"summary": self.summary()}) + "\n")
         return path
 

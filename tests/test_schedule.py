@@ -149,3 +149,19 @@ def test_parse_text_overrides_base() -> None:
     assert y.strategy == "tome" and y.ratios == {8: 0.3}
     with pytest.raises(ScheduleError):
         parse_schedule_text("ratios: [1, 2", base)
+
+
+@pytest.mark.parametrize("family", ["sd15", "sdxl"])
+def test_lowvram_presets_never_reduce_less_than_balanced(family: str) -> None:
+    from tokenfuse.scheduling.adaptive import adapt_ratio
+    from tokenfuse.scheduling.downsample import kernel_for_ratio
+
+    balanced = preset_schedule("balanced", family)
+    for name in ("lowvram_8gb", "lowvram_6gb", "lowvram_4gb"):
+        s = preset_schedule(name, family)
+        for level, base in balanced.ratios.items():
+            for block in range(16):
+                busy = adapt_ratio(s.ratio_for(level, block), 1.0, s.adaptive, 0.9)  # worst case: busy content
+                ky, kx = kernel_for_ratio(busy)
+                bk = kernel_for_ratio(base)
+                assert ky * kx >= bk[0] * bk[1], (name, level, block)
