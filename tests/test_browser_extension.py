@@ -57,8 +57,10 @@ def comfy_server(tools: tuple[str, dict[str, str]], comfyui_path: Path, tmp_path
     tmp = tmp_path_factory.mktemp("comfy_web")
     for sub in ("out", "in", "temp", "user/default"):
         (tmp / sub).mkdir(parents=True)
-    # Skip the first-start template browser that would cover the canvas.
-    (tmp / "user/default/comfy.settings.json").write_text('{"Comfy.TutorialCompleted": true}', encoding="utf-8")
+    # Skip the first-start template browser and the minimap, which would cover the canvas.
+    (tmp / "user/default/comfy.settings.json").write_text(
+        '{"Comfy.TutorialCompleted": true, "Comfy.Minimap.Visible": false}', encoding="utf-8"
+    )
     (tmp / "extra.yaml").write_text(f"tokenfuse:\n  custom_nodes: {REPO.parent}\n", encoding="utf-8")
     port = _free_port()
     python = os.environ.get("COMFYUI_PYTHON", sys.executable)

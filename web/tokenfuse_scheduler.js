@@ -71,7 +71,8 @@ function drawPyramid(ctx, rect, values, stats) {
   const series = pyramidSeries(schedule, family);
   const ratio = Number(values.ratio);
   const detail = ratio > 0 && schedule.preset !== "off" ? `ratio ${ratio.toFixed(2)}` : "preset ratios";
-  const head = schedule.preset === "off" ? "off (identity)" : `${schedule.preset} · ${schedule.strategy} · ${detail}`;
+  const anyOn = series.some((b) => b.ratio > 0);
+  const head = anyOn ? `${schedule.preset} · ${schedule.strategy} · ${detail}` : "off (identity)";
   text(ctx, `tokens out of attention per block (${family}): ${head}`, rect.x, rect.y + 10);
   const chart = { x: rect.x, y: rect.y + 16, w: rect.w, h: rect.h - 34 };
   ctx.fillStyle = TRACK;
@@ -141,6 +142,9 @@ function drawStats(ctx, rect, stats) {
 function drawPanel(node, ctx, rect) {
   if (node?.flags?.collapsed || !(rect.w > 40) || !(rect.h > 40)) return;
   ctx.save();
+  ctx.beginPath();
+  ctx.rect(rect.x, rect.y, rect.w, rect.h);
+  ctx.clip();
   ctx.font = "10px sans-serif";
   try {
     const chart = { x: rect.x, y: rect.y, w: rect.w, h: 92 };
