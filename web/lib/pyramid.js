@@ -55,6 +55,13 @@ export function ratioFor(base, index, p) {
   return round4(Math.min(r, MAX_RATIO));
 }
 
+/** Per-level ratios of the AGGRESSIVE presets (_LOWVRAM / _LOWVRAM_DIT in scheduling/schedule.py). */
+const LOWVRAM = Object.freeze({
+  lowvram_8gb: { sd15: { 8: 0.8, 16: 0.8, 32: 0.5 }, sdxl: { 16: 0.8, 32: 0.75 }, dit: 0.6 },
+  lowvram_6gb: { sd15: { 8: 0.89, 16: 0.84, 32: 0.5 }, sdxl: { 16: 0.89, 32: 0.75 }, dit: 0.65 },
+  lowvram_4gb: { sd15: { 8: 0.89, 16: 0.89, 32: 0.75, 64: 0.5 }, sdxl: { 16: 0.89, 32: 0.89 }, dit: 0.75 },
+});
+
 /** Named presets per family (preset_schedule). Returns a schedule object as resolveSchedule() does. */
 export function presetSchedule(name, family = "sd15") {
   const d = { ...SCHEDULE_DEFAULTS, ratios: {}, ditRatio: 0 };
@@ -64,15 +71,18 @@ export function presetSchedule(name, family = "sd15") {
     if (family === "dit") return { ...d, strategy: "topk", ditRatio: 0.5, protectBlocks: 2 };
     return { ...d, strategy: "todo", ratios: { 8: 0.75, 16: 0.75 }, protectBlocks: 0 };
   }
-  const strength = { lowvram_8gb: 0.0, lowvram_6gb: 0.05, lowvram_4gb: 0.1 }[name];
-  if (strength === undefined) return null;
-  if (family === "dit") return { ...d, strategy: "topk", ditRatio: 0.6 + strength, protectBlocks: 1, endPercent: 0.9 };
-  const levels = FAMILY_LEVELS[family] ?? FAMILY_LEVELS.sd15;
-  const top = { 8: 0.75, 16: 0.75, 32: 0.5, 64: 0.5 };
-  const ratios = {};
-  for (const lv of levels) ratios[lv] = round4(Math.min(MAX_RATIO, top[lv] + (lv === levels[0] ? 0.14 : 0) + strength));
+  const table = LOWVRAM[name];
+  if (!table) return null;
+  if (family === "dit") return { ...d, strategy: "topk", ditRatio: table.dit, protectBlocks: 1 };
   return {
-    ...d, strategy: "todo", ratios, protectBlocks: 0, rampStart: 3, rampStep: 0.05, rampEvery: 2, rampCap: 0.89,
+    ...d,
+    strategy: "todo",
+    ratios: { ...(table[family] ?? table.sd15) },
+    protectBlocks: 0,
+    rampStart: 3,
+    rampStep: 0.05,
+    rampEvery: 2,
+    rampCap: 0.89,
   };
 }
 

@@ -35,10 +35,11 @@ test("presets mirror preset_schedule for SD1.5 and SDXL", () => {
   assert.deepEqual(presetSchedule("balanced", "sd15").ratios, { 8: 0.75, 16: 0.75 });
   assert.deepEqual(presetSchedule("balanced", "sdxl").ratios, { 16: 0.75, 32: 0.5 });
   const low4 = presetSchedule("lowvram_4gb", "sd15");
-  assert.deepEqual(low4.ratios, { 8: 0.9, 16: 0.85, 32: 0.6, 64: 0.6 });
+  assert.deepEqual(low4.ratios, { 8: 0.89, 16: 0.89, 32: 0.75, 64: 0.5 });
   assert.equal(low4.protectBlocks, 0);
   assert.equal(low4.rampCap, 0.89);
-  assert.deepEqual(presetSchedule("lowvram_8gb", "sdxl").ratios, { 16: 0.89, 32: 0.5 });
+  assert.deepEqual(presetSchedule("lowvram_8gb", "sdxl").ratios, { 16: 0.8, 32: 0.75 });
+  assert.equal(presetSchedule("lowvram_6gb", "dit").ditRatio, 0.65);
   assert.equal(presetSchedule("nope"), null);
   assert.deepEqual(presetSchedule("off").ratios, {});
 });
@@ -75,7 +76,8 @@ test("schedule_text JSON overrides fields; bad text is reported and ignored", ()
 test("series has one bar per transformer index with its level", () => {
   const s = pyramidSeries(resolveSchedule({ preset: "lowvram_8gb", ratio: 0.4, schedule_text: '{"protect_blocks": 2}' }));
   assert.equal(s.length, 16);
-  assert.deepEqual(s.slice(0, 4).map((b) => b.ratio), [0, 0, 0.4, 0.45]);
+  assert.deepEqual(s.slice(0, 4).map((b) => b.ratio), [0, 0, 0.4, 0.45]); // ramp +0.05 from index 3
+
   assert.equal(s[6].level, 64);
   const xl = pyramidSeries(presetSchedule("balanced", "sdxl"), "sdxl");
   assert.equal(xl.length, BLOCK_LEVELS.sdxl.length);
