@@ -129,6 +129,7 @@ class GFPGANEnhance:
         frames = image.detach().cpu().float().numpy()
         out_faces: list[tuple[Any, ...]] = []
         crops: list[np.ndarray] = []
+        failed: list[str] = []
         t0 = time.perf_counter()
         for b, frame_faces in enumerate(faces.faces):
             restored_faces = []
@@ -137,10 +138,15 @@ class GFPGANEnhance:
                     original = np.asarray(face.crop, dtype=np.float32)
                 else:
                     original = align_crop(frames[b], face.affine, face.crop_size)
+                crop = original.copy()
                 if restorer is not None:
-                    crop = mix_visibility(restore_crop(restorer, original, fidelity), original, visibility)
-                else:
-                    crop = original.copy()
+                    try:
+                        crop = mix_visibility(restore_crop(restorer, original, fidelity), original, visibility)
+                    except (FloatingPointError, *_oom_types()) as exc:  # one bad face never sinks the batch
+                        if not (isinstance(exc, FloatingPointError) or comfy_glue.fusion_is_oom(exc)):
+                            raise
+                        failed.append(f"frame {b} face {len(restored_faces)}: {type(exc).__name__}")
+                        log.warning("GFPGANEnhance: %s; that face passes through unrestored (%s)", failed[-1], exc)
                 crops.append(crop)
                 restored_faces.append(face.with_crop(crop))
                 pbar.update(1)  # cancel point
@@ -159,8 +165,15 @@ class GFPGANEnhance:
                 f"{seconds / len(crops):.2f} s/face on {param.device} {str(param.dtype).replace('torch.', '')}, "
                 f"visibility {visibility:.2f}"
             )
+            if failed:
+                report += f"; {len(failed)} passed through unrestored ({', '.join(failed)})"
         log.info(report)
         return crops_t, FaceSet(image_size=faces.image_size, faces=tuple(out_faces)), report
+
+
+def _oom_types() -> tuple[type[BaseException], ...]:
+    """Exception types that mean "out of memory" here (ComfyUI's OOM_EXCEPTION inside ComfyUI, else MemoryError)."""
+    return tuple({MemoryError, comfy_glue.fusion_oom_exception()})
 
 
 def _resize(crop: Any, size: int) -> Any:

@@ -273,3 +273,37 @@ def test_fidelity_reaches_models_that_take_it() -> None:
     crop = np.full((64, 64, 3), 0.3, np.float32)
     np.testing.assert_allclose(restore_crop(restorer, crop, fidelity=0.7), 0.7, atol=1e-5)
     np.testing.assert_allclose(restore_crop(restorer, crop, fidelity=0.2), 0.2, atol=1e-5)
+
+
+def test_out_of_memory_on_one_face_passes_it_through(
+    monkeypatch: pytest.MonkeyPatch, astronaut: torch.Tensor, aligned: np.ndarray
+) -> None:
+    """A face that runs out of memory keeps its input crop; the other faces and frames are still restored."""
+    from types import SimpleNamespace
+
+    from tokenfuse.faces import enhance
+    from tokenfuse.faces.enhance import Restorer
+
+    restorer = Restorer(SimpleNamespace(model=_FidelityEcho()), arch="CodeFormer", name="cf", takes_fidelity=True)
+    monkeypatch.setattr(enhance_node, "_load", lambda path: (restorer, None))
+    monkeypatch.setattr(enhance_node.comfy_glue, "facerestore_model_path", lambda name: name)
+    real, calls = enhance.restore_crop, []
+
+    def flaky(*args: object, **kw: object) -> np.ndarray:
+        calls.append(1)
+        if len(calls) == 1:
+            raise MemoryError("simulated")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(enhance, "restore_crop", flaky)
+    faces = FaceSet(image_size=(512, 512), faces=((_face(), _face()),))
+    crops, out_faces, report = GFPGANEnhance().enhance(astronaut, faces, "cf", 1.0, 0.25)
+    first, second = (f.crop for f in out_faces.faces[0])
+    np.testing.assert_array_equal(first, aligned)
+    np.testing.assert_allclose(second, 0.25, atol=1e-5)
+    assert crops.shape == (2, 512, 512, 3)
+    assert "1 passed through unrestored (frame 0 face 0: MemoryError)" in report
+
+    monkeypatch.setattr(enhance, "restore_crop", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("bug")))
+    with pytest.raises(RuntimeError, match="bug"):  # anything else is a real error, not a pass-through
+        GFPGANEnhance().enhance(astronaut, faces, "cf", 1.0, 0.25)
