@@ -1,8 +1,9 @@
 """Per-frame face pipeline cost on 720p and 1080p frames: detect + align (warp crop) + paste back, per backend.
 
 Baseline = detection at full frame size; ours = detection at a reduced size (long side `--detect-size`, boxes mapped
-back). Both run in the same process on the same frames (insightface's t1.jpg, 6 real faces, resized to each
-size), pinned to `--cores` CPU cores. Prints median milliseconds over `--repeats` runs and the ratio.
+back). Both run in the same process on the same frames (insightface's t1.jpg with 6 real faces, or the
+one-face astronaut, fitted into each size), pinned to `--cores` CPU cores. Prints median milliseconds over
+`--repeats` runs and the ratio.
 
     python bench/faces.py --repeats 10                       # full table (target: <= 60 ms per 720p frame)
     python bench/faces.py --repeats 1 --sizes 720p --backends retinaface   # smoke run
@@ -32,15 +33,25 @@ def _load_pack():
     spec.loader.exec_module(module)
 
 
-def _frame(h: int, w: int):
+def _frame(h: int, w: int, photo: str):
+    """A real photo fitted into an h x w frame (aspect kept, borders replicated). t1: 6 faces; astronaut: 1 face."""
     import cv2
     import numpy as np
 
-    spec = importlib.util.find_spec("insightface")
-    if spec is None:
-        raise SystemExit("needs the insightface wheel for t1.jpg: pip install --no-deps insightface==2.1")
-    img = cv2.imread(str(Path(next(iter(spec.submodule_search_locations))) / "data/images/t1.jpg"))[..., ::-1]
-    return np.ascontiguousarray(cv2.resize(img, (w, h), interpolation=cv2.INTER_AREA))
+    if photo == "astronaut":
+        from skimage.data import astronaut
+
+        img = astronaut()
+    else:
+        spec = importlib.util.find_spec("insightface")
+        if spec is None:
+            raise SystemExit("needs the insightface wheel for t1.jpg: pip install --no-deps insightface==2.1")
+        img = cv2.imread(str(Path(next(iter(spec.submodule_search_locations))) / "data/images/t1.jpg"))[..., ::-1]
+    s = min(h / img.shape[0], w / img.shape[1])
+    nh, nw = round(img.shape[0] * s), round(img.shape[1] * s)
+    img = cv2.resize(np.ascontiguousarray(img), (nw, nh), interpolation=cv2.INTER_AREA if s < 1 else cv2.INTER_CUBIC)
+    top, left = (h - nh) // 2, (w - nw) // 2
+    return cv2.copyMakeBorder(img, top, h - nh - top, left, w - nw - left, cv2.BORDER_REPLICATE)
 
 
 def _backends(names: list[str], assets: Path, tmp: Path) -> dict:
@@ -77,6 +88,7 @@ def main() -> None:
     ap.add_argument("--detect-size", type=int, default=640)
     ap.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     ap.add_argument("--backends", nargs="+", default=["retinaface", "yunet", "insightface"])
+    ap.add_argument("--photo", default="t1", choices=["t1", "astronaut"], help="t1: 6 faces; astronaut: 1 face")
     ap.add_argument("--assets", type=Path, default=REPO.parent / "shared" / "assets")
     args = ap.parse_args()
 
@@ -96,11 +108,12 @@ def main() -> None:
     sel, align = Selection(order="left-right"), AlignOptions()
     with tempfile.TemporaryDirectory() as tmp:
         dets = _backends(args.backends, args.assets, Path(tmp))
-        print(f"cores={args.cores} repeats={args.repeats} detect_size={args.detect_size} (median ms per frame)")
+        print(f"photo={args.photo} cores={args.cores} repeats={args.repeats} detect_size={args.detect_size} "
+              "(median ms per frame)")
         print(f"{'backend':12} {'size':6} {'faces':>5} {'detect full':>11} {'detect ours':>11} {'align':>6} "
               f"{'paste':>6} {'total full':>10} {'total ours':>10} {'speed-up':>8}")
         for size in args.sizes:
-            rgb = _frame(*SIZES[size])
+            rgb = _frame(*SIZES[size], args.photo)
             frame = rgb.astype(np.float32) / 255
             for name, det in dets.items():
                 full = _time_ms(lambda: faces_for_frame(rgb, det, None, sel, align, 0), args.repeats)  # noqa: B023

@@ -140,7 +140,10 @@ class FaceDetect:
         empty = sum(1 for f in faceset.faces if not f)
         if empty:
             log.warning("FaceDetect (%s): no face in %d of %d frame(s); those frames pass through", backend, empty, b)
-        preview = torch.from_numpy(np.stack([draw_faces(u8[i], faceset.faces[i]) for i in range(b)])).float() / 255
+        preview = torch.from_numpy(frames.copy())  # frames without a face pass through exactly
+        for i in range(b):
+            if faceset.faces[i]:
+                preview[i] = torch.from_numpy(draw_faces(u8[i], faceset.faces[i])).float() / 255
         mask = torch.from_numpy(np.stack([face_mask_image(h, w, faceset.faces[i]) for i in range(b)]))
         log.info("FaceDetect (%s): %d face(s) in %d frame(s)", backend, faceset.count, b)
         return faceset, preview, mask
