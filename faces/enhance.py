@@ -114,7 +114,10 @@ def load_restorer(path: str | os.PathLike[str]) -> Restorer:
     Raises RestorerLoadError when the file is unsafe or corrupt, when spandrel does not recognise it, or when it is
     not a face restorer (an upscaler, an inpainter).
     """
-    import spandrel
+    try:
+        import spandrel
+    except ImportError as exc:
+        raise RestorerLoadError("face restoration needs spandrel (ComfyUI ships it): pip install spandrel") from exc
 
     path = Path(path)
     state_dict = spandrel.canonicalize_state_dict(load_state_dict(path))
