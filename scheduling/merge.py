@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 MergeFn = Callable[[torch.Tensor], torch.Tensor]
 METRIC_DIM = 64  # channels used for similarity: cheap and enough to rank neighbours
@@ -80,47 +81,45 @@ def bipartite_soft_matching_2d(
     r = min(int(r), ns)
     if r <= 0 or nd == 0:
         return do_nothing, do_nothing
-    dev = metric.device
     with torch.no_grad():
-        m = _reduce_metric(metric)
-        m = m / m.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+        m = F.normalize(_reduce_metric(metric), dim=-1, eps=1e-6)
         a = m.index_select(1, src_idx)
         bd = m.index_select(1, dst_idx).transpose(1, 2)
         dst_block = protected[:, dst_idx].unsqueeze(1) if protected is not None else None
         rows = max(1, CHUNK_ELEMS // max(1, nd))
-        node_max = torch.empty(b, ns, device=dev, dtype=a.dtype)
-        node_idx = torch.empty(b, ns, device=dev, dtype=torch.int64)
-        for s in range(0, ns, rows):  # chunks of src rows, not tokens: a handful of iterations at most
+        best = []
+        for s in range(0, ns, rows):  # chunks of src rows, not tokens: one iteration at U-Net sizes
             scores = a[:, s : s + rows] @ bd
             if dst_block is not None:
                 scores = scores.masked_fill(dst_block, float("-inf"))
-            node_max[:, s : s + rows], node_idx[:, s : s + rows] = scores.max(dim=-1)
+            best.append(scores.max(dim=-1))
+        node_max = best[0].values if len(best) == 1 else torch.cat([c.values for c in best], 1)
+        node_idx = best[0].indices if len(best) == 1 else torch.cat([c.indices for c in best], 1)
         if protected is not None:
             node_max = node_max.masked_fill(protected[:, src_idx], float("-inf"))
-        order = node_max.argsort(dim=-1, descending=True)
-        unm_src, mrg_src = order[:, r:], order[:, :r]
-        unm_tok = src_idx[unm_src]  # [B, ns - r] token index of each kept src
-        mrg_tok = src_idx[mrg_src]  # [B, r] token index of each merged src
-        mrg_dst = node_idx.gather(1, mrg_src)  # [B, r] position in dst of its target
+        order = node_max.argsort(dim=-1, descending=True)  # merged src first (most similar), then kept src
+        src_tok = src_idx[order]  # [B, ns] token index of each src in that order
+        mrg_dst = node_idx.gather(1, order[:, :r])  # [B, r] position in dst of each merged src's target
+        # unmerge layout: [merged src (copies of their dst), kept src, dst] -> tokens
+        out_tok = torch.cat([src_tok, dst_idx.expand(b, nd)], dim=1)
 
     n_unm = ns - r
 
     def merge(x: torch.Tensor) -> torch.Tensor:
         c = x.shape[-1]
-        unm = x.gather(1, unm_tok.unsqueeze(-1).expand(b, n_unm, c))
-        src = x.gather(1, mrg_tok.unsqueeze(-1).expand(b, r, c))
+        src = x.gather(1, src_tok.unsqueeze(-1).expand(b, ns, c))
         dst = x.index_select(1, dst_idx)
-        dst = dst.scatter_reduce(1, mrg_dst.unsqueeze(-1).expand(b, r, c), src, reduce="mean", include_self=True)
-        return torch.cat([unm, dst], dim=1)
+        dst = dst.scatter_reduce(1, mrg_dst.unsqueeze(-1).expand(b, r, c), src[:, :r], reduce="mean",
+                                 include_self=True)
+        return torch.cat([src[:, r:], dst], dim=1)
 
     def unmerge(y: torch.Tensor) -> torch.Tensor:
         c = y.shape[-1]
-        unm, dst = y[:, :n_unm], y[:, n_unm:]
-        out = torch.empty(b, n, c, device=y.device, dtype=y.dtype)
-        out.index_copy_(1, dst_idx, dst)
-        out.scatter_(1, unm_tok.unsqueeze(-1).expand(b, n_unm, c), unm)
-        out.scatter_(1, mrg_tok.unsqueeze(-1).expand(b, r, c), dst.gather(1, mrg_dst.unsqueeze(-1).expand(b, r, c)))
-        return out
+        dst = y[:, n_unm:]
+        full = torch.cat([dst.gather(1, mrg_dst.unsqueeze(-1).expand(b, r, c)), y], dim=1)
+        return torch.empty(b, n, c, device=y.device, dtype=y.dtype).scatter_(
+            1, out_tok.unsqueeze(-1).expand(b, n, c), full
+        )
 
     return merge, unmerge
 
