@@ -62,6 +62,8 @@ def ort_session(model: Path | Callable[[], bytes], device: Device, label: str) -
 
     key = (label, device)
     if not callable(model):  # a replaced file at the same path gets a new session
+        if not Path(model).is_file():
+            raise ModelFileError(f"face model {model} not found: put the ONNX file there or choose another model.")
         st = Path(model).stat()
         key = (f"{label}:{st.st_mtime_ns}:{st.st_size}", device)
     with _LOCK:

@@ -107,6 +107,8 @@ def test_corrupt_and_wrong_model_files(shared_assets: Path, tmp_path: Path) -> N
         SCRFDDetector(shared_assets / YUNET_ASSET)
     with pytest.raises(ModelFileError, match="not found"):
         YuNetDetector(tmp_path / "absent.onnx")
+    with pytest.raises(ModelFileError, match="absent.onnx not found"):
+        SCRFDDetector(tmp_path / "absent.onnx")
 
 
 def test_insightface_pack_layout(shared_assets: Path, tmp_path: Path) -> None:
