@@ -94,6 +94,27 @@ def tomesd_patches(ratio: float):
     return tomesd_m, tomesd_u
 
 
+def _profile(name: str, run) -> None:
+    """GPU kernel time vs wall time of one forward (GPU-bound when close), with sync warnings switched on."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode():
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        t0 = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            run()
+            torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1000.0
+        torch.cuda.set_sync_debug_mode("default")
+    events = prof.key_averages()
+    gpu = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in events) / 1000.0
+    syncs = sum(e.count for e in events if "Synchronize" in e.key or "Memcpy" in e.key)
+    print(f"  profile {name:38s} GPU kernels {gpu:7.2f} ms, wall {wall:7.2f} ms (profiled), "
+          f"{sum(e.count for e in events if e.device_type.name == 'CUDA')} kernels, sync/memcpy events {syncs}",
+          flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--comfyui", required=True)
@@ -101,6 +122,8 @@ def main() -> None:
     ap.add_argument("--families", default="sd15,sdxl")
     ap.add_argument("--batch", type=int, default=2, help="2 = cond+uncond of one image; larger = GPU-bound regime")
     ap.add_argument("--rounds", type=int, default=2, help="time every variant this many times, interleaved")
+    ap.add_argument("--profile", action="store_true",
+                    help="per variant: warn on host-device syncs and print GPU-busy vs wall time (one forward)")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(args.comfyui).resolve()))
     import comfy.cli_args
@@ -142,7 +165,7 @@ def main() -> None:
             times: dict[str, list[float]] = {name: [] for name in variants}
             info: dict[str, tuple[float, float]] = {}
             ref = None
-            for _ in range(args.rounds):
+            for rnd in range(args.rounds):
                 for name, v in variants.items():
                     tel = RunTelemetry()
                     topts: dict = {"sigmas": sample_sigmas[2:3].expand(args.batch).contiguous(),
@@ -163,6 +186,8 @@ def main() -> None:
                             out = run()
                         torch.cuda.synchronize()
                     times[name].append((time.perf_counter() - t0) / args.iters * 1000.0)
+                    if args.profile and rnd == 0:
+                        _profile(name, run)
                     ref = out.float() if ref is None else ref
                     rel = ((out.float() - ref).norm() / ref.norm()).item()
                     info[name] = (rel, tel.summary()["attention_pairs_saved_pct"] if tel.calls else 0.0)
