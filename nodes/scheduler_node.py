@@ -9,6 +9,7 @@ logs one INFO summary line per sampling run.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Literal, get_args
@@ -78,37 +79,93 @@ def chain_attention_override(ours: Callable[..., Any], previous: Callable[..., A
     return chained
 
 
-def _peak_memory_start(device: Any) -> Callable[[], str]:
-    """Start measuring peak memory on `device`; the returned function formats the peak since then."""
+def _peak_memory_start(device: Any) -> tuple[Callable[[], str], Callable[[], float | None]]:
+    """Start measuring peak memory on `device`: (format the peak since now, peak device MiB or None on CPU)."""
     import torch
 
     dev = torch.device(device) if device is not None else torch.device("cpu")
     if dev.type == "cuda" and torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats(dev)
-        return lambda: f"peak VRAM {torch.cuda.max_memory_allocated(dev) / 2**20:.0f} MiB"
+
+        def cuda_mib() -> float:
+            return torch.cuda.max_memory_allocated(dev) / 2**20
+
+        return (lambda: f"peak VRAM {cuda_mib():.0f} MiB"), cuda_mib
     try:
         import resource
 
-        return lambda: f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (process)"
+        def rss() -> str:
+            return f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (process)"
+
+        return rss, lambda: None
     except ImportError:  # Windows
-        return lambda: "peak memory n/a on CPU"
+        return (lambda: "peak memory n/a on CPU"), lambda: None
 
 
-def _make_run_wrapper(telemetry: Any, schedule: Schedule, device: Any, label: str) -> Callable[..., Any]:
-    """OUTER_SAMPLE wrapper: reset per-run telemetry, run sampling, log one summary line (also on error/cancel)."""
+class _LiveStats:
+    """Per-run state of the `tokenfuse.stats` events (web/README.md has the payload); reset by the run wrapper."""
+
+    def __init__(self, node_id: str | None) -> None:
+        self.node_id = node_id
+        self.reset()
+
+    def reset(self) -> None:
+        self.seen = 0  # telemetry records already reported
+        self.step = 0
+        self.steps = 0
+        self.peak_mib: Callable[[], float | None] = lambda: None
+
+    def position(self, args: tuple, kwargs: dict) -> None:
+        """Step (1-based) and step count from predict_noise(x, timestep, model_options) and its sample_sigmas."""
+        self.step += 1
+        options = kwargs.get("model_options", args[2] if len(args) > 2 else None) or {}
+        sample_sigmas = options.get("transformer_options", {}).get("sample_sigmas")
+        timestep = args[1] if len(args) > 1 else kwargs.get("timestep")
+        try:
+            values = [float(v) for v in sample_sigmas.reshape(-1).tolist()]
+            sigma = float(timestep.reshape(-1)[0])
+            self.steps = len(values) - 1
+            self.step = min(range(len(values)), key=lambda i: abs(values[i] - sigma)) + 1
+        except (AttributeError, TypeError, ValueError, IndexError):
+            self.steps = max(self.steps, self.step)
+        self.step = max(1, min(self.step, max(self.steps, 1)))
+
+    def payload(self, telemetry: Any, step_time: float | None, final: bool = False,
+                summary: str | None = None) -> dict[str, Any]:
+        """Per-level K/V tokens per image (means over the attention calls since the last event)."""
+        per_level: dict[int, list[int]] = {}
+        for rec in telemetry.records[self.seen:]:
+            acc = per_level.setdefault(rec.level, [0, 0, 0])
+            acc[0] += rec.kv_in
+            acc[1] += rec.kv_out
+            acc[2] += 1
+        self.seen = len(telemetry.records)
+        levels = [{"level": lv, "tokens_in": a[0] // a[2], "tokens_out": a[1] // a[2]}
+                  for lv, a in sorted(per_level.items())]
+        return {"node": self.node_id, "step": self.step, "steps": max(self.steps, self.step, 1),
+                "step_time_s": step_time, "peak_mem_mb": self.peak_mib(), "levels": levels, "final": final,
+                "summary": summary}
+
+
+def _make_run_wrapper(telemetry: Any, schedule: Schedule, device: Any, label: str,
+                      live: _LiveStats) -> Callable[..., Any]:
+    """OUTER_SAMPLE wrapper: reset per-run state, run sampling, log one summary line (also on error/cancel)."""
 
     def tokenfuse_outer_sample(executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         telemetry.reset()
-        peak = _peak_memory_start(device)
+        live.reset()
+        peak, live.peak_mib = _peak_memory_start(device)
         try:
             return executor(*args, **kwargs)
         finally:
             # summary_line: tokens saved, calls reduced, wall time since reset (= this run), patch time
-            log.info("%s, %s [%s%s]", telemetry.summary_line(), peak(), label,
-                     ", preset off" if schedule.is_off else "")
+            line = f"{telemetry.summary_line()}, {peak()} [{label}{', preset off' if schedule.is_off else ''}]"
+            log.info("%s", line)
             if telemetry.calls == 0 and not schedule.is_off:
                 log.warning("TokenFuse: no attention call reached the scheduler in this run (%s); check that no "
                             "other node replaces self-attention of this model", label)
+            if live.step and comfy_glue.stats_listener_present():
+                comfy_glue.send_stats(STATS_EVENT, live.payload(telemetry, None, final=True, summary=line))
             if schedule.telemetry_jsonl:
                 try:
                     telemetry.write_jsonl(schedule.telemetry_jsonl)
@@ -118,13 +175,16 @@ def _make_run_wrapper(telemetry: Any, schedule: Schedule, device: Any, label: st
     return tokenfuse_outer_sample
 
 
-def _make_step_wrapper(telemetry: Any) -> Callable[..., Any]:
-    """PREDICT_NOISE wrapper (once per step): send live stats to the frontend when a server listens."""
+def _make_step_wrapper(telemetry: Any, live: _LiveStats) -> Callable[..., Any]:
+    """PREDICT_NOISE wrapper (once per model evaluation): live stats to the frontend, only when a server listens."""
 
     def tokenfuse_step_stats(executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if not comfy_glue.stats_listener_present():
+            return executor(*args, **kwargs)
+        t0 = time.perf_counter()
         out = executor(*args, **kwargs)
-        if comfy_glue.stats_listener_present():
-            comfy_glue.send_stats(STATS_EVENT, telemetry.summary())
+        live.position(args, kwargs)
+        comfy_glue.send_stats(STATS_EVENT, live.payload(telemetry, time.perf_counter() - t0))
         return out
 
     return tokenfuse_step_stats
@@ -140,7 +200,7 @@ def _check_model(model: Any) -> None:
 
 
 def schedule_model(model: Any, schedule: Schedule, family: comfy_glue.ModelFamily,
-                   plan: Any = None) -> tuple[Any, Any]:
+                   plan: Any = None, node_id: str | None = None) -> tuple[Any, Any]:
     """Return (patched clone, its RunTelemetry); the input model is never touched.
 
     Bench scripts call this directly to time a model with a given Schedule.
@@ -163,9 +223,10 @@ def schedule_model(model: Any, schedule: Schedule, family: comfy_glue.ModelFamil
     if plan is not None:
         comfy_glue.set_transformer_option(m, "tokenfuse_plan", plan)
     label = f"{family.name} ({family.family})"
-    comfy_glue.add_outer_sample_wrapper(m, WRAPPER_KEY, _make_run_wrapper(telemetry, schedule,
-                                                                          getattr(m, "load_device", None), label))
-    comfy_glue.add_wrapper(m, "PREDICT_NOISE", WRAPPER_KEY, _make_step_wrapper(telemetry))
+    live = _LiveStats(node_id)
+    device = getattr(m, "load_device", None)
+    comfy_glue.add_outer_sample_wrapper(m, WRAPPER_KEY, _make_run_wrapper(telemetry, schedule, device, label, live))
+    comfy_glue.add_wrapper(m, "PREDICT_NOISE", WRAPPER_KEY, _make_step_wrapper(telemetry, live))
     return m, telemetry
 
 
@@ -222,10 +283,11 @@ class TokenSchedulerController:
                                "{\"ratios\": {\"8\": 0.5}, \"end_percent\": 0.6}. Empty = widgets only.",
                 }),
             },
+            "hidden": {"unique_id": "UNIQUE_ID"},  # tags live stats with this node (web/tokenfuse_scheduler.js)
         }
 
     def apply(self, model: Any, preset: str, strategy: str, ratio: float, token_plan: Any = None,
-              schedule_text: str = "") -> tuple[Any, str]:
+              schedule_text: str = "", unique_id: str | None = None) -> tuple[Any, str]:
         _check_model(model)
         family = comfy_glue.detect_family(model)
         if family.route == "none":
@@ -234,7 +296,7 @@ class TokenSchedulerController:
             log.warning(msg)
             return model, msg
         schedule = schedule_from_widgets(preset, strategy, ratio, family.family, schedule_text)
-        patched, _ = schedule_model(model, schedule, family, token_plan)
+        patched, _ = schedule_model(model, schedule, family, token_plan, unique_id)
         route = "attn1 patches" if family.route == "unet" else "attention override"
         plan_txt = "none"
         if token_plan is not None:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -247,3 +249,42 @@ def test_attached_patches_reduce_tokens_and_the_run_line_reports_them(caplog: py
     assert q is n and out is n and k.shape == v.shape == (2, 64, 32)  # 2x2 K/V pooling, queries untouched
     (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert "1/1 attention calls reduced" in line and "37.5% q+k/v tokens saved" in line
+
+
+class FakePromptServer:
+    """Stands for server.PromptServer.instance: records send_sync calls."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict]] = []
+
+    def send_sync(self, event: str, data: dict) -> None:
+        self.events.append((event, data))
+
+
+def test_live_stats_follow_the_web_schema(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = FakePromptServer()
+    monkeypatch.setitem(sys.modules, "server", SimpleNamespace(PromptServer=SimpleNamespace(instance=server)))
+    patched, _ = NODE.apply(sd15_model(), "balanced", "preset", 0.0, unique_id="12")
+    (attn1,) = patched.model_options["transformer_options"]["patches"]["attn1_patch"]
+    (run,) = patched.wrappers["outer_sample"]["tokenfuse"]
+    (step,) = patched.wrappers["predict_noise"]["tokenfuse"]
+    sample_sigmas = torch.tensor([14.6, 7.0, 1.0, 0.0])
+    extra = {"original_shape": [2, 4, 16, 16], "transformer_index": 0, "block": ("input", 1),
+             "sample_sigmas": sample_sigmas}
+    n = torch.randn(2, 256, 32)
+
+    def predict_noise(x, timestep, model_options=None, seed=None):
+        attn1(n, n, n, {**extra, "sigmas": timestep})
+        return x
+
+    def sampling() -> None:
+        for sigma in sample_sigmas[:-1]:
+            step(predict_noise, n, sigma.reshape(1), {"transformer_options": {"sample_sigmas": sample_sigmas}})
+
+    run(sampling)
+    payloads = [data for event, data in server.events if event == "tokenfuse.stats"]
+    assert [p["step"] for p in payloads] == [1, 2, 3, 3] and all(p["steps"] == 3 for p in payloads)
+    assert all(p["node"] == "12" for p in payloads) and [p["final"] for p in payloads] == [False] * 3 + [True]
+    assert payloads[0]["levels"] == [{"level": 8, "tokens_in": 256, "tokens_out": 64}]
+    assert payloads[0]["step_time_s"] >= 0 and payloads[0]["peak_mem_mb"] is None  # CPU: no device peak
+    assert "tokens saved" in payloads[-1]["summary"] and payloads[-1]["levels"] == []

@@ -8,6 +8,7 @@ replacement) keep running next to ours.
 from __future__ import annotations
 
 import logging
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -119,3 +120,28 @@ def test_flux_attention_override(comfy, random_model, caplog) -> None:
     assert "0/0" not in line
     off, _ = NODE.apply(model, "off", "preset", 0.0)
     assert torch.equal(ksample(comfy, off, "flux"), base)
+
+
+def test_patches_added_after_ours_keep_working(comfy, random_model) -> None:
+    """TomePatchModel applied on top of our clone: both attn1 patches run, in registration order."""
+    from comfy_extras.nodes_tomesd import TomePatchModel
+
+    model = random_model("sd15")
+    schedule = schedule_from_widgets("balanced", "tome", 0.5, "sd15")
+    ours, telemetry = schedule_model(model, schedule, comfy_glue.detect_family(model))
+    both = TomePatchModel.execute(ours, 0.5).result[0]
+    ksample(comfy, both, "sd15")
+    assert telemetry.summary()["q_tokens_out"] < telemetry.summary()["q_tokens_in"]
+    assert len(ours.model_options["transformer_options"]["patches"]["attn1_patch"]) == 1
+
+
+def test_live_stats_per_step_in_a_real_run(comfy, random_model, monkeypatch) -> None:
+    events: list[dict] = []
+    instance = SimpleNamespace(send_sync=lambda event, data: events.append(data))
+    monkeypatch.setitem(sys.modules, "server", SimpleNamespace(PromptServer=SimpleNamespace(instance=instance)))
+    patched, _ = NODE.apply(random_model("sd15"), "balanced", "preset", 0.0, unique_id="7")
+    ksample(comfy, patched, "sd15", steps=3)
+    assert [e["step"] for e in events] == [1, 2, 3, 3] and {e["steps"] for e in events} == {3}
+    assert events[-1]["final"] and "tokens saved" in events[-1]["summary"]
+    levels = {lv["level"]: lv for lv in events[0]["levels"]}
+    assert levels[8]["tokens_out"] * 4 == levels[8]["tokens_in"] == (SIZE // 8) ** 2
