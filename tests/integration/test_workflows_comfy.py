@@ -1,0 +1,238 @@
+"""The example workflows in a real ComfyUI: the real frontend loads each one with no missing node and turns it into
+an API prompt (app.graphToPrompt, headless Chromium), the template browser's endpoint lists them with thumbnails,
+and each API prompt executes in-process through ComfyUI's own validate_prompt + PromptExecutor.
+
+Needs COMFYUI_PATH, Node.js, Chromium (CHROMIUM or `chromium`) and playwright-core (PLAYWRIGHT_CORE_DIR); skips
+otherwise. Run with ComfyUI's venv:
+    COMFYUI_PATH=/path/to/ComfyUI PLAYWRIGHT_CORE_DIR=/pw python -m pytest tests/integration/test_workflows_comfy.py
+
+What is substituted for execution (no real weights exist here, and a full SD1.5 checkpoint would be ~2 GB):
+- CheckpointLoaderSimple -> TokenFuseTestRandomCheckpoint, a loader registered in this test process only. It
+  returns a seeded random-weight U-Net of the checkpoint's family (SD1.5 or SDXL architecture, width 32, built by
+  bench/comfy_models like the other integration tests), a random SD VAE of the real layout (width 32) and a CLIP
+  stand-in whose encode returns seeded random conditioning of the family's shape (SD1.5 [1,77,768]; SDXL
+  [1,77,2048] + pooled [1,1280]). Everything downstream is the real node code.
+- Model files named in the workflows are created under those names with seeded random weights of the real
+  architecture: GFPGANv1.4.pth (spandrel's GFPGAN state dict), inswapper_128.onnx / w600k_r50.onnx (the
+  synthetic ONNX models of tests/test_swap.py with the real input/output signatures).
+- For CPU speed the prompt's sizes shrink: ScheduledFusion steps 2, guide_size/max_size 64, FaceDetect crop_size
+  128, and the group photo keeps 3 faces (one batch of faces_per_batch 3). Input photos: skimage's astronaut and
+  insightface's t1.jpg (6 faces) under the file names the workflows use.
+Random weights say nothing about image quality; this checks the graphs are valid and run end to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "tools" / "make_workflows.mjs"
+WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
+TEST_LOADER = "TokenFuseTestRandomCheckpoint"
+
+
+@pytest.fixture(scope="module")
+def browser_tools() -> tuple[str, dict[str, str]]:
+    """(node, env) for tools/make_workflows.mjs; skips unless Node, Chromium and playwright-core are present."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("workflow check: Node.js not installed")
+    chromium = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        pytest.skip("workflow check: no Chromium (apt-get install chromium, or set CHROMIUM)")
+    env = dict(os.environ, CHROMIUM=chromium)
+    probe = subprocess.run(
+        [node, "-e", "const d = process.env.PLAYWRIGHT_CORE_DIR;"
+         "require('module').createRequire(d ? require('path').join(d, 'package.json') : process.cwd() + '/x.js')"
+         ".resolve('playwright-core')"],
+        cwd=REPO, env=env, capture_output=True, text=True, check=False,
+    )
+    if probe.returncode != 0:
+        pytest.skip("workflow check: playwright-core not found (npm install playwright-core in PLAYWRIGHT_CORE_DIR)")
+    return node, env
+
+
+@pytest.fixture(scope="module")
+def frontend(browser_tools: tuple[str, dict[str, str]], comfy_server: SimpleNamespace) -> dict[str, Any]:
+    """Result of `make_workflows.mjs check`: per file, missing types, round trip and the API prompt."""
+    settings = Path(comfy_server.log).parent / "user" / "default" / "comfy.settings.json"
+    settings.parent.mkdir(parents=True, exist_ok=True)  # no first-start template dialog over the canvas
+    settings.write_text('{"Comfy.TutorialCompleted": true, "Comfy.Minimap.Visible": false}', encoding="utf-8")
+    node, env = browser_tools
+    out = subprocess.run([node, str(SCRIPT), "check", comfy_server.url, str(REPO / "workflows")], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def test_workflows_exist() -> None:
+    assert len(WORKFLOWS) >= 4
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=[p.stem for p in WORKFLOWS])
+def test_loads_in_real_frontend_and_converts(frontend: dict[str, Any], path: Path) -> None:
+    res = frontend["results"][path.name]
+    wf = json.loads(path.read_text(encoding="utf-8"))
+    assert res["missing"] == [], f"missing node types in the real frontend: {res['missing']}"
+    assert sorted(n["id"] for n in res["loaded"]) == sorted(n["id"] for n in wf["nodes"])
+    # load + save keeps every value ([] and no list are the same for widget-less nodes)
+    changed = [c for c in res["changed"] if (c.get("file") or []) != (c.get("now") or [])]
+    assert not changed, changed
+    assert res["links"] == len(wf["links"])
+    prompt = res["prompt"]
+    want = {str(n["id"]): n["type"] for n in wf["nodes"] if n["type"] != "Note"}  # Note is frontend-only
+    assert {k: v["class_type"] for k, v in prompt.items()} == want
+
+
+def test_template_browser_lists_them(frontend: dict[str, Any], comfy_server: SimpleNamespace) -> None:
+    listed = next(iter(frontend["results"].values()))["templates"]
+    assert sorted(listed.get(comfy_server.pack, [])) == sorted(p.stem for p in WORKFLOWS), listed
+    for p in WORKFLOWS:
+        for suffix, ctype in ((".json", "application/json"), (".jpg", "image/jpeg")):
+            url = f"{comfy_server.url}/api/workflow_templates/{comfy_server.pack}/{p.stem}{suffix}"
+            with urllib.request.urlopen(url, timeout=10) as r:
+                assert r.status == 200 and r.headers.get_content_type() == ctype, url
+
+
+# ---------------------------------------------------------------- execution of the API prompts (in-process)
+
+class _ClipStandIn:
+    """Stand-in text encoder: seeded random conditioning of the family's shape (see the module docstring)."""
+
+    def __init__(self, family: str, models: Any) -> None:
+        self.family, self.models = family, models
+
+    def tokenize(self, text: str) -> str:
+        return text
+
+    def encode_from_tokens_scheduled(self, tokens: str) -> list:
+        return self.models.conditioning(self.family, seed=sum(map(ord, tokens)) % 1000)
+
+
+@pytest.fixture(scope="module")
+def runtime(comfy: SimpleNamespace, random_model: Any, tmp_path_factory: pytest.TempPathFactory):
+    """ComfyUI's node registry with our nodes + the test loader, model files and input photos in temp folders."""
+    import cv2
+    import folder_paths
+    import fusion as fusion_bench  # bench/fusion.py (bench/ is on sys.path via the comfy fixture)
+    import torch
+    from skimage import data
+    from test_swap import make_arcface, make_inswapper
+    from tokenfuse.nodes import NODE_CLASS_MAPPINGS, comfy_glue
+
+    root = tmp_path_factory.mktemp("wf_run")
+    for sub in ("in", "out", "temp", "facerestore", "insightface"):
+        (root / sub).mkdir()
+    astronaut = data.astronaut()
+    cv2.imwrite(str(root / "in" / "portrait.png"), astronaut[:, :, ::-1])
+    cv2.imwrite(str(root / "in" / "target.png"), astronaut[:, :, ::-1])
+    cv2.imwrite(str(root / "in" / "source_face.png"), np.ascontiguousarray(astronaut[:, ::-1, ::-1]))
+    import insightface
+
+    shutil.copy(Path(insightface.__file__).parent / "data" / "images" / "t1.jpg", root / "in" / "group.jpg")
+    from spandrel.architectures.GFPGAN import GFPGAN
+
+    torch.manual_seed(0)
+    torch.save({k: v.contiguous() for k, v in GFPGAN(different_w=True, sft_half=True).state_dict().items()},
+               root / "facerestore" / "GFPGANv1.4.pth")
+    make_inswapper(root / "insightface" / "inswapper_128.onnx")
+    make_arcface(root / "insightface" / "w600k_r50.onnx")
+    comfy_glue.facerestore_dirs()
+    comfy_glue.insightface_dirs()
+    folder_paths.add_model_folder_path(comfy_glue.FACERESTORE_FOLDER, str(root / "facerestore"))
+    folder_paths.add_model_folder_path("insightface", str(root / "insightface"))
+    saved_dirs = (folder_paths.get_input_directory(), folder_paths.get_output_directory(),
+                  folder_paths.get_temp_directory())
+    folder_paths.set_input_directory(str(root / "in"))
+    folder_paths.set_output_directory(str(root / "out"))
+    folder_paths.set_temp_directory(str(root / "temp"))
+
+    vae = fusion_bench.build_vae(ch=32, seed=0)
+
+    class RandomCheckpoint:
+        """Test-only CheckpointLoaderSimple stand-in (module docstring): random weights, the family from the name."""
+
+        RETURN_TYPES = ("MODEL", "CLIP", "VAE")
+        FUNCTION = "load_checkpoint"
+        CATEGORY = "testing"
+
+        @classmethod
+        def INPUT_TYPES(cls) -> dict:
+            return {"required": {"ckpt_name": ("STRING", {"default": ""})}}
+
+        def load_checkpoint(self, ckpt_name: str) -> tuple:
+            family = "sdxl" if "xl" in ckpt_name.lower() else "sd15"
+            return random_model(family), _ClipStandIn(family, comfy.models), vae
+
+    mapping = comfy.nodes.NODE_CLASS_MAPPINGS
+    added = {**NODE_CLASS_MAPPINGS, TEST_LOADER: RandomCheckpoint}
+    before = {k: mapping.get(k) for k in added}
+    mapping.update(added)
+    importlib.import_module("comfy.utils").PROGRESS_BAR_ENABLED = False
+    try:
+        yield SimpleNamespace(root=root)
+    finally:
+        for k, v in before.items():
+            if v is None:
+                mapping.pop(k, None)
+            else:
+                mapping[k] = v
+        folder_paths.set_input_directory(saved_dirs[0])
+        folder_paths.set_output_directory(saved_dirs[1])
+        folder_paths.set_temp_directory(saved_dirs[2])
+
+
+def _substitute(prompt: dict[str, Any]) -> dict[str, Any]:
+    """The substitutions of the module docstring, applied to the frontend's API prompt."""
+    p = copy.deepcopy(prompt)
+    for node in p.values():
+        inputs, kind = node["inputs"], node["class_type"]
+        if kind == "CheckpointLoaderSimple":
+            node["class_type"] = TEST_LOADER
+        elif kind == "TokenFuseScheduledFusion":
+            inputs.update(steps=2, guide_size=64, max_size=64)
+        elif kind == "TokenFuseFaceDetect":
+            inputs["crop_size"] = 128
+            if inputs["max_faces"] == 0:
+                inputs["max_faces"] = 3
+    return p
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=[p.stem for p in WORKFLOWS])
+def test_api_prompt_executes(frontend: dict[str, Any], runtime: SimpleNamespace, path: Path) -> None:
+    import execution
+    from PIL import Image
+
+    prompt = _substitute(frontend["results"][path.name]["prompt"])
+    valid, error, outputs, node_errors = asyncio.run(execution.validate_prompt(path.stem, prompt, None))
+    assert valid, (error, node_errors)
+    server = SimpleNamespace(client_id=None, last_node_id=None, send_sync=lambda *a, **k: None)
+    executor = execution.PromptExecutor(server)
+    executor.execute(prompt, path.stem, {}, outputs)
+    errors = [m for m in executor.status_messages if m[0] == "execution_error"]
+    assert executor.success and not errors, errors
+    saves = [k for k, v in prompt.items() if v["class_type"] == "SaveImage"]
+    (save,) = saves
+    (image,) = executor.history_result["outputs"][save]["images"]
+    out = np.asarray(Image.open(runtime.root / "out" / image["subfolder"] / image["filename"]).convert("RGB"))
+    (blend,) = [v for v in prompt.values() if v["class_type"] == "TokenFuseBlend"]
+    photo = prompt[blend["inputs"]["image"][0]]["inputs"]["image"]  # the LoadImage feeding Blend
+    src = np.asarray(Image.open(runtime.root / "in" / photo).convert("RGB"))
+    assert out.shape == src.shape
+    changed = np.abs(out.astype(int) - src.astype(int)).max(axis=2) > 8
+    assert 0 < changed.mean() < 0.5, f"the faces (and only they) should change: {changed.mean():.3f} of pixels"
+
