@@ -6,10 +6,10 @@ transformer_options=...)` with the patcher's transformer_options plus the keys C
 CFGGuider add (cond_or_uncond, uuids, sigmas, sample_sigmas); the timed sigma is the first step of a 20-step schedule.
 
 Tables: full SD1.5 at 512/768 px and SDXL at 768 px, then a one-block micro-benchmark (SD1.5's first attention block,
-320 channels) at 1024/2048 px. Columns: U-Net step time (median of --repeats), ratio to baseline and to
-TomePatchModel, tokens per level (q/kv per image, ours), activation peak memory (CUDA max_memory_allocated above the
-loaded weights; CPU: peak RSS delta sampled every ms), matching overhead per step (our patch closures, device-synced)
-and its share of the gross attention time saved, and output deviation vs baseline (relative L2).
+320 channels) at 1024/2048 px. Columns: U-Net step time (median of --repeats interleaved rounds), ratio to baseline
+and to TomePatchModel, tokens per level (q/kv per image, ours), activation peak memory (CUDA max_memory_allocated
+above the loaded weights; CPU: peak RSS delta sampled every ms), matching overhead per step (our patch closures,
+device-synced) and its share of the gross attention time saved, and output deviation vs baseline (relative L2).
 
 The attention backend decides everything (DESIGN.md §2): `--backend sdpa` (default) forces PyTorch SDPA like ComfyUI
 on NVIDIA; `--backend default` keeps ComfyUI's own choice (sub-quadratic on CPU). Run each backend as its own process.
@@ -117,19 +117,6 @@ def peak_mib(fn: Callable[[], Any], device: torch.device) -> float:
     return rss.delta_mib
 
 
-def median_ms(fn: Callable[[], Any], device: torch.device, repeats: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
-
-
 def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
     out, ref = out.float(), ref.float()
     return float(torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-12))
@@ -230,19 +217,31 @@ def levels_text(telemetry: Any) -> str:
 
 def run_variants(variants: list[Variant], call: Callable[[Any, dict], torch.Tensor], options: Callable[[Any], dict],
                  device: torch.device, repeats: int, warmup: int) -> None:
-    """Time, measure memory, telemetry and deviation of every variant. call(patcher, transformer_options)."""
-    base_out = None
-    tome_ms = None
-    for v in variants:
-        fn = lambda v=v: call(v.patcher, options(v.patcher))  # noqa: E731
-        with torch.no_grad():
+    """Time, measure memory, telemetry and deviation of every variant. call(patcher, transformer_options).
+
+    Timed calls are interleaved (one call of each variant per round), so load drift on a shared machine or clock
+    changes hit every variant alike; the step time is the median over rounds.
+    """
+    fns = [lambda v=v: call(v.patcher, options(v.patcher)) for v in variants]
+    with torch.no_grad():
+        base_out = None
+        for v, fn in zip(variants, fns, strict=True):
             out = fn()
-            finite = bool(torch.isfinite(out).all())
-            if base_out is None:
-                base_out = out
+            base_out = out if base_out is None else base_out
             v.results["dev"] = rel_l2(out, base_out)
-            v.results["finite"] = finite
-            v.results["ms"] = median_ms(fn, device, repeats, warmup)
+            v.results["finite"] = bool(torch.isfinite(out).all())
+            for _ in range(warmup):
+                fn()
+        times: list[list[float]] = [[] for _ in variants]
+        for _ in range(repeats):
+            for i, fn in enumerate(fns):
+                sync(device)
+                t0 = time.perf_counter()
+                fn()
+                sync(device)
+                times[i].append((time.perf_counter() - t0) * 1000)
+        for v, fn, ts in zip(variants, fns, times, strict=True):
+            v.results["ms"] = statistics.median(ts)
             v.results["peak"] = peak_mib(fn, device)
             if v.telemetry is not None:  # tokens of one call, then device-synced matching time of one call
                 v.telemetry.reset()
@@ -262,8 +261,6 @@ def run_variants(variants: list[Variant], call: Callable[[Any, dict], torch.Tens
                 call(counted, options(counted))
                 v.results["calls"] = (timer.changed, timer.calls)
                 v.results["ran"] = timer.calls > 0
-                tome_ms = v.results["ms"]
-        v.results["tome_ms"] = tome_ms
 
 
 def print_table(title: str, variants: list[Variant]) -> None:
@@ -332,6 +329,31 @@ def bench_block(patcher: Any, size: int, args: argparse.Namespace, pack: Any, de
     return variants
 
 
+def print_targets(tables: list[tuple[str, int, list[Variant]]], backend: str) -> None:
+    """The issue's targets for the balanced preset (they are stated for the SDPA table)."""
+    print(f"\ntargets (balanced preset; stated for the SDPA table, this run: {backend}):")
+    for family, size, variants in tables:
+        rows = {v.name: v.results for v in variants}
+        ours = rows.get("ours balanced")
+        if ours is None:
+            continue
+        base, tome = variants[0].results["ms"], variants[1].results["ms"]
+        vs_base, vs_tome = base / ours["ms"], tome / ours["ms"]
+        if family == "sd15" and size == 768:
+            print(f"  SD1.5 768: {vs_base:.2f}x vs baseline (target >= 1.2) "
+                  f"{'PASS' if vs_base >= 1.2 else 'MISS'}; {vs_tome:.2f}x vs TomePatchModel (target >= 1.1) "
+                  f"{'PASS' if vs_tome >= 1.1 else 'MISS'}")
+        if family == "sdxl":
+            print(f"  SDXL {size}: {vs_base:.2f}x vs baseline (target > 1, TomePatchModel {base / tome:.2f}x) "
+                  f"{'PASS' if vs_base > 1.0 else 'MISS'}")
+        ovh = ours.get("overhead_ms")
+        gross = base - ours["ms"] + (ovh or 0.0)
+        if ovh is not None and gross > 0:
+            share = ovh / gross
+            print(f"  {family} {size}: matching overhead {100 * share:.1f}% of attention time saved (target <= 10%) "
+                  f"{'PASS' if share <= 0.10 else 'MISS'}")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--comfyui", default=os.environ.get("COMFYUI_PATH", ""), help="ComfyUI checkout (or COMFYUI_PATH)")
@@ -347,7 +369,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="tiny smoke run: narrow models, 128 px (micro 256 px), 2 repeats")
+    p.add_argument("--quick", action="store_true", help="tiny smoke run: narrow models, 128 px (micro 256), 2 repeats")
     args = p.parse_args(argv)
     if not args.comfyui:
         p.error("--comfyui (or COMFYUI_PATH) must point at a ComfyUI checkout")
@@ -393,6 +415,7 @@ def main(argv: list[str] | None = None) -> None:
           f"median of {args.repeats} | {'QUICK tiny models' if args.quick else 'full architectures'}")
     torch.manual_seed(args.seed)
     need_micro = bool(args.micro_sizes)
+    tables: list[tuple[str, int, list[Variant]]] = []
     families = list(args.models) + (["sd15"] if need_micro and "sd15" not in args.models else [])
     for family in families:
         kw = {"model_channels": 32, "tiny": True} if args.quick else {"model_channels": 320}
@@ -400,6 +423,7 @@ def main(argv: list[str] | None = None) -> None:
         mm.load_models_gpu([patcher])
         for size in args.model_sizes.get(family, []) if family in args.models else []:
             variants = bench_full(patcher, family, size, args, pack, device)
+            tables.append((family, size, variants))
             print_table(f"{family.upper()} U-Net, {size}x{size} px, latent {size // 8}x{size // 8}", variants)
         if family == "sd15" and need_micro:
             for size in args.micro_sizes:
@@ -411,6 +435,7 @@ def main(argv: list[str] | None = None) -> None:
         mm.unload_all_models()
         gc.collect()
         mm.soft_empty_cache()
+    print_targets(tables, comfy_models.attention_backend())
     print("\nvs base / vs tome: speed ratio (>1 = faster). match ms: our patch closures per step, device-synced. "
           "ovh/saved: match ms / (baseline - ours + match ms). rel L2: output vs baseline (random weights: "
           "speed/memory only, not quality). reduced/calls: attention calls whose tokens shrank / patched calls.")

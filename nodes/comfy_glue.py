@@ -143,9 +143,8 @@ def detect_family(model: Any) -> ModelFamily:
     diffusion = getattr(base, "diffusion_model", None)
     base_names = _mro_names(base)
     config_names = _mro_names(config)
-    diffusion_name = type(diffusion).__name__ if diffusion is not None else ""
     name = (config_names or base_names or [type(model).__name__])[0]
-    if diffusion_name == "UNetModel":
+    if "UNetModel" in _mro_names(diffusion):  # SD1.x/2.x, SDXL, SVD's VideoUNet (a UNetModel subclass)
         if _SDXL_CONFIGS & set(config_names) or "SDXL" in base_names or "SDXLRefiner" in base_names:
             return ModelFamily("sdxl", "unet", name)
         unet_config = getattr(config, "unet_config", {}) or {}
@@ -338,8 +337,13 @@ def fusion_sample(model: Any, latent: Any, noise_mask: Any, seeds: list[int], pl
         m = model.clone()
         set_transformer_option(m, "tokenfuse_plan", plan)
     quiet = not comfy.utils.PROGRESS_BAR_ENABLED
+
+    def cancel_point(step: int, x0: Any, x: Any, total: int) -> None:  # every step: cancel works mid-face
+        throw_if_interrupted()
+
     return comfy.sample.sample(m, noise, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
-                               denoise=denoise, noise_mask=noise_mask, disable_pbar=quiet, seed=int(seeds[0]))
+                               denoise=denoise, noise_mask=noise_mask, callback=cancel_point, disable_pbar=quiet,
+                               seed=int(seeds[0]))
 
 
 def fusion_vae_encode(vae: Any, pixels: Any, tiled: bool) -> Any:

@@ -288,3 +288,22 @@ def test_live_stats_follow_the_web_schema(monkeypatch: pytest.MonkeyPatch) -> No
     assert payloads[0]["levels"] == [{"level": 8, "tokens_in": 256, "tokens_out": 64}]
     assert payloads[0]["step_time_s"] >= 0 and payloads[0]["peak_mem_mb"] is None  # CPU: no device peak
     assert "tokens saved" in payloads[-1]["summary"] and payloads[-1]["levels"] == []
+
+
+def test_family_detection_by_comfyui_class_names() -> None:
+    class VideoUNet(UNetModel):  # SVD's U-Net subclasses UNetModel
+        pass
+
+    class SVD_img2vid:
+        unet_config = {"transformer_depth": [1, 1, 1, 1, 1, 1, 0, 0]}
+
+    class WAN22(Flux):  # any subclass of a supported model_base class counts (stands for WAN22(WAN21))
+        pass
+
+    svd = BaseModel(SVD_img2vid())
+    svd.diffusion_model = VideoUNet()
+    assert comfy_glue.detect_family(FakeModelPatcher(svd)) == comfy_glue.ModelFamily("sd15", "unet", "SVD_img2vid")
+    assert comfy_glue.detect_family(FakeModelPatcher(BaseModel(SDXL()))).family == "sdxl"
+    assert comfy_glue.detect_family(FakeModelPatcher(WAN22())).route == "override"
+    assert comfy_glue.detect_family(FakeModelPatcher(SD3())).route == "none"
+    assert comfy_glue.detect_family(object()).route == "none"
