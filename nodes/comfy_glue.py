@@ -78,15 +78,33 @@ def add_wrapper(model: Any, kind: str, key: str, fn: Callable[..., Any]) -> None
     state reset + summary) or "PREDICT_NOISE" (once per step). `model` is a ModelPatcher clone (or a stand-in with
     add_wrapper_with_key in tests; the wrapper type then is the lower-case name, ComfyUI's own value).
     """
-    wrapper_type = kind.lower()
+    model.add_wrapper_with_key(_wrapper_type(kind), key, fn)
+
+
+def _wrapper_type(kind: str) -> str:
     if comfy_available():
         try:
             from comfy.patcher_extension import WrappersMP
 
-            wrapper_type = getattr(WrappersMP, kind)
+            return getattr(WrappersMP, kind)
         except ImportError:
             pass
-    model.add_wrapper_with_key(wrapper_type, key, fn)
+    return kind.lower()
+
+
+def has_wrapper(model: Any, kind: str, key: str) -> bool:
+    """True when `model` (a ModelPatcher or stand-in) holds a wrapper of `kind` under `key`."""
+    wrappers = getattr(model, "wrappers", None)
+    return isinstance(wrappers, dict) and bool(wrappers.get(_wrapper_type(kind), {}).get(key))
+
+
+def remove_wrapper(model: Any, kind: str, key: str) -> None:
+    """Remove the keyed wrappers of `kind` from a clone (ModelPatcher.remove_wrappers_with_key, or its dict)."""
+    remove = getattr(model, "remove_wrappers_with_key", None)
+    if callable(remove):
+        remove(_wrapper_type(kind), key)
+    elif isinstance(getattr(model, "wrappers", None), dict):
+        model.wrappers.get(_wrapper_type(kind), {}).pop(key, None)
 
 
 def add_outer_sample_wrapper(model: Any, key: str, fn: Callable[..., Any]) -> None:

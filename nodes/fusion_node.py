@@ -4,7 +4,8 @@ Every model patch upstream (TokenSchedulerController, ControlNet, IPAdapter/Inst
 goes through comfy.sample.sample with a noise mask. Fallbacks (OOM, artifacts) are reported in the STRING output.
 
 "Scheduling off" (the artifact fallback) = a clone with `transformer_options["tokenfuse_disabled"] = True` and
-TokenFuse's attn1 patches / wrappers removed, so it works whether or not the patches honour the flag.
+TokenFuse's attn1 patches, wrappers and attention override removed (another pack's override that ours wrapped is put
+back), so it works whether or not the patches honour the flag.
 """
 
 from __future__ import annotations
@@ -20,12 +21,23 @@ log = logging.getLogger(__name__)
 
 DISABLED_KEY = "tokenfuse_disabled"
 WRAPPER_KEY = "tokenfuse"
+OVERRIDE_KEY = "optimized_attention_override"
 _PATCH_LISTS = ("attn1_patch", "attn1_output_patch")
 
 
 def _is_ours(fn: Any) -> bool:
     mod = getattr(fn, "__module__", "") or ""
     return mod.endswith(".scheduling.patches") or mod.endswith(".nodes.scheduler_node")
+
+
+def _chained_previous(fn: Any) -> Any:
+    """For scheduler_node.chain_attention_override's closure, the other pack's override it wraps; None for ours
+    alone; `fn` itself when the closure cannot be read (the flag is then the only switch)."""
+    code = getattr(fn, "__code__", None)
+    cells = getattr(fn, "__closure__", None) or ()
+    if code is None or "previous" not in code.co_freevars:
+        return None if getattr(fn, "__module__", "").endswith(".scheduling.patches") else fn
+    return cells[code.co_freevars.index("previous")].cell_contents
 
 
 def strip_tokenfuse(model: Any) -> Any:
@@ -41,6 +53,13 @@ def strip_tokenfuse(model: Any) -> Any:
         if name in patches:
             patches[name] = [p for p in patches[name] if not _is_ours(p)]
     to["patches"] = patches
+    override = to.get(OVERRIDE_KEY)
+    if override is not None and _is_ours(override):
+        previous = _chained_previous(override)
+        if previous is None:
+            to.pop(OVERRIDE_KEY)
+        elif previous is not override:
+            to[OVERRIDE_KEY] = previous
     to[DISABLED_KEY] = True
     opts["transformer_options"] = to
     m.model_options = opts

@@ -316,6 +316,26 @@ def test_strip_tokenfuse_removes_only_our_patches_and_never_touches_the_input() 
     assert "tokenfuse" in model.wrappers["outer_sample"]
 
 
+def test_strip_tokenfuse_unwraps_the_dit_attention_override() -> None:
+    from tokenfuse.nodes.scheduler_node import chain_attention_override
+
+    def ours(func: Any, *a: Any, **kw: Any) -> Any:
+        return func(*a, **kw)
+
+    ours.__module__ = "tokenfuse.scheduling.patches"
+
+    def theirs(func: Any, *a: Any, **kw: Any) -> Any:
+        return func(*a, **kw)
+
+    alone = FakePatcher({"transformer_options": {"optimized_attention_override": ours}}, {})
+    assert "optimized_attention_override" not in strip_tokenfuse(alone).model_options["transformer_options"]
+    chained = chain_attention_override(ours, theirs)
+    both = FakePatcher({"transformer_options": {"optimized_attention_override": chained}}, {})
+    assert strip_tokenfuse(both).model_options["transformer_options"]["optimized_attention_override"] is theirs
+    other = FakePatcher({"transformer_options": {"optimized_attention_override": theirs}}, {})
+    assert strip_tokenfuse(other).model_options["transformer_options"]["optimized_attention_override"] is theirs
+
+
 def test_node_declares_the_contract() -> None:
     spec = ScheduledFusion.INPUT_TYPES()
     req = spec["required"]

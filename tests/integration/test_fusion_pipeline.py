@@ -108,6 +108,17 @@ def test_induced_oom_is_reported_and_the_image_still_comes(stack: SimpleNamespac
     assert faces.faces[0][0].crop is not None
 
 
+def test_cancel_propagates_instead_of_passing_the_face_through(stack: SimpleNamespace) -> None:
+    import comfy.model_management as mm
+
+    mm.interrupt_current_processing(True)
+    try:
+        with pytest.raises(mm.InterruptProcessingException):
+            _fuse(stack, stack.model, fallback="auto")
+    finally:
+        mm.interrupt_current_processing(False)
+
+
 def test_scheduling_off_reaches_the_patches(stack: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     """An output the artifact check rejects is rerun with tokenfuse_disabled=True and without TokenFuse's own attn1
     patches (the recording patch, not ours, stays)."""
