@@ -7,7 +7,7 @@
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { chartFamily, MAX_RATIO, pyramidSeries, resolveSchedule } from "./lib/pyramid.js";
-import { keptFraction, levelLabel, matchEventToNodes, normalizeStats, statsLines } from "./lib/stats.js";
+import { keptFraction, levelLabel, matchEventToNodes, mergeStats, normalizeStats, statsLines } from "./lib/stats.js";
 import { columnBars, levelColor, rowBars, windowSpan } from "./lib/layout.js";
 
 const NODE_TYPE = "TokenFuseTokenSchedulerController";
@@ -208,7 +208,7 @@ function onStats(event) {
     found.map((c) => ({ id: c.node.id, inRoot: c.inRoot })),
   );
   for (const i of hits) {
-    liveStats.set(found[i].node, stats);
+    liveStats.set(found[i].node, mergeStats(liveStats.get(found[i].node), stats));
     redraw(found[i].node);
   }
 }

@@ -39,6 +39,21 @@ export function normalizeStats(detail) {
 }
 
 /**
+ * The stats a node shows after an event: the new event, with fields it leaves empty (the final event of a run
+ * usually carries no step time or level counts) kept from the previous event of the same run.
+ */
+export function mergeStats(prev, next) {
+  if (!next) return prev ?? null;
+  if (!prev || next.step < prev.step) return next;
+  return {
+    ...next,
+    stepTimeS: next.stepTimeS ?? prev.stepTimeS,
+    peakMemMb: next.peakMemMb ?? prev.peakMemMb,
+    levels: next.levels.length ? next.levels : prev.levels,
+  };
+}
+
+/**
  * Which candidate nodes an event belongs to.
  *
  * @param {string|null} eventNode the payload's `node`

@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  normalizeStats, matchEventToNodes, formatTokens, formatSeconds, formatMemMb, levelLabel, statsLines, keptFraction,
+  normalizeStats, matchEventToNodes, mergeStats, formatTokens, formatSeconds, formatMemMb, levelLabel, statsLines, keptFraction,
 } from "../lib/stats.js";
 
 const EVENT = {
@@ -64,4 +64,20 @@ test("statsLines shows progress while running and the summary at the end", () =>
   assert.deepEqual(statsLines(normalizeStats(EVENT)), ["step 3/20 · 410 ms/step · peak 3.05 GiB"]);
   const fin = normalizeStats({ ...EVENT, step: 20, final: true, summary: "tokens -38%, 1.21x" });
   assert.deepEqual(statsLines(fin), ["done 20 steps · 410 ms/step · peak 3.05 GiB", "tokens -38%, 1.21x"]);
+});
+
+test("the final event keeps step time, memory and levels of the run's last step", () => {
+  const last = normalizeStats(EVENT);
+  const fin = normalizeStats({ node: "12", step: 3, steps: 20, step_time_s: null, peak_mem_mb: null, levels: [],
+    final: true, summary: "done" });
+  const m = mergeStats(last, fin);
+  assert.equal(m.final, true);
+  assert.equal(m.summary, "done");
+  assert.equal(m.stepTimeS, 0.41);
+  assert.equal(m.peakMemMb, 3120.5);
+  assert.equal(m.levels.length, 2);
+  const nextRun = normalizeStats({ ...EVENT, step: 1, levels: [] });
+  assert.deepEqual(mergeStats(m, nextRun).levels, []); // a new run starts clean
+  assert.equal(mergeStats(null, fin), fin);
+  assert.equal(mergeStats(last, null), last);
 });
