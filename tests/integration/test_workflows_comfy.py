@@ -225,6 +225,14 @@ def test_api_prompt_executes(frontend: dict[str, Any], runtime: SimpleNamespace,
     executor.execute(prompt, path.stem, {}, outputs)
     errors = [m for m in executor.status_messages if m[0] == "execution_error"]
     assert executor.success and not errors, errors
+    for node_id, node in prompt.items():  # ScheduledFusion's report output (slot 2), from ComfyUI's output cache
+        if node["class_type"] == "TokenFuseScheduledFusion":
+            report = executor.caches.outputs.get(node_id)[2][0]
+            faces = 3 if "group" in path.stem else 1
+            assert f"ScheduledFusion: {faces} face(s) in 1 frame(s), guide 64, steps 2" in report, report
+            assert all(f"frame 0 face {k}" in report for k in range(faces)), report
+            swap = node["inputs"]["swap_model"]
+            assert (f"identity pre-swap {swap}" in report) == (swap != "none"), report
     saves = [k for k, v in prompt.items() if v["class_type"] == "SaveImage"]
     (save,) = saves
     (image,) = executor.history_result["outputs"][save]["images"]
