@@ -114,7 +114,7 @@ class FaceReport:
     """What happened to one face: the STRING output lists one line per FaceReport.
 
     tokens: top-level U-Net tokens per sampled image ((guide/8)^2), kept_tokens: after the plan (None = no plan).
-    peak_memory: bytes of device memory at the peak of this face (None where the device cannot tell).
+    peak_memory: peak allocated device memory while this face's batch ran, weights included (CUDA; None on CPU).
     """
 
     frame: int

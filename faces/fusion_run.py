@@ -142,6 +142,9 @@ def _run_batch(image: np.ndarray, jobs: list[_Job], attempt: Attempt, s: FusionS
     side = preps[0][4]
     crops = np.stack([p[0] for p in preps])
     masks = np.stack([p[1] for p in preps])
+    for j in jobs:
+        reports[j.number].guide_size = side
+        reports[j.number].tokens = top_tokens(side)
     model, note = backend.model_for(attempt)
     if note:
         for j in jobs:
@@ -171,8 +174,6 @@ def _run_batch(image: np.ndarray, jobs: list[_Job], attempt: Attempt, s: FusionS
             sim = None if emb is None else cosine_similarity(ref, emb)
         verdict = check_crop(fused, masks[k], sim, s.thresholds)
         rep = reports[j.number]
-        rep.guide_size = side
-        rep.tokens = top_tokens(side)
         if plan is not None:
             rep.kept_tokens = plan.budgets[k][8]
         if not verdict.ok:
