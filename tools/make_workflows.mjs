@@ -98,8 +98,18 @@ async function build(page, spec) {
 async function thumbnail(page, file) {
   await page.waitForTimeout(600);
   const box = await page.evaluate(() => {
-    const r = window.app.canvas.canvas.getBoundingClientRect();
-    return { x: r.x, y: r.y, width: r.width, height: r.height };
+    // the graph's bounding box on screen (canvas coords -> CSS pixels), so the thumbnail holds no empty canvas
+    const { app, LiteGraph } = window;
+    const r = app.canvas.canvas.getBoundingClientRect();
+    const { scale, offset } = app.canvas.ds;
+    let [x0, y0, x1, y1] = [Infinity, Infinity, -Infinity, -Infinity];
+    for (const n of app.graph.nodes) {
+      x0 = Math.min(x0, n.pos[0]); y0 = Math.min(y0, n.pos[1] - LiteGraph.NODE_TITLE_HEIGHT);
+      x1 = Math.max(x1, n.pos[0] + n.size[0]); y1 = Math.max(y1, n.pos[1] + n.size[1]);
+    }
+    const sx = (x) => r.x + (x + offset[0]) * scale, sy = (y) => r.y + (y + offset[1]) * scale;
+    const left = Math.max(r.x, sx(x0) - 12), top = Math.max(r.y, sy(y0) - 12);
+    return { x: left, y: top, width: Math.min(r.right, sx(x1) + 12) - left, height: Math.min(r.bottom, sy(y1) + 12) - top };
   });
   const png = await page.screenshot({ clip: box });
   const b64 = await page.evaluate(async ([data, width]) => {
