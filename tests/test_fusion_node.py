@@ -182,6 +182,35 @@ def test_broken_output_reruns_with_scheduling_off() -> None:
     assert "artifact: " in report
 
 
+def test_identity_drop_triggers_the_rerun_when_embeddings_exist() -> None:
+    """Faces with an embedding and an embedder on the backend: a low similarity counts as an artifact."""
+    from dataclasses import replace
+
+    images, fs = astronaut_faceset(1, 1, crop_size=128)
+    ref = np.zeros(512, np.float32)
+    ref[0] = 1.0
+    fs = FaceSet(image_size=fs.image_size, faces=((replace(fs.faces[0][0], embedding=ref),),))
+    stack = FakeStack()
+    backend = stack.backend()
+    sims = iter([-ref, ref])  # first output: another identity; rerun: the same one
+    seen_landmarks = []
+
+    def embed(crop: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
+        assert crop.shape == (128, 128, 3) and landmarks.shape == (5, 2)
+        seen_landmarks.append(landmarks)
+        return next(sims)
+
+    backend.embed = embed
+    _, out, report = ScheduledFusion().fuse(
+        "M", "V", "p", "n", torch.from_numpy(images), fs, 0, 4, 5.0, "euler", "normal", 0.4, 128, 1024, 1.0, 0.04, 2,
+        "auto", backend=backend)
+    assert "identity drop (similarity -1.00" in report and "scheduling_off" in report
+    assert out.faces[0][0].crop is not None
+    assert [c["model"] for c in stack.ops("sample")] == ["patched", "unscheduled"]
+    # landmarks are given in crop pixels: the eyes sit on the FFHQ template scaled to 128
+    assert np.abs(seen_landmarks[0][0] - np.array([192.98, 239.95]) / 4).max() < 4
+
+
 def test_broken_everywhere_passes_through_with_warning(caplog: pytest.LogCaptureFixture) -> None:
     stack = FakeStack(broken_seeds=frozenset({100}), broken_model="patched")
     stack.broken_model = "patched"
