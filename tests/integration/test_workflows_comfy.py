@@ -98,6 +98,11 @@ def test_loads_in_real_frontend_and_converts(frontend: dict[str, Any], path: Pat
     assert {k: v["class_type"] for k, v in prompt.items()} == want
 
 
+def test_no_page_errors_from_the_pack(frontend: dict[str, Any]) -> None:
+    ours = [e for e in frontend["errors"] if "/extensions/" in e or "tokenfuse" in e.lower()]
+    assert not ours, ours
+
+
 def test_template_browser_lists_them(frontend: dict[str, Any], comfy_server: SimpleNamespace) -> None:
     listed = next(iter(frontend["results"].values()))["templates"]
     assert sorted(listed.get(comfy_server.pack, [])) == sorted(p.stem for p in WORKFLOWS), listed
