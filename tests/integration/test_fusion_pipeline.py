@@ -9,6 +9,7 @@ Run: COMFYUI_PATH=/path/to/ComfyUI /path/to/comfy-venv/bin/python -m pytest test
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,19 +20,22 @@ GUIDE = 64  # small crops keep a CPU run to seconds; the path is the same at 512
 
 
 @pytest.fixture(scope="module")
-def stack(comfy: SimpleNamespace, random_model: Any) -> SimpleNamespace:
+def stack(comfy: SimpleNamespace, random_model: Any) -> Iterator[SimpleNamespace]:
     import importlib
 
     import fusion as fusion_bench  # bench/fusion.py (bench/ is on sys.path via the comfy fixture)
 
-    importlib.import_module("comfy.utils").PROGRESS_BAR_ENABLED = False
+    utils = importlib.import_module("comfy.utils")
+    was = utils.PROGRESS_BAR_ENABLED
+    utils.PROGRESS_BAR_ENABLED = False  # no tqdm bars in the test log
     fusion_bench.load_pack()
     model = random_model("sd15")
     vae = fusion_bench.build_vae(ch=32, seed=0)
     frame = fusion_bench.astronaut_frame(512)
     faces = fusion_bench.astronaut_faces(512, crop_size=128)
     cond = comfy.models.conditioning("sd15", seed=1), comfy.models.conditioning("sd15", seed=2)
-    return SimpleNamespace(model=model, vae=vae, image=torch.from_numpy(frame)[None], faces=faces, cond=cond)
+    yield SimpleNamespace(model=model, vae=vae, image=torch.from_numpy(frame)[None], faces=faces, cond=cond)
+    utils.PROGRESS_BAR_ENABLED = was
 
 
 def _recording(model: Any, seen: list[dict[str, Any]]) -> Any:
