@@ -14,18 +14,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Literal, get_args
 
-from ..scheduling.schedule import Preset, Schedule, Strategy, parse_schedule_text, preset_schedule
+from ..scheduling.schedule import Preset, Schedule, parse_schedule_text, preset_schedule
 from . import comfy_glue
 
 log = logging.getLogger(__name__)
 
-StrategyChoice = Literal["preset", "tome", "todo", "topk"]
+StrategyChoice = Literal["preset", "tome", "todo", "topk"]  # "preset" + scheduling.schedule.Strategy (tested)
 WRAPPER_KEY = "tokenfuse"
 STATS_EVENT = "tokenfuse.stats"
 _MODEL_METHODS = ("clone", "set_model_attn1_patch", "set_model_attn1_output_patch", "add_wrapper_with_key")
-
-assert set(get_args(StrategyChoice)) == {"preset", *get_args(Strategy)}, "StrategyChoice must follow Strategy"
-
 
 def schedule_from_widgets(preset: str, strategy: str, ratio: float, family: str, schedule_text: str = "") -> Schedule:
     """Widgets → Schedule: the preset for the family, then the strategy/ratio widgets, then the text override.
@@ -76,7 +73,44 @@ def chain_attention_override(ours: Callable[..., Any], previous: Callable[..., A
 
         return ours(inner, *args, **kwargs)
 
+    chained.tokenfuse_previous = previous  # type: ignore[attr-defined]  (lets a later scheduler unwrap ours)
     return chained
+
+
+def _is_ours(fn: Any) -> bool:
+    mod = getattr(fn, "__module__", "") or ""
+    return mod.endswith(".scheduling.patches") or mod.endswith(".nodes.scheduler_node")
+
+
+def _drop_previous_scheduling(m: Any) -> bool:
+    """Scheduling an already scheduled clone replaces the earlier TokenFuse patches, override and wrappers.
+
+    Other packs' patches stay where they are. Returns True when something was removed.
+    """
+    to = dict(m.model_options.get("transformer_options", {}))
+    patches = {k: list(v) for k, v in to.get("patches", {}).items()}
+    found = False
+    for name in ("attn1_patch", "attn1_output_patch"):
+        if name in patches:
+            kept = [p for p in patches[name] if not _is_ours(p)]
+            found |= len(kept) != len(patches[name])
+            patches[name] = kept
+    override = to.get("optimized_attention_override")
+    if override is not None and _is_ours(override):
+        found = True
+        previous = getattr(override, "tokenfuse_previous", None)
+        if previous is None:
+            to.pop("optimized_attention_override")
+        else:
+            to["optimized_attention_override"] = previous
+    if not found and not comfy_glue.has_wrapper(m, "OUTER_SAMPLE", WRAPPER_KEY):
+        return False
+    if "patches" in to:
+        to["patches"] = patches
+    m.model_options = {**m.model_options, "transformer_options": to}
+    for kind in ("OUTER_SAMPLE", "PREDICT_NOISE"):
+        comfy_glue.remove_wrapper(m, kind, WRAPPER_KEY)
+    return True
 
 
 def _peak_memory_start(device: Any) -> tuple[Callable[[], str], Callable[[], float | None]]:
@@ -210,6 +244,8 @@ def schedule_model(model: Any, schedule: Schedule, family: comfy_glue.ModelFamil
 
     telemetry = RunTelemetry()
     m = model.clone()
+    if _drop_previous_scheduling(m):
+        log.info("TokenFuse: the model was already scheduled; the new schedule replaces the earlier one")
     if schedule.is_off:
         pass  # identity: attach nothing to the attention path, so the output stays bit-identical at zero cost
     elif family.route == "unet":

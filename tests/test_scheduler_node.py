@@ -11,6 +11,7 @@ import logging
 import sys
 from dataclasses import replace
 from types import SimpleNamespace
+from typing import get_args
 
 import pytest
 import torch
@@ -307,3 +308,30 @@ def test_family_detection_by_comfyui_class_names() -> None:
     assert comfy_glue.detect_family(FakeModelPatcher(WAN22())).route == "override"
     assert comfy_glue.detect_family(FakeModelPatcher(SD3())).route == "none"
     assert comfy_glue.detect_family(object()).route == "none"
+
+
+def test_strategy_choices_follow_the_core_literal() -> None:
+    from tokenfuse.nodes.scheduler_node import StrategyChoice
+    from tokenfuse.scheduling.schedule import Strategy
+
+    assert get_args(StrategyChoice) == ("preset", *get_args(Strategy))
+
+
+def test_scheduling_twice_replaces_the_first_and_keeps_other_patches() -> None:
+    model = sd15_model()
+    model.set_model_attn1_patch(other_attn1)
+    first, _ = NODE.apply(model, "balanced", "preset", 0.0)
+    second, report = NODE.apply(first, "lowvram_8gb", "preset", 0.0)
+    patches = second.model_options["transformer_options"]["patches"]
+    assert patches["attn1_patch"][0] is other_attn1 and len(patches["attn1_patch"]) == 2
+    assert len(patches["attn1_output_patch"]) == 1
+    assert len(second.wrappers["outer_sample"]["tokenfuse"]) == 1
+    assert len(second.wrappers["predict_noise"]["tokenfuse"]) == 1
+    assert len(first.model_options["transformer_options"]["patches"]["attn1_patch"]) == 2  # first clone untouched
+
+    def theirs(func, *args, **kwargs):
+        return func(*args, **kwargs)
+
+    flux = FakeModelPatcher(Flux(), {"transformer_options": {"optimized_attention_override": theirs}})
+    twice, _ = NODE.apply(NODE.apply(flux, "balanced", "preset", 0.0)[0], "off", "preset", 0.0)
+    assert twice.model_options["transformer_options"]["optimized_attention_override"] is theirs
