@@ -199,7 +199,7 @@ def _process(image: np.ndarray, jobs: list[_Job], attempt: Attempt, s: FusionSet
     backend.empty_cache()
     backend.peak_reset()
     t0 = time.perf_counter()
-    err: BaseException | None = None
+    failure: tuple[bool, str] | None = None  # (is OOM, description); the exception itself is not kept
     try:
         res = _run_batch(image, jobs, attempt, s, backend, reports)
         broken: list[int] = []
@@ -208,7 +208,14 @@ def _process(image: np.ndarray, jobs: list[_Job], attempt: Attempt, s: FusionSet
     except Exception as exc:  # noqa: BLE001 - a face must never crash the batch; cancel propagates (is_fatal)
         if backend.is_fatal(exc):
             raise
-        err, res, broken = exc, {}, []
+        if backend.is_oom(exc):
+            failure = (True, "out of memory")
+        else:
+            log.warning("ScheduledFusion: face(s) %s failed: %r", [j.number for j in jobs], exc)
+            failure = (False, f"error: {type(exc).__name__}: {exc}")
+        res, broken = {}, []
+    # Leaving the except block drops the exception and its traceback, which hold the failed batch's tensors: only
+    # then can empty_cache() give the memory back before the retry (ComfyUI's VAE does the same).
     dt = time.perf_counter() - t0
     peak = backend.peak_bytes()
     for j in jobs:
@@ -216,15 +223,10 @@ def _process(image: np.ndarray, jobs: list[_Job], attempt: Attempt, s: FusionSet
         r.time_s += dt / len(jobs)
         if peak is not None:
             r.peak_memory = max(r.peak_memory or 0, peak)
-    if err is not None:
-        del res
+    if failure is not None:
         backend.empty_cache()
-        if backend.is_oom(err):
-            step = after_oom(attempt, s.fallback, len(jobs))
-            what = "out of memory"
-        else:
-            log.warning("ScheduledFusion: face(s) %s failed: %r", [j.number for j in jobs], err)
-            step, what = None, f"error: {type(err).__name__}: {err}"
+        is_oom, what = failure
+        step = after_oom(attempt, s.fallback, len(jobs)) if is_oom else None
         if step is None:
             for j in jobs:
                 reports[j.number].warnings.append(f"{what}; no fallback left")

@@ -235,6 +235,35 @@ def test_artifacts_without_the_artifact_chain_are_reported_and_kept() -> None:
     assert "artifact: " in report and "output kept (artifact fallback off)" in report
 
 
+def test_other_errors_pass_the_face_through_and_cancel_propagates() -> None:
+    class Failing(FakeStack):
+        def sample(self, model: str, latent: torch.Tensor, *a: Any) -> torch.Tensor:
+            if not self.ops("sample"):
+                self.calls.append({"op": "sample"})
+                raise ValueError("shape mismatch in some patch")
+            return super().sample(model, latent, *a)
+
+    _, out, report, _ = _run(frames=2, stack=Failing())
+    assert out.faces[0][0].crop is None and out.faces[1][0].crop is not None
+    assert "error: ValueError: shape mismatch in some patch; no fallback left" in report
+
+    class Cancelled(Exception):
+        pass
+
+    stack = FakeStack()
+    backend = stack.backend()
+    backend.is_fatal = lambda exc: isinstance(exc, Cancelled)
+
+    def cancel(*a: Any) -> torch.Tensor:
+        raise Cancelled()
+
+    backend.sample = cancel
+    images, fs = astronaut_faceset(1, 1, crop_size=128)
+    with pytest.raises(Cancelled):
+        ScheduledFusion().fuse("M", "V", "p", "n", torch.from_numpy(images), fs, 0, 4, 5.0, "euler", "normal", 0.4,
+                               128, 1024, 1.0, 0.04, 2, "auto", backend=backend)
+
+
 def test_fallback_off_reports_without_retrying() -> None:
     _, out, report, stack = _run(stack=FakeStack(oom_times=1), fallback="off")
     assert len(stack.ops("sample")) == 1 and out.faces[0][0].crop is None
