@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 DISABLED_KEY = "tokenfuse_disabled"
 WRAPPER_KEY = "tokenfuse"
 OVERRIDE_KEY = "optimized_attention_override"
+PLAN_KEY = "tokenfuse_plan"
 _PATCH_LISTS = ("attn1_patch", "attn1_output_patch")
 
 
@@ -164,8 +165,8 @@ class ScheduledFusion:
             },
             "optional": {
                 "token_plan": ("TOKEN_PLAN", {
-                    "tooltip": "When connected, a crop-space plan built from each face mask protects face tokens "
-                               "(its protect threshold is used)."}),
+                    "tooltip": "When connected (or given to TokenSchedulerController), a crop-space plan built from "
+                               "each face mask protects face tokens (this plan's protect threshold is used)."}),
                 "swap_model": (["none", *onnx], {
                     "default": "none",
                     "tooltip": "Identity pre-swap: an inswapper_128-style ONNX in models/insightface. The 128-px swap "
@@ -206,10 +207,15 @@ class ScheduledFusion:
                         faces.batch_size)
             empty = torch.zeros((0, guide_size, guide_size, 3))
             return empty, faces, format_report([], "ScheduledFusion: no faces detected; image unchanged.")
-        protect = float(getattr(token_plan, "protect_threshold", 0.5)) if token_plan is not None else 0.5
+        # A frame-space plan that TokenSchedulerController put on the MODEL would land on the crops misplaced:
+        # whichever plan is given, the crops get their own crop-space plan built from the face masks.
+        model_opts = getattr(model, "model_options", None)
+        model_plan = model_opts.get("transformer_options", {}).get(PLAN_KEY) if isinstance(model_opts, dict) else None
+        source_plan = token_plan if token_plan is not None else model_plan
+        protect = float(getattr(source_plan, "protect_threshold", 0.5)) if source_plan is not None else 0.5
         settings = FusionSettings(
             seed=int(seed), guide_size=int(guide_size) // 8 * 8, max_size=int(max_size), crop_factor=float(crop_factor),
-            feather=float(feather), faces_per_batch=int(faces_per_batch), use_plan=token_plan is not None,
+            feather=float(feather), faces_per_batch=int(faces_per_batch), use_plan=source_plan is not None,
             protect_threshold=protect,
             fallback=FallbackConfig(mode=fallback, stronger_presets=_stronger_presets(),  # type: ignore[arg-type]
                                     min_guide=max(64, min(256, int(guide_size) // 2))),

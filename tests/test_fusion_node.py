@@ -283,6 +283,19 @@ def test_token_plan_builds_a_crop_space_plan() -> None:
     assert stack2.ops("sample")[0]["plan"] is None
 
 
+def test_a_frame_plan_on_the_model_is_replaced_by_a_crop_plan() -> None:
+    from tokenfuse.scheduling.plan import TokenPlan
+
+    class PlannedModel:
+        model_options = {"transformer_options": {"tokenfuse_plan": TokenPlan(
+            importance=torch.ones(1, 64, 64), image_size=(512, 512), protect_threshold=0.7)}}
+
+    _, _, report, stack = _run(model=PlannedModel())
+    plan = stack.ops("sample")[0]["plan"]
+    assert isinstance(plan, TokenPlan) and plan.image_size == (128, 128) and plan.protect_threshold == 0.7
+    assert "plan on" in report
+
+
 def test_crop_factor_and_max_size_set_the_sampled_side() -> None:
     _, _, report, stack = _run(crop_factor=2.0, max_size=192)
     assert stack.ops("encode")[0]["shape"] == (1, 192, 192, 3)
