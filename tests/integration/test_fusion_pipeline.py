@@ -95,6 +95,26 @@ def test_seeds_are_stable_across_reruns(stack: SimpleNamespace) -> None:
     assert not torch.equal(a, c)
 
 
+def test_a_face_comes_out_the_same_batched_or_alone(stack: SimpleNamespace) -> None:
+    """Two faces of one frame sampled as one batch (CFG: 4 U-Net rows) vs one at a time: each face keeps its seed's
+    noise and its result."""
+    from dataclasses import replace
+
+    import cv2
+    from tokenfuse.faces.types import FaceSet
+
+    f0 = stack.faces.faces[0][0]
+    affine = f0.affine.copy()
+    affine[:, 2] += 6.0  # the same face, the crop 6 px off: other pixels, other result
+    shifted = replace(f0, affine=affine, inverse=cv2.invertAffineTransform(affine))
+    two = FaceSet(image_size=(512, 512), faces=((f0, shifted),))
+    batched, _, report = _fuse(stack, stack.model, faces=two, faces_per_batch=2)
+    alone, _, _ = _fuse(stack, stack.model, faces=two, faces_per_batch=1)
+    assert "2 face(s)" in report and "seed 3" in report and "seed 4" in report
+    assert torch.allclose(batched, alone, atol=2e-3), (batched - alone).abs().max()
+    assert not torch.allclose(batched[0], batched[1], atol=1e-2)
+
+
 def test_induced_oom_is_reported_and_the_image_still_comes(stack: SimpleNamespace,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     from tokenfuse.nodes import comfy_glue
