@@ -119,12 +119,18 @@ def _peak_memory_start(device: Any) -> tuple[Callable[[], str], Callable[[], flo
 
     dev = torch.device(device) if device is not None else torch.device("cpu")
     if dev.type == "cuda" and torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats(dev)
+        # Never reset the allocator's peak: callers (ScheduledFusion, benches) measure their own spans with it.
+        # A peak above the one held before the run was set by this run, so it is this run's peak exactly.
+        before = torch.cuda.max_memory_allocated(dev) / 2**20
 
         def cuda_mib() -> float:
             return torch.cuda.max_memory_allocated(dev) / 2**20
 
-        return (lambda: f"peak VRAM {cuda_mib():.0f} MiB"), cuda_mib
+        def cuda_text() -> str:
+            now = cuda_mib()
+            return f"peak VRAM {now:.0f} MiB" if now > before else f"peak VRAM <= {before:.0f} MiB (earlier peak)"
+
+        return cuda_text, cuda_mib
     try:
         import resource
 

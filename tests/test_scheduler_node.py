@@ -335,3 +335,16 @@ def test_scheduling_twice_replaces_the_first_and_keeps_other_patches() -> None:
     flux = FakeModelPatcher(Flux(), {"transformer_options": {"optimized_attention_override": theirs}})
     twice, _ = NODE.apply(NODE.apply(flux, "balanced", "preset", 0.0)[0], "off", "preset", 0.0)
     assert twice.model_options["transformer_options"]["optimized_attention_override"] is theirs
+
+
+def test_cuda_peak_never_resets_the_allocator_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ScheduledFusion and the benches measure their own spans with max_memory_allocated: the run line must not reset
+    it, and still reports this run's peak when the run set a new one."""
+    from tokenfuse.nodes.scheduler_node import _peak_memory_start
+
+    peaks = iter([1024 * 2**20, 3072 * 2**20, 3072 * 2**20])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda dev=None: next(peaks))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda dev=None: pytest.fail("peak was reset"))
+    text, mib = _peak_memory_start("cuda")
+    assert text() == "peak VRAM 3072 MiB" and mib() == 3072
