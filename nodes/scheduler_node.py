@@ -297,8 +297,9 @@ class TokenSchedulerController:
                 "model": ("MODEL", {"tooltip": "The diffusion model to schedule (SD1.x/2.x, SDXL, Flux, Wan, ...)."}),
                 "preset": (list(get_args(Preset)), {
                     "default": "balanced",
-                    "tooltip": "off: identity (bit-identical output). balanced: 2x2 K/V pooling at the finest "
-                               "attention levels, safe for quality. lowvram_8gb/6gb/4gb: progressively stronger "
+                    "tooltip": "off: identity (bit-identical output). balanced: the mildest reduction, 2x2 K/V "
+                               "pooling at the finest attention levels (the range ToDo validated). "
+                               "lowvram_8gb/6gb/4gb: stronger "
                                "reduction (ramp + adaptive) that trades fine detail for speed and memory; check faces.",
                 }),
                 "strategy": (list(get_args(StrategyChoice)), {
