@@ -47,11 +47,13 @@ class Attempt:
 @dataclass(frozen=True)
 class FallbackConfig:
     """mode: which failures trigger fallbacks. stronger_presets: presets the glue can re-patch with (empty when the
-    scheduler API is unavailable, so that step is skipped and reported). min_guide: smallest guide size tried."""
+    scheduler API is unavailable, so that step is skipped and reported). min_guide: smallest guide size tried.
+    incoming_preset: the preset TokenSchedulerController put on the MODEL ("" = unknown: go to the strongest)."""
 
     mode: FallbackMode = "auto"
     stronger_presets: tuple[str, ...] = ()
     min_guide: int = 256
+    incoming_preset: str = ""
 
     @property
     def on_oom(self) -> bool:
@@ -86,7 +88,7 @@ def after_oom(
     if batch_size > 1 and not attempt.single:
         return replace(attempt, single=True), "split_batch", f"batch of {batch_size} -> one face at a time"
     if attempt.scheduling:
-        nxt = stronger_preset(attempt.preset, config.stronger_presets)
+        nxt = stronger_preset(attempt.preset or config.incoming_preset, config.stronger_presets)
         if nxt is not None:
             return replace(attempt, preset=nxt), "stronger_preset", f"preset {attempt.preset or 'input'} -> {nxt}"
     if not attempt.tiled_vae:

@@ -3,9 +3,9 @@
 Every model patch upstream (TokenSchedulerController, ControlNet, IPAdapter/InstantID/PuLID) applies, since sampling
 goes through comfy.sample.sample with a noise mask. Fallbacks (OOM, artifacts) are reported in the STRING output.
 
-"Scheduling off" (the artifact fallback) = a clone with `transformer_options["tokenfuse_disabled"] = True` and
-TokenFuse's attn1 patches, wrappers and attention override removed (another pack's override that ours wrapped is put
-back), so it works whether or not the patches honour the flag.
+"Scheduling off" (the artifact fallback) = a clone with TokenFuse's attn1 patches, wrappers and attention override
+removed (another pack's override that ours wrapped is put back) and `transformer_options["tokenfuse_disabled"]` set,
+which every TokenFuse patch honours.
 """
 
 from __future__ import annotations
@@ -20,54 +20,24 @@ from . import comfy_glue
 log = logging.getLogger(__name__)
 
 DISABLED_KEY = "tokenfuse_disabled"
-WRAPPER_KEY = "tokenfuse"
-OVERRIDE_KEY = "optimized_attention_override"
+PRESET_KEY = "tokenfuse_preset"
 PLAN_KEY = "tokenfuse_plan"
-_PATCH_LISTS = ("attn1_patch", "attn1_output_patch")
 
 
-def _is_ours(fn: Any) -> bool:
-    mod = getattr(fn, "__module__", "") or ""
-    return mod.endswith(".scheduling.patches") or mod.endswith(".nodes.scheduler_node")
-
-
-def _chained_previous(fn: Any) -> Any:
-    """For scheduler_node.chain_attention_override's closure, the other pack's override it wraps; None for ours
-    alone; `fn` itself when the closure cannot be read (the flag is then the only switch)."""
-    code = getattr(fn, "__code__", None)
-    cells = getattr(fn, "__closure__", None) or ()
-    if code is None or "previous" not in code.co_freevars:
-        return None if getattr(fn, "__module__", "").endswith(".scheduling.patches") else fn
-    return cells[code.co_freevars.index("previous")].cell_contents
+def _transformer_option(model: Any, key: str) -> Any:
+    opts = getattr(model, "model_options", None)
+    return opts.get("transformer_options", {}).get(key) if isinstance(opts, dict) else None
 
 
 def strip_tokenfuse(model: Any) -> Any:
-    """A clone of `model` with TokenFuse scheduling off: flag set for the patches, our patches and wrappers removed.
-
-    Other packs' patches (ControlNet, IPAdapter, ...) stay. The input model is never touched.
+    """A clone of `model` with TokenFuse scheduling off: our patches, override and wrappers removed and the flag set
+    for any patch that survives (e.g. one wrapped by another pack). Other packs' patches stay; the input is untouched.
     """
+    from .scheduler_node import remove_scheduling
+
     m = model.clone()
-    opts = dict(m.model_options)
-    to = dict(opts.get("transformer_options", {}))
-    patches = {k: list(v) for k, v in to.get("patches", {}).items()}
-    for name in _PATCH_LISTS:
-        if name in patches:
-            patches[name] = [p for p in patches[name] if not _is_ours(p)]
-    to["patches"] = patches
-    override = to.get(OVERRIDE_KEY)
-    if override is not None and _is_ours(override):
-        previous = _chained_previous(override)
-        if previous is None:
-            to.pop(OVERRIDE_KEY)
-        elif previous is not override:
-            to[OVERRIDE_KEY] = previous
-    to[DISABLED_KEY] = True
-    opts["transformer_options"] = to
-    m.model_options = opts
-    remove = getattr(m, "remove_wrappers_with_key", None)
-    if callable(remove):
-        for wtype in list(getattr(m, "wrappers", {}) or {}):
-            remove(wtype, WRAPPER_KEY)
+    remove_scheduling(m)
+    comfy_glue.set_transformer_option(m, DISABLED_KEY, True)
     return m
 
 
@@ -209,8 +179,7 @@ class ScheduledFusion:
             return empty, faces, format_report([], "ScheduledFusion: no faces detected; image unchanged.")
         # A frame-space plan that TokenSchedulerController put on the MODEL would land on the crops misplaced:
         # whichever plan is given, the crops get their own crop-space plan built from the face masks.
-        model_opts = getattr(model, "model_options", None)
-        model_plan = model_opts.get("transformer_options", {}).get(PLAN_KEY) if isinstance(model_opts, dict) else None
+        model_plan = _transformer_option(model, PLAN_KEY)
         source_plan = token_plan if token_plan is not None else model_plan
         protect = float(getattr(source_plan, "protect_threshold", 0.5)) if source_plan is not None else 0.5
         settings = FusionSettings(
@@ -218,6 +187,7 @@ class ScheduledFusion:
             feather=float(feather), faces_per_batch=int(faces_per_batch), use_plan=source_plan is not None,
             protect_threshold=protect,
             fallback=FallbackConfig(mode=fallback, stronger_presets=_stronger_presets(),  # type: ignore[arg-type]
+                                    incoming_preset=str(_transformer_option(model, PRESET_KEY) or ""),
                                     min_guide=max(64, min(256, int(guide_size) // 2))),
         )
         if backend is None:

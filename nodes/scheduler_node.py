@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 StrategyChoice = Literal["preset", "tome", "todo", "topk"]  # "preset" + scheduling.schedule.Strategy (tested)
 WRAPPER_KEY = "tokenfuse"
+PRESET_KEY = "tokenfuse_preset"  # transformer_options: the preset in force (read by ScheduledFusion's fallback)
 STATS_EVENT = "tokenfuse.stats"
 _MODEL_METHODS = ("clone", "set_model_attn1_patch", "set_model_attn1_output_patch", "add_wrapper_with_key")
 
@@ -82,8 +83,10 @@ def _is_ours(fn: Any) -> bool:
     return mod.endswith(".scheduling.patches") or mod.endswith(".nodes.scheduler_node")
 
 
-def _drop_previous_scheduling(m: Any) -> bool:
-    """Scheduling an already scheduled clone replaces the earlier TokenFuse patches, override and wrappers.
+def remove_scheduling(m: Any) -> bool:
+    """Remove TokenFuse's patches, attention override and wrappers from `m` (a clone: it is changed in place).
+
+    Used when an already scheduled model is scheduled again, and by ScheduledFusion's "scheduling off" rerun.
 
     Other packs' patches stay where they are. Returns True when something was removed.
     """
@@ -240,7 +243,7 @@ def _check_model(model: Any) -> None:
 
 
 def schedule_model(model: Any, schedule: Schedule, family: comfy_glue.ModelFamily,
-                   plan: Any = None, node_id: str | None = None) -> tuple[Any, Any]:
+                   plan: Any = None, node_id: str | None = None, preset: str = "") -> tuple[Any, Any]:
     """Return (patched clone, its RunTelemetry); the input model is never touched.
 
     Bench scripts call this directly to time a model with a given Schedule.
@@ -250,7 +253,7 @@ def schedule_model(model: Any, schedule: Schedule, family: comfy_glue.ModelFamil
 
     telemetry = RunTelemetry()
     m = model.clone()
-    if _drop_previous_scheduling(m):
+    if remove_scheduling(m):
         log.info("TokenFuse: the model was already scheduled; the new schedule replaces the earlier one")
     if schedule.is_off:
         pass  # identity: attach nothing to the attention path, so the output stays bit-identical at zero cost
@@ -264,6 +267,8 @@ def schedule_model(model: Any, schedule: Schedule, family: comfy_glue.ModelFamil
         comfy_glue.set_transformer_option(m, "optimized_attention_override", chain_attention_override(ours, previous))
     if plan is not None:
         comfy_glue.set_transformer_option(m, "tokenfuse_plan", plan)
+    if preset:
+        comfy_glue.set_transformer_option(m, PRESET_KEY, preset)  # lets ScheduledFusion's OOM fallback go stronger
     label = f"{family.name} ({family.family})"
     live = _LiveStats(node_id)
     device = getattr(m, "load_device", None)
@@ -339,7 +344,8 @@ class TokenSchedulerController:
             log.warning(msg)
             return model, msg
         schedule = schedule_from_widgets(preset, strategy, ratio, family.family, schedule_text)
-        patched, _ = schedule_model(model, schedule, family, token_plan, unique_id)
+        patched, _ = schedule_model(model, schedule, family, token_plan, unique_id,
+                                    preset if not schedule_text.strip() else "")
         route = "attn1 patches" if family.route == "unet" else "attention override"
         plan_txt = "none"
         if token_plan is not None:

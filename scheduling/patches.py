@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 UNMERGE_KEY = "tokenfuse_unmerge"
 PLAN_KEY = "tokenfuse_plan"
+# transformer_options flag: ScheduledFusion's "scheduling off" rerun sets it; every patch then passes through.
+DISABLED_KEY = "tokenfuse_disabled"
 TOME_MAX_RATIO = 0.75  # a 2x2 stride leaves 3/4 of tokens as src: more cannot be merged
 MIN_DIT_TOKENS = 64
 
@@ -185,7 +187,7 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
         return apply(ctx), apply(val)
 
     def attn1_patch(n: torch.Tensor, ctx: Any, val: Any, extra_options: dict) -> tuple[torch.Tensor, Any, Any]:
-        if schedule.is_off or not schedule.ratios or n.ndim != 3:
+        if schedule.is_off or not schedule.ratios or n.ndim != 3 or extra_options.get(DISABLED_KEY):
             return n, ctx, val
         t0 = time.perf_counter() if timing else 0.0
         grid = infer_grid(n.shape[1], extra_options.get("original_shape"))
@@ -295,6 +297,8 @@ def build_attention_override(schedule: Schedule, telemetry: RunTelemetry) -> Cal
         q, k, v = args[0], args[1], args[2]
         mask = args[4] if len(args) > 4 else kwargs.get("mask")
         topts = kwargs.get("transformer_options") or {}
+        if topts.get(DISABLED_KEY):
+            return func(*args, **kwargs)
         tok_dim = 2 if kwargs.get("skip_reshape", False) else 1
         if (mask is not None or not all(isinstance(t, torch.Tensor) for t in (q, k, v)) or k.ndim != tok_dim + 2
                 or k.shape != v.shape or k.shape[tok_dim] != q.shape[tok_dim] or k.shape[tok_dim] < MIN_DIT_TOKENS):

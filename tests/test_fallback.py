@@ -103,3 +103,12 @@ def test_report_lists_every_fallback_and_passthrough() -> None:
     assert "peak n/a" in lines[2]
     assert "passthrough" in lines[3] and "black" in lines[3]
     assert lines[4] == "3 face(s), 2 with fallbacks, 1 passed through, 3.50 s total"
+
+
+def test_oom_steps_up_from_the_preset_the_controller_recorded() -> None:
+    cfg = FallbackConfig(mode="auto", stronger_presets=PRESETS, incoming_preset="lowvram_8gb")
+    step = after_oom(Attempt(guide_size=512, single=True), cfg)
+    assert step is not None and step[0].preset == "lowvram_6gb" and step[1] == "stronger_preset"
+    strongest = FallbackConfig(mode="auto", stronger_presets=PRESETS, incoming_preset="lowvram_4gb")
+    step = after_oom(Attempt(guide_size=512, single=True), strongest)
+    assert step is not None and step[1] == "tiled_vae"  # nothing stronger exists: the preset step is skipped

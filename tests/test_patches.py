@@ -244,3 +244,20 @@ def test_real_comfy_transformer_block(comfyui_path) -> None:
             out = blk(x, context=text, transformer_options=opts)
             assert out.shape == ref.shape and torch.isfinite(out).all()
             assert torch.equal(out, ref) == exact
+
+
+def test_disabled_flag_turns_every_patch_into_identity() -> None:
+    """ScheduledFusion's "scheduling off" rerun sets tokenfuse_disabled; patches wrapped by other packs honour it."""
+    f, g = build_unet_patches(Schedule(strategy="tome", ratios={8: 0.5}, protect_blocks=0), RunTelemetry())
+    n = tokens(2, 16, 12)
+    opts = {**extra_options((16, 12)), "tokenfuse_disabled": True}
+    out = f(n, n, n, opts)
+    assert out[0] is n and out[1] is n and out[2] is n
+    assert g(n, opts) is n
+    override = build_attention_override(Schedule(dit_ratio=0.5, protect_blocks=0), RunTelemetry())
+    seen = []
+    q = torch.randn(1, 256, 32)
+    override(lambda *a, **kw: seen.append(a[1].shape[1]), q, q, q, 4,
+             transformer_options={"tokenfuse_disabled": True, "sigmas": SAMPLE_SIGMAS[:1],
+                                  "sample_sigmas": SAMPLE_SIGMAS})
+    assert seen == [256]

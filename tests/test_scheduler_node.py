@@ -348,3 +348,11 @@ def test_cuda_peak_never_resets_the_allocator_peak(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda dev=None: pytest.fail("peak was reset"))
     text, mib = _peak_memory_start("cuda")
     assert text() == "peak VRAM 3072 MiB" and mib() == 3072
+
+
+def test_preset_is_recorded_for_the_fusion_fallback_and_text_override_clears_it() -> None:
+    patched, _ = TokenSchedulerController().apply(sd15_model(), "lowvram_8gb", "preset", 0.0)
+    assert patched.model_options["transformer_options"]["tokenfuse_preset"] == "lowvram_8gb"
+    custom, _ = TokenSchedulerController().apply(sd15_model(), "lowvram_8gb", "preset", 0.0,
+                                                 schedule_text='{"ratios": {"8": 0.5}}')
+    assert "tokenfuse_preset" not in custom.model_options["transformer_options"]
