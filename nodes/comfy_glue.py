@@ -207,6 +207,29 @@ def import_comfy(module: str) -> Any:
     return importlib.import_module(module)
 
 
+def save_temp_previews(images: Any, prefix: str = "tokenfuse_preview") -> list[dict[str, str]]:
+    """Save IMAGE previews [B, H, W, 3] in 0..1 to ComfyUI's temp folder, as PreviewImage does, for a node's
+    `{"ui": {"images": ...}}` (the editor shows them in the node). Without ComfyUI: nothing saved, []."""
+    if not comfy_available() or images is None or len(images) == 0:
+        return []
+    import os
+    import uuid
+
+    import numpy as np
+    from PIL import Image
+
+    folder_paths = importlib.import_module("folder_paths")
+    out_dir = folder_paths.get_temp_directory()
+    os.makedirs(out_dir, exist_ok=True)
+    saved = []
+    for img in images:
+        name = f"{prefix}_{uuid.uuid4().hex[:12]}.png"
+        pixels = (np.clip(img.detach().cpu().numpy(), 0.0, 1.0) * 255.0).round().astype(np.uint8)
+        Image.fromarray(pixels).save(os.path.join(out_dir, name), compress_level=1)
+        saved.append({"filename": name, "subfolder": "", "type": "temp"})
+    return saved
+
+
 # ------------------------------------------------------------------------------------------------ model files / memory
 FACERESTORE_FOLDER = "facerestore_models"
 

@@ -210,7 +210,7 @@ class PatchTokenize:
                            protect_threshold=protect_threshold)
         plan = build_plan(faces, latent, opts)
         if b == 0:
-            return plan, image
+            return {"ui": {"images": []}, "result": (plan, image)}
         bar = comfy_glue.progress_bar(b)
         previews = []
         for i in range(b):
@@ -220,7 +220,9 @@ class PatchTokenize:
             log.warning("PatchTokenize: no face in the FACES input; the plan treats every frame as background")
         log.info("PatchTokenize: %d frame(s), expected token reduction %.1f%% vs uniform", b,
                  100 * plan.expected_reduction())
-        return plan, torch.from_numpy(np.stack(previews)).float() / 255
+        preview = torch.from_numpy(np.stack(previews)).float() / 255
+        # ui.images: the editor shows the plan inside the node (web/tokenfuse_preview.js sizes the node for it)
+        return {"ui": {"images": comfy_glue.save_temp_previews(preview, "tokenfuse_plan")}, "result": (plan, preview)}
 
 
 class Blend:

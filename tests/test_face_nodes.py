@@ -49,7 +49,9 @@ def detect(image: torch.Tensor, **kw) -> tuple:
 
 
 def tokenize(image: torch.Tensor, faces: FaceSet, **kw) -> tuple:
-    return NODES["TokenFusePatchTokenize"]().tokenize(image, faces, **{**PLAN, **kw})
+    out = NODES["TokenFusePatchTokenize"]().tokenize(image, faces, **{**PLAN, **kw})
+    assert set(out) == {"ui", "result"} and isinstance(out["ui"]["images"], list)  # preview shown in the node
+    return out["result"]
 
 
 def blend(image: torch.Tensor, faces: FaceSet, **kw) -> torch.Tensor:

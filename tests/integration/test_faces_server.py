@@ -74,3 +74,7 @@ def test_face_pipeline_runs_in_comfyui(comfy_server) -> None:
     for node in ("6", "7"):  # the previews draw on the photo
         preview = cv2.imread(str(base / "output" / entry["outputs"][node]["images"][0]["filename"]))
         assert preview.shape == (512, 512, 3) and not np.array_equal(preview[..., ::-1], astronaut())
+    # PatchTokenize also shows its plan inside the node: ui.images saved in ComfyUI's temp folder
+    shown = entry["outputs"]["3"]["images"]
+    assert len(shown) == 1 and shown[0]["type"] == "temp" and shown[0]["filename"].startswith("tokenfuse_plan")
+    assert (base / "temp" / shown[0]["filename"]).is_file()
