@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -84,6 +85,11 @@ def comfy_server(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory) -
     """
     base = tmp_path_factory.mktemp("comfy_base")
     pack = "ComfyUI-TokenFuse"
+    # Skip the first-start template browser and the minimap, which would cover the canvas in browser checks.
+    (base / "user" / "default").mkdir(parents=True)
+    (base / "user" / "default" / "comfy.settings.json").write_text(
+        '{"Comfy.TutorialCompleted": true, "Comfy.Minimap.Visible": false}', encoding="utf-8"
+    )
     (base / "custom_nodes").mkdir()
     (base / "custom_nodes" / pack).symlink_to(REPO, target_is_directory=True)
     port = _free_port()
@@ -114,3 +120,28 @@ def comfy_server(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory) -
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="session")
+def browser_tools() -> tuple[str, dict[str, str]]:
+    """(node, env) for the Playwright scripts; skips unless Node, Chromium and playwright-core are present.
+
+    CHROMIUM (or `chromium` on PATH) is Debian's browser; PLAYWRIGHT_CORE_DIR a folder where `npm install
+    playwright-core` ran.
+    """
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("browser check: Node.js not installed")
+    chromium = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        pytest.skip("browser check: no Chromium (apt-get install chromium, or set CHROMIUM)")
+    env = dict(os.environ, CHROMIUM=chromium)
+    probe = subprocess.run(
+        [node, "-e", "const d = process.env.PLAYWRIGHT_CORE_DIR;"
+         "require('module').createRequire(d ? require('path').join(d, 'package.json') : process.cwd() + '/x.js')"
+         ".resolve('playwright-core')"],
+        cwd=REPO, env=env, capture_output=True, text=True, check=False,
+    )
+    if probe.returncode != 0:
+        pytest.skip("browser check: playwright-core not found (npm install playwright-core in PLAYWRIGHT_CORE_DIR)")
+    return node, env

@@ -27,7 +27,6 @@ import asyncio
 import copy
 import importlib
 import json
-import os
 import shutil
 import subprocess
 import urllib.request
@@ -43,27 +42,6 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tools" / "make_workflows.mjs"
 WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
 TEST_LOADER = "TokenFuseTestRandomCheckpoint"
-
-
-@pytest.fixture(scope="module")
-def browser_tools() -> tuple[str, dict[str, str]]:
-    """(node, env) for tools/make_workflows.mjs; skips unless Node, Chromium and playwright-core are present."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("workflow check: Node.js not installed")
-    chromium = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    if not chromium:
-        pytest.skip("workflow check: no Chromium (apt-get install chromium, or set CHROMIUM)")
-    env = dict(os.environ, CHROMIUM=chromium)
-    probe = subprocess.run(
-        [node, "-e", "const d = process.env.PLAYWRIGHT_CORE_DIR;"
-         "require('module').createRequire(d ? require('path').join(d, 'package.json') : process.cwd() + '/x.js')"
-         ".resolve('playwright-core')"],
-        cwd=REPO, env=env, capture_output=True, text=True, check=False,
-    )
-    if probe.returncode != 0:
-        pytest.skip("workflow check: playwright-core not found (npm install playwright-core in PLAYWRIGHT_CORE_DIR)")
-    return node, env
 
 
 @pytest.fixture(scope="module")
