@@ -1,0 +1,109 @@
+"""README checks: its links and pictures exist, it names every node, its test command is what CI runs."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+
+_MD_TARGET = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")  # [text](target) and ![alt](target)
+_HTML_TARGET = re.compile(r"<(?:img|a)\b[^>]*?\b(?:src|href)=\"([^\"]+)\"", re.IGNORECASE)
+
+
+def _readme() -> str:
+    return README.read_text(encoding="utf-8")
+
+
+def _outside_code(text: str) -> str:
+    """The text without fenced code blocks and inline code (paths in code are examples, not links)."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def _anchors(text: str) -> set[str]:
+    """GitHub heading anchors: lower case, punctuation dropped, spaces to dashes."""
+    out = set()
+    for line in text.splitlines():
+        if m := re.match(r"^#{1,6}\s+(.*)$", line):
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            out.add(slug)
+    return out
+
+
+def relative_targets(text: str) -> list[str]:
+    """Every link / image target in the README that is not a URL (code spans and blocks excluded)."""
+    body = _outside_code(text)
+    targets = _MD_TARGET.findall(body) + _HTML_TARGET.findall(body)
+    return [t for t in targets if not re.match(r"^[a-z][a-z0-9+.-]*:", t, re.IGNORECASE)]
+
+
+def test_relative_links_and_images_exist() -> None:
+    text = _readme()
+    targets = relative_targets(text)
+    assert any(t.startswith("docs/images/") for t in targets), "the README shows no picture from docs/images"
+    anchors = _anchors(text)
+    missing = []
+    for target in targets:
+        path, _, fragment = target.partition("#")
+        if not path:
+            if fragment not in anchors:
+                missing.append(f"{target} (no such heading)")
+            continue
+        if not (REPO / unquote(path)).exists():
+            missing.append(target)
+    assert not missing, f"README links to files/headings that do not exist: {missing}"
+
+
+def test_link_checker_catches_a_missing_file() -> None:
+    text = "See ![x](docs/images/nope.png), <img src=\"workflows/none.jpg\">, `docs/in_code.png` and [site](https://a.b/c)."
+    assert relative_targets(text) == ["docs/images/nope.png", "workflows/none.jpg"]
+
+
+def test_every_node_display_name_is_in_the_readme() -> None:
+    import tokenfuse
+
+    text = _readme()
+    missing = [name for name in tokenfuse.NODE_DISPLAY_NAME_MAPPINGS.values() if name not in text]
+    assert not missing, f"README does not mention these nodes: {missing}"
+
+
+def ci_test_command(script: str) -> str:
+    """The last command line of .ci/run that is not a comment or blank."""
+    lines = [ln.strip() for ln in script.splitlines()]
+    commands = [ln for ln in lines if ln and not ln.startswith("#")]
+    return commands[-1]
+
+
+def readme_test_command(text: str) -> str:
+    """The command in the fenced block under `## Tests`."""
+    section = text.split("\n## Tests", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```(?:bash|sh)?\n(.*?)```", section, re.DOTALL)
+    assert block, "## Tests has no fenced command block"
+    (command,) = [ln.strip() for ln in block.group(1).splitlines() if ln.strip()]
+    return command
+
+
+def test_readme_test_command_is_what_ci_runs() -> None:
+    ci = ci_test_command((REPO / ".ci" / "run").read_text(encoding="utf-8"))
+    readme = readme_test_command(_readme())
+    assert shlex.split(readme) == shlex.split(ci) == ["python", "-m", "pytest", "-q"]
+
+
+def test_ci_command_parser_skips_comments() -> None:
+    assert ci_test_command("set -e\n# The README's test command:\npython -m pytest -q\n\n# end\n") == \
+        "python -m pytest -q"
+
+
+@pytest.mark.parametrize("folder", ["docs/images"])
+def test_readme_pictures_stay_small(folder: str) -> None:
+    files = [p for p in (REPO / folder).glob("*") if p.suffix.lower() in (".png", ".jpg", ".jpeg")]
+    assert files, f"no pictures in {folder}"
+    big = [f"{p.name} ({p.stat().st_size // 1024} kB)" for p in files if p.stat().st_size > 300 * 1024]
+    assert not big, f"README pictures over 300 kB: {big}"
+    assert sum(p.stat().st_size for p in files) < 1.5 * 1024 * 1024
