@@ -19,23 +19,28 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-# insightface's arcface_dst (112-px ArcFace template); inswapper works on the same template at 128 px.
-ARCFACE_112 = np.array(
-    [[38.2946, 51.6963], [73.5318, 51.5014], [56.0252, 71.7366], [41.5493, 92.3655], [70.7299, 92.2041]],
-    dtype=np.float64,
-)
-SWAP_SIZE = 128
+from .embed import ArcFaceEmbedder, arcface_affine
+from .models import ModelFileError
+
+SWAP_SIZE = 128  # inswapper works on the ArcFace template (faces/embed.py ARCFACE_112) scaled to 128 px
 
 
-class SwapModelError(ValueError):
-    """The swap model file is missing, malformed or of the wrong signature; the message names the fix."""
+class SwapModelError(ModelFileError, ValueError):
+    """The swap (or its ArcFace) model file is missing, malformed or of the wrong signature; the message names the fix.
+
+    A ModelFileError like every face-model error, and a ValueError as it always was.
+    """
 
 
-def _similarity(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    m, _ = cv2.estimateAffinePartial2D(np.asarray(src, np.float64), np.asarray(dst, np.float64), method=cv2.LMEDS)
-    if m is None:
-        raise SwapModelError("could not fit the face landmarks to the ArcFace template (degenerate landmarks)")
-    return m
+class ArcFaceOnnx(ArcFaceEmbedder):
+    """The shared ArcFace embedder (faces/embed.py) as the swap code uses it: model errors are SwapModelError.
+
+    embed_image is the name this class always had for ArcFaceEmbedder.embed (float 0..1 or uint8 RGB [H, W, 3] plus
+    landmarks [5, 2] -> [D] unit vector).
+    """
+
+    error = SwapModelError
+    embed_image = ArcFaceEmbedder.embed
 
 
 def read_emap(path: Path) -> np.ndarray:
@@ -99,7 +104,10 @@ def swap_in_crop(crop: np.ndarray, landmarks: np.ndarray, swapper: InSwapper, la
     128-px window are unchanged. Returns [S, S, 3] float32.
     """
     side = crop.shape[0]
-    m = _similarity(landmarks, ARCFACE_112 * (SWAP_SIZE / 112.0))
+    try:
+        m = arcface_affine(landmarks, SWAP_SIZE)
+    except ValueError as exc:
+        raise SwapModelError(str(exc)) from exc
     target = cv2.warpAffine(np.ascontiguousarray(crop, np.float32), m, (SWAP_SIZE, SWAP_SIZE), flags=cv2.INTER_AREA
                             if side > SWAP_SIZE else cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT101)
     swapped = swapper.swap128(target, latent)
@@ -112,42 +120,3 @@ def swap_in_crop(crop: np.ndarray, landmarks: np.ndarray, swapper: InSwapper, la
     alpha = cv2.warpAffine(win, inv, (side, crop.shape[1]), flags=cv2.INTER_LINEAR, borderValue=0.0)[..., None]
     return np.clip(alpha * back + (1.0 - alpha) * crop, 0.0, 1.0).astype(np.float32)
 
-
-def arcface_crop(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
-    """[112, 112, 3] ArcFace-aligned crop of image [H, W, 3] (same dtype) from 5 landmarks, for embedding."""
-    m = _similarity(landmarks, ARCFACE_112)
-    return cv2.warpAffine(np.ascontiguousarray(image), m, (112, 112), flags=cv2.INTER_LINEAR,
-                          borderMode=cv2.BORDER_CONSTANT)
-
-
-class ArcFaceOnnx:
-    """An ArcFace recognition ONNX (input [N, 3, 112, 112], output [N, D]) on float RGB 0..1 images.
-
-    Normalisation as insightface: (RGB*255 - 127.5) / 127.5, NCHW; the output is L2-normalised.
-    """
-
-    def __init__(self, model_path: Path, providers: list[str] | None = None) -> None:
-        import onnxruntime as ort
-
-        self.path = Path(model_path)
-        if not self.path.is_file():
-            raise SwapModelError(f"ArcFace model {self.path} not found: put e.g. w600k_r50.onnx in models/insightface/")
-        self.session = ort.InferenceSession(str(self.path), providers=providers or ["CPUExecutionProvider"])
-        inp = self.session.get_inputs()[0]
-        if list(inp.shape[1:]) != [3, 112, 112]:
-            raise SwapModelError(f"{self.path} is not an ArcFace model (input {inp.shape}, want Nx3x112x112)")
-        self.input_name = inp.name
-
-    def embed_crop112(self, crop112: np.ndarray) -> np.ndarray:
-        blob = ((np.asarray(crop112, np.float32) * 255.0 - 127.5) / 127.5).transpose(2, 0, 1)[None]
-        vec = np.asarray(self.session.run(None, {self.input_name: np.ascontiguousarray(blob)})[0], np.float32)
-        vec = vec.reshape(-1)
-        return vec / max(float(np.linalg.norm(vec)), 1e-12)
-
-    def embed_image(self, rgb: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
-        """rgb: [H, W, 3] float 0..1; landmarks: [5, 2] pixels. Returns [D] float32, unit length."""
-        return self.embed_crop112(arcface_crop(np.asarray(rgb, np.float32), landmarks))
-
-    def embed_crop(self, crop: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
-        """Same as embed_image, for a crop with landmarks in crop pixels (FusionBackend.embed)."""
-        return self.embed_image(crop, landmarks)

@@ -256,7 +256,7 @@ class ScheduledFusion:
         embedder = None
         if arcface_model and arcface_model != "none":
             embedder = ArcFaceOnnx(comfy_glue.insightface_model_path(arcface_model))
-            backend.embed = embedder.embed_crop
+            backend.embed = embedder.embed
         if not swap_model or swap_model == "none":
             return ""
         if source_faces is None and source_image is not None:
@@ -272,7 +272,7 @@ class ScheduledFusion:
                                  "w600k_r50.onnx) and connect source_image, or detect with an insightface backend.")
             frame_idx = next(i for i, frame in enumerate(source_faces.faces) if frame)
             rgb = source_image[frame_idx, ..., :3].detach().float().cpu().numpy()
-            emb = embedder.embed_image(rgb, src.landmarks)
+            emb = embedder.embed(rgb, src.landmarks)
         swapper = InSwapper(comfy_glue.insightface_model_path(swap_model))
         latent = swapper.source_latent(emb)
         backend.pre_swap = lambda crop, lm: swap_in_crop(crop, lm, swapper, latent)
