@@ -3,8 +3,8 @@
     python tools/make_readme_images.py            # writes docs/images/hero.jpg and docs/images/pipeline_strip.jpg
 
 hero.jpg: FaceDetect's preview (boxes, scores, 5 landmarks) beside PatchTokenize's plan preview (the /16 token grid
-coloured by kept fraction) on insightface's t1.jpg (6 faces; from the insightface wheel when installed) or else
-scikit-image's astronaut.
+coloured by kept fraction) on scikit-image's astronaut (a public-domain NASA portrait; photos of people whose
+rights we do not hold, such as insightface's t1.jpg, stay in tests and are never shipped in docs/).
 
 pipeline_strip.jpg: what ScheduledFusion works on, on the astronaut: the detected face, its aligned 512 crop, the
 token plan on that crop, Blend's round trip (the crop pasted back unchanged) and Blend's mask. No panel is a
@@ -53,18 +53,6 @@ def astronaut() -> np.ndarray:
     from skimage import data
 
     return np.ascontiguousarray(data.astronaut()[..., :3])
-
-
-def group_photo() -> tuple[np.ndarray, str]:
-    """insightface's t1.jpg (1280x886, 6 faces) when the wheel is installed, else the astronaut."""
-    spec = importlib.util.find_spec("insightface")
-    for loc in (spec.submodule_search_locations or []) if spec is not None else []:
-        path = Path(loc) / "data" / "images" / "t1.jpg"
-        if path.is_file():
-            bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)
-            if bgr is not None:
-                return np.ascontiguousarray(bgr[..., ::-1]), "insightface t1.jpg"
-    return astronaut(), "scikit-image astronaut"
 
 
 def to_tensor(rgb: np.ndarray) -> Any:
@@ -126,13 +114,13 @@ def hstack(panels: list[np.ndarray], gap: int = 6) -> np.ndarray:
 
 
 def hero(nodes: Any, width: int) -> tuple[np.ndarray, dict[str, Any]]:
-    rgb, source = group_photo()
+    rgb, source = astronaut(), "scikit-image astronaut, public domain"
     faces, det_preview = detect(nodes, rgb)
     token_plan, plan_preview = plan(nodes, rgb, faces)
     h, w = rgb.shape[:2]
     saving = 100.0 * token_plan.expected_reduction()
     panel_w = (width - 6) // 2
-    left = labelled(det_preview, (f"FaceDetect: {faces.count} faces, boxes + 5 landmarks ({source})",), panel_w)
+    left = labelled(det_preview, (f"FaceDetect: {faces.count} face(s), box + 5 landmarks ({source})",), panel_w)
     right = labelled(plan_preview, (f"PatchTokenize: /16 token grid, red = kept, blue = merged most; "
                                     f"expected saving {saving:.0f}%",), panel_w)
     facts = {"source": source, "size": f"{w}x{h}", "faces": faces.count, "saving_pct": round(saving, 1)}

@@ -188,7 +188,8 @@ def test_full_chain_in_process(stack: SimpleNamespace, shared_assets: Any) -> No
                 continue
             opts = entry[1] if len(entry) > 1 else {}
             kwargs[name] = opts.get("default", entry[0][0] if isinstance(entry[0], list) else None)
-        return getattr(node, node.FUNCTION)(**kwargs, **given)
+        out = getattr(node, node.FUNCTION)(**kwargs, **given)
+        return out["result"] if isinstance(out, dict) else out  # {"ui": ..., "result": ...} as ComfyUI reads it
 
     yunet = str(shared_assets / "face_detection_yunet_2026may.onnx")
     image = stack.image
