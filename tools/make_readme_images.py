@@ -180,6 +180,14 @@ def save_jpeg(path: Path, rgb: np.ndarray, max_bytes: int) -> int:
     raise RuntimeError(f"{path.name} does not fit {max_bytes} bytes even at low quality: make it smaller")
 
 
+def icon(hero_rgb: np.ndarray, side: int = 256) -> np.ndarray:
+    """The registry icon ([tool.comfy] Icon): a square cut of the hero's plan panel, below its label."""
+    panel = hero_rgb[40:, hero_rgb.shape[1] // 2 + 3:]
+    s = min(panel.shape[:2])
+    x0 = (panel.shape[1] - s) // 2
+    return cv2.resize(np.ascontiguousarray(panel[:s, x0:x0 + s]), (side, side), interpolation=cv2.INTER_AREA)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="output folder (default docs/images)")
@@ -191,10 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     from tokenfuse.nodes import face_nodes
 
     assert pack is not None
-    for name, (img, facts) in {"hero.jpg": hero(face_nodes, args.width),
-                               "pipeline_strip.jpg": strip(face_nodes, args.width)}.items():
+    pictures = {"hero.jpg": hero(face_nodes, args.width), "pipeline_strip.jpg": strip(face_nodes, args.width)}
+    for name, (img, facts) in pictures.items():
         size = save_jpeg(args.out / name, img, args.max_kb * 1024)
         sys.stdout.write(f"{args.out / name}: {img.shape[1]}x{img.shape[0]}, {size // 1024} kB, {facts}\n")
+    cv2.imwrite(str(args.out / "icon.png"), np.ascontiguousarray(icon(pictures["hero.jpg"][0])[..., ::-1]),
+                [cv2.IMWRITE_PNG_COMPRESSION, 9])
     return 0
 
 
