@@ -7,6 +7,8 @@ scripts use too (bench/comfy_models.py), and a real ComfyUI server with this pac
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import shutil
@@ -77,29 +79,28 @@ def http_json(url: str, data: dict | None = None, timeout: float = 30.0) -> obje
         return json.loads(resp.read().decode())
 
 
-@pytest.fixture(scope="session")
-def comfy_server(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
-    """A CPU ComfyUI server with only this pack as custom node; everything it writes goes to a temp folder.
+@contextlib.contextmanager
+def start_comfy_server(comfyui_path: Path, base: Path, extra_nodes: dict[str, Path] | None = None,
+                       env: dict[str, str] | None = None) -> Iterator[SimpleNamespace]:
+    """A CPU ComfyUI server whose base directory is `base` (a temp folder), loading only this pack (symlinked as
+    ComfyUI-TokenFuse) plus `extra_nodes` (custom node folder name -> folder, symlinked too); `env` is added to the
+    server process's environment. Stops the server on exit.
 
-    Yields url (http://127.0.0.1:PORT), log (path of the server's output), pack (the module folder name).
+    Yields url (http://127.0.0.1:PORT), log (path of the server's output), pack (this pack's folder name).
     """
-    base = tmp_path_factory.mktemp("comfy_base")
     pack = "ComfyUI-TokenFuse"
-    # Skip the first-start template browser and the minimap, which would cover the canvas in browser checks.
-    (base / "user" / "default").mkdir(parents=True)
-    (base / "user" / "default" / "comfy.settings.json").write_text(
-        '{"Comfy.TutorialCompleted": true, "Comfy.Minimap.Visible": false}', encoding="utf-8"
-    )
-    (base / "custom_nodes").mkdir()
-    (base / "custom_nodes" / pack).symlink_to(REPO, target_is_directory=True)
+    folders = {pack: REPO, **(extra_nodes or {})}
+    (base / "custom_nodes").mkdir(parents=True, exist_ok=True)
+    for name, folder in folders.items():
+        (base / "custom_nodes" / name).symlink_to(folder, target_is_directory=True)
     port = _free_port()
     log_path = base / "server.log"
     cmd = [sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port),
            "--base-directory", str(base), "--database-url", "sqlite:///:memory:",
-           "--disable-all-custom-nodes", "--whitelist-custom-nodes", pack, "--disable-auto-launch"]
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1"}
+           "--disable-all-custom-nodes", "--whitelist-custom-nodes", *folders, "--disable-auto-launch"]
+    full_env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
     with log_path.open("w") as log_file:
-        proc = subprocess.Popen(cmd, cwd=comfyui_path, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, cwd=comfyui_path, stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -120,6 +121,29 @@ def comfy_server(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory) -
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="session")
+def comfy_server_factory(comfyui_path: Path):
+    """start_comfy_server bound to the checkout: comfy_server_factory(base, extra_nodes=None, env=None) is a context
+    manager yielding a server like `comfy_server` (for tests that need their own server)."""
+    return functools.partial(start_comfy_server, comfyui_path)
+
+
+@pytest.fixture(scope="session")
+def comfy_server(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+    """A CPU ComfyUI server with only this pack as custom node; everything it writes goes to a temp folder.
+
+    Yields url (http://127.0.0.1:PORT), log (path of the server's output), pack (the module folder name).
+    """
+    base = tmp_path_factory.mktemp("comfy_base")
+    # Skip the first-start template browser and the minimap, which would cover the canvas in browser checks.
+    (base / "user" / "default").mkdir(parents=True)
+    (base / "user" / "default" / "comfy.settings.json").write_text(
+        '{"Comfy.TutorialCompleted": true, "Comfy.Minimap.Visible": false}', encoding="utf-8"
+    )
+    with start_comfy_server(comfyui_path, base) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
