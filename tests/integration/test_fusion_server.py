@@ -19,8 +19,10 @@ Run: COMFYUI_PATH=/path/to/ComfyUI /path/to/comfy-venv/bin/python -m pytest test
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
+import threading
 import time
 import urllib.request
 import uuid
@@ -168,13 +170,54 @@ def _prompt() -> dict:
     }
 
 
+class _WebsocketEvents:
+    """Collect the JSON messages the server sends a browser client on /ws (what the editor extension receives)."""
+
+    def __init__(self, url: str, client_id: str) -> None:
+        self.messages: list[dict] = []
+        self._url = url.replace("http://", "ws://") + f"/ws?clientId={client_id}"
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session, session.ws_connect(self._url) as ws:
+            self._ready.set()
+            while not self._stop.is_set():
+                try:
+                    msg = await ws.receive(timeout=0.5)
+                except asyncio.TimeoutError:
+                    continue
+                if msg.type == aiohttp.WSMsgType.TEXT:
+                    self.messages.append(json.loads(msg.data))
+                elif msg.type in (aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
+                    return
+
+    def __enter__(self) -> _WebsocketEvents:
+        self._thread.start()
+        assert self._ready.wait(15), "websocket did not connect"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def of_type(self, kind: str) -> list[dict]:
+        return [m["data"] for m in self.messages if m.get("type") == kind]
+
+
 def test_whole_chain_with_induced_oom_through_the_server(fusion_server: SimpleNamespace) -> None:
     from PIL import Image
 
     url = fusion_server.url
-    answer = http_json(f"{url}/prompt", {"prompt": _prompt(), "client_id": uuid.uuid4().hex})
-    assert not answer.get("node_errors"), answer
-    entry = _wait_history(url, answer["prompt_id"])
+    client_id = uuid.uuid4().hex
+    with _WebsocketEvents(url, client_id) as events:
+        answer = http_json(f"{url}/prompt", {"prompt": _prompt(), "client_id": client_id})
+        assert not answer.get("node_errors"), answer
+        entry = _wait_history(url, answer["prompt_id"])
+        time.sleep(1.0)  # let the last websocket messages arrive
     log = fusion_server.log.read_text()
     assert entry["status"]["status_str"] == "success", f"{entry['status']}\n{log[-4000:]}"
 
@@ -198,3 +241,13 @@ def test_whole_chain_with_induced_oom_through_the_server(fusion_server: SimpleNa
     assert changed[y0:y1, x0:x1].mean() > 0.5, "the face itself should have changed"
     ys, xs = np.nonzero(changed)
     assert x0 <= xs.mean() <= x1 and y0 <= ys.mean() <= y1, (xs.mean(), ys.mean())
+
+
+    # Live stats reached the browser client (web/README.md schema): per step, then a final summary.
+    stats = events.of_type("tokenfuse.stats")
+    steps = [s for s in stats if not s["final"]]
+    finals = [s for s in stats if s["final"]]
+    assert steps and finals, [m.get("type") for m in events.messages]
+    assert steps[0]["node"] == "7" and steps[0]["steps"] >= 1 and steps[0]["step_time_s"] > 0
+    assert any(lv["tokens_out"] < lv["tokens_in"] for s in steps for lv in s["levels"]), steps[0]
+    assert "TokenFuse" in finals[-1]["summary"], finals[-1]
