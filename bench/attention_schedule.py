@@ -100,8 +100,8 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def peak_mib(fn: Callable[[], Any], device: torch.device) -> float:
-    """Activation peak (MiB above what is allocated before the call)."""
+def peak_mib(fn: Callable[[], Any], device: torch.device, cpu_peak: bool = False) -> float:
+    """Activation peak (MiB above what is allocated before the call); NaN on CPU unless cpu_peak (see --cpu-peak)."""
     gc.collect()
     if device.type == "cuda":
         sync(device)
@@ -110,7 +110,7 @@ def peak_mib(fn: Callable[[], Any], device: torch.device) -> float:
         fn()
         sync(device)
         return (torch.cuda.max_memory_allocated(device) - before) / 2**20
-    if not Path("/proc/self/statm").exists():
+    if not cpu_peak or not Path("/proc/self/statm").exists():
         return float("nan")
     with RssPeak() as rss:
         fn()
@@ -216,7 +216,7 @@ def levels_text(telemetry: Any) -> str:
 
 
 def run_variants(variants: list[Variant], call: Callable[[Any, dict], torch.Tensor], options: Callable[[Any], dict],
-                 device: torch.device, repeats: int, warmup: int) -> None:
+                 device: torch.device, repeats: int, warmup: int, cpu_peak: bool = False) -> None:
     """Time, measure memory, telemetry and deviation of every variant. call(patcher, transformer_options).
 
     Timed calls are interleaved (one call of each variant per round), so load drift on a shared machine or clock
@@ -242,7 +242,7 @@ def run_variants(variants: list[Variant], call: Callable[[Any, dict], torch.Tens
                 times[i].append((time.perf_counter() - t0) * 1000)
         for v, fn, ts in zip(variants, fns, times, strict=True):
             v.results["ms"] = statistics.median(ts)
-            v.results["peak"] = peak_mib(fn, device)
+            v.results["peak"] = peak_mib(fn, device, cpu_peak)
             if v.telemetry is not None:  # tokens of one call, then device-synced matching time of one call
                 v.telemetry.reset()
                 fn()
@@ -298,7 +298,7 @@ def bench_full(patcher: Any, family: str, size: int, args: argparse.Namespace, p
 
     variants = make_variants(patcher, family, args.presets, args.tome_ratio, pack)
     run_variants(variants, call, lambda p: sampling_options(p, t, sample_sigmas, x.shape[0]), device,
-                 args.repeats, args.warmup)
+                 args.repeats, args.warmup, args.cpu_peak)
     return variants
 
 
@@ -325,7 +325,7 @@ def bench_block(patcher: Any, size: int, args: argparse.Namespace, pack: Any, de
         return block(x, context=ctx, transformer_options=to)
 
     variants = make_variants(patcher, "sd15", args.presets, args.tome_ratio, pack)
-    run_variants(variants, call, options, device, args.repeats, args.warmup)
+    run_variants(variants, call, options, device, args.repeats, args.warmup, args.cpu_peak)
     return variants
 
 
@@ -369,6 +369,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cpu-peak", action="store_true",
+                   help="CPU: measure peak RSS (serves every tensor allocation by mmap, which slows each step several "
+                        "fold: step times of such a run are not comparable; use it in a separate memory-only run)")
     p.add_argument("--quick", action="store_true", help="tiny smoke run: narrow models, 128 px (micro 256), 2 repeats")
     args = p.parse_args(argv)
     if not args.comfyui:
@@ -399,7 +402,7 @@ def track_large_allocations() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.device == "cpu":
+    if args.device == "cpu" and args.cpu_peak:
         track_large_allocations()
     comfy_models.setup_comfy(args.comfyui, cpu=args.device == "cpu", sdpa=args.backend == "sdpa")
     import comfy.model_management as mm
@@ -438,7 +441,8 @@ def main(argv: list[str] | None = None) -> None:
     print_targets(tables, comfy_models.attention_backend())
     print("\nvs base / vs tome: speed ratio (>1 = faster). match ms: our patch closures per step, device-synced. "
           "ovh/saved: match ms / (baseline - ours + match ms). rel L2: output vs baseline (random weights: "
-          "speed/memory only, not quality). reduced/calls: attention calls whose tokens shrank / patched calls.")
+          "speed/memory only, not quality). peak MiB: CUDA max allocated; CPU only with --cpu-peak. "
+          "reduced/calls: attention calls whose tokens shrank / patched calls.")
 
 
 if __name__ == "__main__":
