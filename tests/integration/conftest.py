@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import shutil
 import socket
@@ -23,6 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from comfy_http import http_json
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,14 +69,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def http_json(url: str, data: dict | None = None, timeout: float = 30.0) -> object:
-    """GET (or POST `data` as JSON) and decode the JSON answer."""
-    body = None if data is None else json.dumps(data).encode()
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"} if body else {})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read().decode())
 
 
 @contextlib.contextmanager

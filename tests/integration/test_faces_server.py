@@ -7,32 +7,13 @@ temp base directory.
 from __future__ import annotations
 
 import importlib.util
-import json
-import time
-import urllib.request
 import uuid
 
 import numpy as np
 import pytest
+from comfy_http import http_json, wait_history
 
 pytestmark = pytest.mark.integration
-
-
-def http_json(url: str, data: dict | None = None) -> dict:
-    body = None if data is None else json.dumps(data).encode()
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"} if body else {})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return json.loads(resp.read().decode())
-
-
-def _wait_history(url: str, prompt_id: str, timeout: float = 180.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        hist = http_json(f"{url}/history/{prompt_id}")
-        if prompt_id in hist and hist[prompt_id].get("status", {}).get("completed") is not None:
-            return hist[prompt_id]
-        time.sleep(0.5)
-    pytest.fail(f"prompt {prompt_id} did not finish in {timeout} s")
 
 
 def test_face_pipeline_runs_in_comfyui(comfy_server) -> None:
@@ -61,7 +42,7 @@ def test_face_pipeline_runs_in_comfyui(comfy_server) -> None:
     }
     answer = http_json(f"{comfy_server.url}/prompt", {"prompt": prompt, "client_id": uuid.uuid4().hex})
     assert not answer.get("node_errors"), answer
-    entry = _wait_history(comfy_server.url, answer["prompt_id"])
+    entry = wait_history(comfy_server.url, answer["prompt_id"])
     log = comfy_server.log.read_text()
     assert entry["status"]["status_str"] == "success", f"{entry['status']}\n{log[-3000:]}"
     for node, prefix in (("5", "tf_blend"), ("6", "tf_detect"), ("7", "tf_plan")):

@@ -24,7 +24,6 @@ import importlib.util
 import json
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +31,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from comfy_http import http_json, wait_history
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -121,23 +121,6 @@ def fusion_server(comfy_server_factory, tmp_path_factory: pytest.TempPathFactory
         yield SimpleNamespace(url=server.url, log=server.log, base=base, photo=photo)
 
 
-def http_json(url: str, data: dict | None = None) -> dict:
-    body = None if data is None else json.dumps(data).encode()
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"} if body else {})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return json.loads(resp.read().decode())
-
-
-def _wait_history(url: str, prompt_id: str, timeout: float = 150.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        hist = http_json(f"{url}/history/{prompt_id}")
-        if prompt_id in hist and hist[prompt_id].get("status", {}).get("completed") is not None:
-            return hist[prompt_id]
-        time.sleep(0.5)
-    pytest.fail(f"prompt {prompt_id} did not finish in {timeout} s")
-
-
 def _prompt() -> dict:
     return {
         "1": {"class_type": "TokenFuseTestRandomCheckpoint", "inputs": {"ckpt_name": "random-sd15"}},
@@ -216,7 +199,7 @@ def test_whole_chain_with_induced_oom_through_the_server(fusion_server: SimpleNa
     with _WebsocketEvents(url, client_id) as events:
         answer = http_json(f"{url}/prompt", {"prompt": _prompt(), "client_id": client_id})
         assert not answer.get("node_errors"), answer
-        entry = _wait_history(url, answer["prompt_id"])
+        entry = wait_history(url, answer["prompt_id"])
         time.sleep(1.0)  # let the last websocket messages arrive
     log = fusion_server.log.read_text()
     assert entry["status"]["status_str"] == "success", f"{entry['status']}\n{log[-4000:]}"
