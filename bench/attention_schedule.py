@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
-import importlib.util
 import os
 import statistics
 import sys
@@ -42,21 +41,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import comfy_models  # noqa: E402  (bench/ sibling module)
 
+sys.path.insert(0, str(REPO / "tools"))
+from pack_loader import load_pack  # noqa: E402  (tools/pack_loader.py)
+
 DEFAULT_SIZES = {"sd15": [512, 768], "sdxl": [768]}
 PRESETS = "balanced,lowvram_8gb,lowvram_6gb,lowvram_4gb"
-
-
-def load_pack() -> Any:
-    """Import this repository as package `tokenfuse`, the way ComfyUI imports a custom node folder."""
-    if "tokenfuse" in sys.modules:
-        return sys.modules["tokenfuse"]
-    spec = importlib.util.spec_from_file_location("tokenfuse", REPO / "__init__.py",
-                                                  submodule_search_locations=[str(REPO)])
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["tokenfuse"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 # --------------------------------------------------------------------------------------------- measurement helpers

@@ -13,7 +13,6 @@ use --tiny for a smoke run.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -22,19 +21,10 @@ import torch
 import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+from pack_loader import load_pack  # noqa: E402  (tools/pack_loader.py)
 
-
-def _load_pack() -> None:
-    if "tokenfuse" in sys.modules:
-        return
-    spec = importlib.util.spec_from_file_location("tokenfuse", REPO / "__init__.py",
-                                                  submodule_search_locations=[str(REPO)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["tokenfuse"] = module
-    spec.loader.exec_module(module)
-
-
-_load_pack()
+load_pack()
 from tokenfuse.scheduling.patches import build_unet_patches  # noqa: E402
 from tokenfuse.scheduling.schedule import Schedule  # noqa: E402
 from tokenfuse.scheduling.telemetry import RunTelemetry  # noqa: E402

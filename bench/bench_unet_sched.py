@@ -12,7 +12,6 @@ Random weights are valid for speed only. The attention backend is printed (SDPA 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import sys
 import time
@@ -21,6 +20,8 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+from pack_loader import load_pack  # noqa: E402  (tools/pack_loader.py)
 
 UNET = {
     "sd15": dict(image_size=32, in_channels=4, out_channels=4, model_channels=320, num_res_blocks=[2, 2, 2, 2],
@@ -34,14 +35,6 @@ UNET = {
                  num_classes="sequential", adm_in_channels=2816),
 }
 SIZES = {"sd15": (768, 512), "sdxl": (1024,)}
-
-
-def _load_pack() -> None:
-    spec = importlib.util.spec_from_file_location("tokenfuse", REPO / "__init__.py",
-                                                  submodule_search_locations=[str(REPO)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["tokenfuse"] = module
-    spec.loader.exec_module(module)
 
 
 def build(family: str, device: torch.device):
@@ -132,7 +125,7 @@ def main() -> None:
     import comfy.ldm.modules.attention as attention
     import comfy.model_management  # noqa: F401
 
-    _load_pack()
+    load_pack()
     from tokenfuse.scheduling.patches import build_unet_patches
     from tokenfuse.scheduling.schedule import Schedule, preset_schedule
     from tokenfuse.scheduling.telemetry import RunTelemetry

@@ -22,15 +22,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+from pack_loader import load_pack  # noqa: E402  (tools/pack_loader.py)
+
 SIZES = {"720p": (720, 1280), "1080p": (1080, 1920)}
-
-
-def _load_pack():
-    spec = importlib.util.spec_from_file_location("tokenfuse", REPO / "__init__.py",
-                                                  submodule_search_locations=[str(REPO)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["tokenfuse"] = module
-    spec.loader.exec_module(module)
 
 
 def _frame(h: int, w: int, photo: str):
@@ -99,7 +94,7 @@ def main() -> None:
     import numpy as np
 
     cv2.setNumThreads(args.cores)
-    _load_pack()
+    load_pack()
     from tokenfuse.faces.align import warp_face
     from tokenfuse.faces.paste import paste_frame
     from tokenfuse.faces.pipeline import AlignOptions, faces_for_frame

@@ -22,7 +22,6 @@ Artifact reruns are off here (fallback "oom-only"): random weights produce garba
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import sys
 import time
@@ -34,6 +33,9 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+from pack_loader import load_pack  # noqa: E402  (tools/pack_loader.py)
+
 FFHQ_512 = np.array([[192.98138, 239.94708], [318.90277, 240.1936], [256.63416, 314.01935],
                      [201.26117, 371.41043], [313.08905, 371.15118]], dtype=np.float64)
 # YuNet landmarks on skimage.data.astronaut() (512 px); scaled with the frame.
@@ -41,16 +43,6 @@ ASTRONAUT_LM = np.array([[200.1, 101.8], [247.1, 102.6], [220.4, 124.5], [198.6,
 ASTRONAUT_BOX = (178.2, 62.9, 268.1, 176.2)
 SD_VAE_DDCONFIG = {"double_z": True, "z_channels": 4, "resolution": 256, "in_channels": 3, "out_ch": 3, "ch": 128,
                    "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [], "dropout": 0.0}
-
-
-def load_pack() -> Any:
-    if "tokenfuse" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("tokenfuse", REPO / "__init__.py",
-                                                      submodule_search_locations=[str(REPO)])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["tokenfuse"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["tokenfuse"]
 
 
 def comfy_models() -> Any:

@@ -13,33 +13,21 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+from pack_loader import load_pack  # noqa: E402  (tools/pack_loader.py)
+
 NODES_MD = REPO / "NODES.md"
 HEADER = (
     "# TokenFuse nodes\n\n"
     "<!-- Generated from the node classes by `python tools/gen_nodes_md.py`; edit the tooltips there, not here. -->\n\n"
     "Every node with its inputs and outputs, as ComfyUI shows them (the same text appears as tooltips).\n"
 )
-
-
-def load_pack() -> ModuleType:
-    """The pack as package `tokenfuse` (reuses an already loaded one, e.g. under pytest)."""
-    if "tokenfuse" in sys.modules:
-        return sys.modules["tokenfuse"]
-    spec = importlib.util.spec_from_file_location(
-        "tokenfuse", REPO / "__init__.py", submodule_search_locations=[str(REPO)]
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["tokenfuse"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _cell(text: Any) -> str:

@@ -17,36 +17,23 @@ labels carry (faces found, expected token saving, tokens) are computed in the sa
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import cv2
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+from pack_loader import load_pack  # noqa: E402  (tools/pack_loader.py)
+
 OUT_DIR = REPO / "docs" / "images"
 LABEL_H = 30
 BG = (255, 255, 255)
 
 log = logging.getLogger("make_readme_images")
-
-
-def load_pack() -> ModuleType:
-    """The pack as package `tokenfuse` (reuses an already loaded one)."""
-    if "tokenfuse" in sys.modules:
-        return sys.modules["tokenfuse"]
-    spec = importlib.util.spec_from_file_location(
-        "tokenfuse", REPO / "__init__.py", submodule_search_locations=[str(REPO)]
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["tokenfuse"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def astronaut() -> np.ndarray:
