@@ -132,8 +132,11 @@ class SyncedTimer:
                 self.calls += 1
                 n_in, ctx_in = args[0], args[1]
                 n_out, ctx_out = out[0], out[1]
-                kv_changed = isinstance(ctx_in, torch.Tensor) and isinstance(ctx_out, torch.Tensor) and (
-                    ctx_out.shape != ctx_in.shape)
+                kv_changed = (
+                    isinstance(ctx_in, torch.Tensor)
+                    and isinstance(ctx_out, torch.Tensor)
+                    and (ctx_out.shape != ctx_in.shape)
+                )
                 self.changed += int(n_out.shape != n_in.shape or kv_changed)
             return out
 
@@ -168,9 +171,14 @@ def sampling_options(patcher: Any, sigma: torch.Tensor, sample_sigmas: torch.Ten
     if "patches" in to:
         to["patches"] = {k: list(v) for k, v in to["patches"].items()}
     half = batch // 2
-    to.update({"cond_or_uncond": [0] * (batch - half) + [1] * half if batch > 1 else [0],
-               "uuids": [uuid.UUID(int=i) for i in range(2 if batch > 1 else 1)],
-               "sigmas": sigma, "sample_sigmas": sample_sigmas})
+    to.update(
+        {
+            "cond_or_uncond": [0] * (batch - half) + [1] * half if batch > 1 else [0],
+            "uuids": [uuid.UUID(int=i) for i in range(2 if batch > 1 else 1)],
+            "sigmas": sigma,
+            "sample_sigmas": sample_sigmas,
+        }
+    )
     return to
 
 
@@ -180,8 +188,10 @@ def make_variants(patcher: Any, family: str, presets: list[str], tome_ratio: flo
     glue = pack.nodes.comfy_glue
     node = sys.modules["tokenfuse.nodes.scheduler_node"]
     fam = glue.detect_family(patcher)
-    variants = [Variant("baseline", patcher), Variant(f"TomePatchModel {tome_ratio}",
-                                                      TomePatchModel.execute(patcher, tome_ratio).result[0])]
+    variants = [
+        Variant("baseline", patcher),
+        Variant(f"TomePatchModel {tome_ratio}", TomePatchModel.execute(patcher, tome_ratio).result[0]),
+    ]
     for item in presets:
         preset, _, strategy = item.partition("/")
         schedule = node.schedule_from_widgets(preset, strategy or "preset", 0.0, fam.family)
@@ -204,8 +214,15 @@ def levels_text(telemetry: Any) -> str:
     return " ".join(parts) or "-"
 
 
-def run_variants(variants: list[Variant], call: Callable[[Any, dict], torch.Tensor], options: Callable[[Any], dict],
-                 device: torch.device, repeats: int, warmup: int, cpu_peak: bool = False) -> None:
+def run_variants(
+    variants: list[Variant],
+    call: Callable[[Any, dict], torch.Tensor],
+    options: Callable[[Any], dict],
+    device: torch.device,
+    repeats: int,
+    warmup: int,
+    cpu_peak: bool = False,
+) -> None:
     """Time, measure memory, telemetry and deviation of every variant. call(patcher, transformer_options).
 
     Timed calls are interleaved (one call of each variant per round), so load drift on a shared machine or clock
@@ -256,8 +273,10 @@ def print_table(title: str, variants: list[Variant]) -> None:
     base = variants[0].results["ms"]
     tome = variants[1].results["ms"] if len(variants) > 1 else float("nan")
     print(f"\n{title}")
-    head = (f"{'variant':<26}{'step ms':>10}{'vs base':>9}{'vs tome':>9}{'peak MiB':>10}{'match ms':>10}"
-            f"{'ovh/saved':>10}{'rel L2':>9}  {'reduced/calls':<14}tokens per level (per image)")
+    head = (
+        f"{'variant':<26}{'step ms':>10}{'vs base':>9}{'vs tome':>9}{'peak MiB':>10}{'match ms':>10}"
+        f"{'ovh/saved':>10}{'rel L2':>9}  {'reduced/calls':<14}tokens per level (per image)"
+    )
     print(head)
     print("-" * len(head))
     for v in variants:
@@ -267,14 +286,17 @@ def print_table(title: str, variants: list[Variant]) -> None:
         share = f"{100 * ovh / gross:.1f}%" if ovh is not None and gross > 0 else ("-" if ovh is None else "n/a")
         calls = f"{r['calls'][0]}/{r['calls'][1]}" if "calls" in r else "-"
         flag = ("" if r["finite"] else "  NaN/Inf!") + ("" if r.get("ran", True) else "  PATCH NEVER RAN!")
-        print(f"{v.name:<26}{r['ms']:>10.1f}{base / r['ms']:>8.2f}x{tome / r['ms']:>8.2f}x{r['peak']:>10.1f}"
-              f"{(f'{ovh:.2f}' if ovh is not None else '-'):>10}{share:>10}{r['dev']:>9.4f}  {calls:<14}"
-              f"{r.get('levels', '-')}{flag}")
+        print(
+            f"{v.name:<26}{r['ms']:>10.1f}{base / r['ms']:>8.2f}x{tome / r['ms']:>8.2f}x{r['peak']:>10.1f}"
+            f"{(f'{ovh:.2f}' if ovh is not None else '-'):>10}{share:>10}{r['dev']:>9.4f}  {calls:<14}"
+            f"{r.get('levels', '-')}{flag}"
+        )
 
 
 # --------------------------------------------------------------------------------------------- benchmarks
-def bench_full(patcher: Any, family: str, size: int, args: argparse.Namespace, pack: Any,
-               device: torch.device) -> list[Variant]:
+def bench_full(
+    patcher: Any, family: str, size: int, args: argparse.Namespace, pack: Any, device: torch.device
+) -> list[Variant]:
     import comfy.samplers
 
     inputs = comfy_models.model_inputs(patcher, family, 2, size, size, seed=args.seed, tiny=args.quick)
@@ -286,8 +308,15 @@ def bench_full(patcher: Any, family: str, size: int, args: argparse.Namespace, p
         return p.model.apply_model(x, t, transformer_options=to, **inputs)
 
     variants = make_variants(patcher, family, args.presets, args.tome_ratio, pack)
-    run_variants(variants, call, lambda p: sampling_options(p, t, sample_sigmas, x.shape[0]), device,
-                 args.repeats, args.warmup, args.cpu_peak)
+    run_variants(
+        variants,
+        call,
+        lambda p: sampling_options(p, t, sample_sigmas, x.shape[0]),
+        device,
+        args.repeats,
+        args.warmup,
+        args.cpu_peak,
+    )
     return variants
 
 
@@ -329,18 +358,24 @@ def print_targets(tables: list[tuple[str, int, list[Variant]]], backend: str) ->
         base, tome = variants[0].results["ms"], variants[1].results["ms"]
         vs_base, vs_tome = base / ours["ms"], tome / ours["ms"]
         if family == "sd15" and size == 768:
-            print(f"  SD1.5 768: {vs_base:.2f}x vs baseline (target >= 1.2) "
-                  f"{'PASS' if vs_base >= 1.2 else 'MISS'}; {vs_tome:.2f}x vs TomePatchModel (target >= 1.1) "
-                  f"{'PASS' if vs_tome >= 1.1 else 'MISS'}")
+            print(
+                f"  SD1.5 768: {vs_base:.2f}x vs baseline (target >= 1.2) "
+                f"{'PASS' if vs_base >= 1.2 else 'MISS'}; {vs_tome:.2f}x vs TomePatchModel (target >= 1.1) "
+                f"{'PASS' if vs_tome >= 1.1 else 'MISS'}"
+            )
         if family == "sdxl":
-            print(f"  SDXL {size}: {vs_base:.2f}x vs baseline (target > 1, TomePatchModel {base / tome:.2f}x) "
-                  f"{'PASS' if vs_base > 1.0 else 'MISS'}")
+            print(
+                f"  SDXL {size}: {vs_base:.2f}x vs baseline (target > 1, TomePatchModel {base / tome:.2f}x) "
+                f"{'PASS' if vs_base > 1.0 else 'MISS'}"
+            )
         ovh = ours.get("overhead_ms")
         gross = base - ours["ms"] + (ovh or 0.0)
         if ovh is not None and gross > 0:
             share = ovh / gross
-            print(f"  {family} {size}: matching overhead {100 * share:.1f}% of attention time saved (target <= 10%) "
-                  f"{'PASS' if share <= 0.10 else 'MISS'}")
+            print(
+                f"  {family} {size}: matching overhead {100 * share:.1f}% of attention time saved (target <= 10%) "
+                f"{'PASS' if share <= 0.10 else 'MISS'}"
+            )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -348,8 +383,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--comfyui", default=os.environ.get("COMFYUI_PATH", ""), help="ComfyUI checkout (or COMFYUI_PATH)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=("fp32", "fp16"), default=None, help="default: fp16 on cuda, fp32 on cpu")
-    p.add_argument("--backend", choices=("sdpa", "default"), default="sdpa",
-                   help="sdpa: PyTorch SDPA (ComfyUI on NVIDIA); default: ComfyUI's own pick (sub-quadratic on CPU)")
+    p.add_argument(
+        "--backend",
+        choices=("sdpa", "default"),
+        default="sdpa",
+        help="sdpa: PyTorch SDPA (ComfyUI on NVIDIA); default: ComfyUI's own pick (sub-quadratic on CPU)",
+    )
     p.add_argument("--models", default="sd15,sdxl", help="comma list of sd15, sdxl ('' = micro only)")
     p.add_argument("--sizes", default="", help="px sizes for every model (default: sd15 512,768; sdxl 768)")
     p.add_argument("--micro-sizes", default="1024,2048", help="px sizes of the one-block micro-benchmark ('' = skip)")
@@ -358,9 +397,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cpu-peak", action="store_true",
-                   help="CPU: measure peak RSS (serves every tensor allocation by mmap, which slows each step several "
-                        "fold: step times of such a run are not comparable; use it in a separate memory-only run)")
+    p.add_argument(
+        "--cpu-peak",
+        action="store_true",
+        help="CPU: measure peak RSS (serves every tensor allocation by mmap, which slows each step several "
+        "fold: step times of such a run are not comparable; use it in a separate memory-only run)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny smoke run: narrow models, 128 px (micro 256), 2 repeats")
     args = p.parse_args(argv)
     if not args.comfyui:
@@ -402,9 +444,11 @@ def main(argv: list[str] | None = None) -> None:
     device = mm.get_torch_device()
     dtype = {"fp32": torch.float32, "fp16": torch.float16}[args.dtype]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"TokenFuse attention_schedule bench | device {device} ({name}) | {args.dtype} | attention backend: "
-          f"{comfy_models.attention_backend()} | torch {torch.__version__} | batch 2 (CFG) | seed {args.seed} | "
-          f"median of {args.repeats} | {'QUICK tiny models' if args.quick else 'full architectures'}")
+    print(
+        f"TokenFuse attention_schedule bench | device {device} ({name}) | {args.dtype} | attention backend: "
+        f"{comfy_models.attention_backend()} | torch {torch.__version__} | batch 2 (CFG) | seed {args.seed} | "
+        f"median of {args.repeats} | {'QUICK tiny models' if args.quick else 'full architectures'}"
+    )
     torch.manual_seed(args.seed)
     need_micro = bool(args.micro_sizes)
     tables: list[tuple[str, int, list[Variant]]] = []
@@ -421,17 +465,21 @@ def main(argv: list[str] | None = None) -> None:
             for size in args.micro_sizes:
                 variants = bench_block(patcher, size, args, pack, device)
                 ch = patcher.model.diffusion_model.input_blocks[1][1].in_channels
-                print_table(f"micro: one SD1.5 attention block ({ch} ch, input 1), {size}x{size} px, "
-                            f"{(size // 8) ** 2} tokens", variants)
+                print_table(
+                    f"micro: one SD1.5 attention block ({ch} ch, input 1), {size}x{size} px, {(size // 8) ** 2} tokens",
+                    variants,
+                )
         del patcher
         mm.unload_all_models()
         gc.collect()
         mm.soft_empty_cache()
     print_targets(tables, comfy_models.attention_backend())
-    print("\nvs base / vs tome: speed ratio (>1 = faster). match ms: our patch closures per step, device-synced. "
-          "ovh/saved: match ms / (baseline - ours + match ms). rel L2: output vs baseline (random weights: "
-          "speed/memory only, not quality). peak MiB: CUDA max allocated; CPU only with --cpu-peak. "
-          "reduced/calls: attention calls whose tokens shrank / patched calls.")
+    print(
+        "\nvs base / vs tome: speed ratio (>1 = faster). match ms: our patch closures per step, device-synced. "
+        "ovh/saved: match ms / (baseline - ours + match ms). rel L2: output vs baseline (random weights: "
+        "speed/memory only, not quality). peak MiB: CUDA max allocated; CPU only with --cpu-peak. "
+        "reduced/calls: attention calls whose tokens shrank / patched calls."
+    )
 
 
 if __name__ == "__main__":

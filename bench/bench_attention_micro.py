@@ -86,8 +86,12 @@ def main() -> None:
     dev = torch.device("cuda" if cuda else "cpu")
     dtype = torch.float16 if cuda else torch.float32
     torch.backends.cuda.matmul.allow_tf32 = True
-    cases = [("SD1.5 768 /8", 96, 96, 320, 8, 8), ("SD1.5 768 /16", 48, 48, 640, 8, 16),
-             ("SDXL 1024 /16", 64, 64, 640, 10, 16), ("SDXL 1024 /32", 32, 32, 1280, 20, 32)]
+    cases = [
+        ("SD1.5 768 /8", 96, 96, 320, 8, 8),
+        ("SD1.5 768 /16", 48, 48, 640, 8, 16),
+        ("SDXL 1024 /16", 64, 64, 640, 10, 16),
+        ("SDXL 1024 /32", 32, 32, 1280, 20, 32),
+    ]
     if args.tiny:
         cases = [("tiny /8", 24, 24, 64, 4, 8)]
     tel = RunTelemetry()
@@ -97,14 +101,15 @@ def main() -> None:
         x = torch.randn(2, h * w, c, device=dev, dtype=dtype)
         # latent grid whose level-`level` grid is h x w
         k = {8: 1, 16: 2, 32: 4, 64: 8}[level]
-        opts = {"original_shape": [2, 4, h * k, w * k], "transformer_index": 5, "block": ("input", 1),
-                "block_index": 0}
+        opts = {"original_shape": [2, 4, h * k, w * k], "transformer_index": 5, "block": ("input", 1), "block_index": 0}
         variants = {
             "baseline": None,
             "q-only ToMe 0.5 (TomePatchModel-like)": qonly_patches(
-                Schedule(strategy="tome", ratios={level: 0.5}, protect_blocks=0), tel),
-            "tome 0.5 (q,k,v)": build_unet_patches(Schedule(strategy="tome", ratios={level: 0.5}, protect_blocks=0),
-                                                   tel),
+                Schedule(strategy="tome", ratios={level: 0.5}, protect_blocks=0), tel
+            ),
+            "tome 0.5 (q,k,v)": build_unet_patches(
+                Schedule(strategy="tome", ratios={level: 0.5}, protect_blocks=0), tel
+            ),
             "todo 2x2 avg": build_unet_patches(Schedule(strategy="todo", ratios={level: 0.75}, protect_blocks=0), tel),
             "todo 1x2 avg": build_unet_patches(Schedule(strategy="todo", ratios={level: 0.5}, protect_blocks=0), tel),
             "topk 0.5": build_unet_patches(Schedule(strategy="topk", ratios={level: 0.5}, protect_blocks=0), tel),

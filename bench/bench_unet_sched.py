@@ -24,15 +24,40 @@ sys.path.insert(0, str(REPO / "tools"))
 from pack_loader import load_pack  # noqa: E402  (tools/pack_loader.py)
 
 UNET = {
-    "sd15": dict(image_size=32, in_channels=4, out_channels=4, model_channels=320, num_res_blocks=[2, 2, 2, 2],
-                 channel_mult=[1, 2, 4, 4], num_heads=8, transformer_depth=[1, 1, 1, 1, 1, 1, 0, 0],
-                 transformer_depth_middle=1, transformer_depth_output=[1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0],
-                 context_dim=768, use_linear_in_transformer=False, use_spatial_transformer=True, legacy=False),
-    "sdxl": dict(image_size=32, in_channels=4, out_channels=4, model_channels=320, num_res_blocks=[2, 2, 2],
-                 channel_mult=[1, 2, 4], num_head_channels=64, transformer_depth=[0, 0, 2, 2, 10, 10],
-                 transformer_depth_middle=10, transformer_depth_output=[0, 0, 0, 2, 2, 2, 10, 10, 10],
-                 context_dim=2048, use_linear_in_transformer=True, use_spatial_transformer=True, legacy=False,
-                 num_classes="sequential", adm_in_channels=2816),
+    "sd15": dict(
+        image_size=32,
+        in_channels=4,
+        out_channels=4,
+        model_channels=320,
+        num_res_blocks=[2, 2, 2, 2],
+        channel_mult=[1, 2, 4, 4],
+        num_heads=8,
+        transformer_depth=[1, 1, 1, 1, 1, 1, 0, 0],
+        transformer_depth_middle=1,
+        transformer_depth_output=[1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0],
+        context_dim=768,
+        use_linear_in_transformer=False,
+        use_spatial_transformer=True,
+        legacy=False,
+    ),
+    "sdxl": dict(
+        image_size=32,
+        in_channels=4,
+        out_channels=4,
+        model_channels=320,
+        num_res_blocks=[2, 2, 2],
+        channel_mult=[1, 2, 4],
+        num_head_channels=64,
+        transformer_depth=[0, 0, 2, 2, 10, 10],
+        transformer_depth_middle=10,
+        transformer_depth_output=[0, 0, 0, 2, 2, 2, 10, 10, 10],
+        context_dim=2048,
+        use_linear_in_transformer=True,
+        use_spatial_transformer=True,
+        legacy=False,
+        num_classes="sequential",
+        adm_in_channels=2816,
+    ),
 }
 SIZES = {"sd15": (768, 512), "sdxl": (1024,)}
 
@@ -43,8 +68,11 @@ def build(family: str, device: torch.device):
 
     model = UNetModel(**UNET[family], dtype=torch.float16, device=device, operations=comfy.ops.disable_weight_init)
     gen = torch.Generator(device=device).manual_seed(0)
-    norms = {id(m.weight) for m in model.modules()
-             if isinstance(m, (torch.nn.GroupNorm, torch.nn.LayerNorm)) and m.weight is not None}
+    norms = {
+        id(m.weight)
+        for m in model.modules()
+        if isinstance(m, (torch.nn.GroupNorm, torch.nn.LayerNorm)) and m.weight is not None
+    }
     with torch.no_grad():
         for p in model.parameters():
             if p.ndim >= 2:  # 0.5 x fan-in scaling keeps a deep fp16 random net finite
@@ -103,9 +131,11 @@ def _profile(name: str, run) -> None:
     events = prof.key_averages()
     gpu = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in events) / 1000.0
     syncs = sum(e.count for e in events if "Synchronize" in e.key or "Memcpy" in e.key)
-    print(f"  profile {name:38s} GPU kernels {gpu:7.2f} ms, wall {wall:7.2f} ms (profiled), "
-          f"{sum(e.count for e in events if e.device_type.name == 'CUDA')} kernels, sync/memcpy events {syncs}",
-          flush=True)
+    print(
+        f"  profile {name:38s} GPU kernels {gpu:7.2f} ms, wall {wall:7.2f} ms (profiled), "
+        f"{sum(e.count for e in events if e.device_type.name == 'CUDA')} kernels, sync/memcpy events {syncs}",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -115,8 +145,11 @@ def main() -> None:
     ap.add_argument("--families", default="sd15,sdxl")
     ap.add_argument("--batch", type=int, default=2, help="2 = cond+uncond of one image; larger = GPU-bound regime")
     ap.add_argument("--rounds", type=int, default=2, help="time every variant this many times, interleaved")
-    ap.add_argument("--profile", action="store_true",
-                    help="per variant: warn on host-device syncs and print GPU-busy vs wall time (one forward)")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="per variant: warn on host-device syncs and print GPU-busy vs wall time (one forward)",
+    )
     args = ap.parse_args()
     sys.path.insert(0, str(Path(args.comfyui).resolve()))
     import comfy.cli_args
@@ -131,8 +164,11 @@ def main() -> None:
     from tokenfuse.scheduling.telemetry import RunTelemetry
 
     dev = torch.device("cuda")
-    print(f"attention backend: {attention.optimized_attention.__name__}, torch {torch.__version__}, "
-          f"{torch.cuda.get_device_name()}", flush=True)
+    print(
+        f"attention backend: {attention.optimized_attention.__name__}, torch {torch.__version__}, "
+        f"{torch.cuda.get_device_name()}",
+        flush=True,
+    )
     for family in args.families.split(","):
         model = build(family, dev)
         ctx_dim = UNET[family]["context_dim"]
@@ -149,20 +185,25 @@ def main() -> None:
             for preset in ("balanced", "lowvram_8gb", "lowvram_4gb"):
                 variants[f"tokenfuse {preset}"] = preset_schedule(preset, family)
             variants["tokenfuse tome 0.5 top attn level"] = Schedule(
-                strategy="tome", ratios={8 if family == "sd15" else 16: 0.5}, protect_blocks=0)
+                strategy="tome", ratios={8 if family == "sd15" else 16: 0.5}, protect_blocks=0
+            )
             first = 8 if family == "sd15" else 16
-            variants[f"tokenfuse todo 2x2 /{first} only"] = Schedule(strategy="todo", ratios={first: 0.75},
-                                                                      protect_blocks=0)
+            variants[f"tokenfuse todo 2x2 /{first} only"] = Schedule(
+                strategy="todo", ratios={first: 0.75}, protect_blocks=0
+            )
             variants["tokenfuse balanced + protect 2 blocks"] = Schedule(
-                **{**preset_schedule("balanced", family).to_dict(), "protect_blocks": 2})
+                **{**preset_schedule("balanced", family).to_dict(), "protect_blocks": 2}
+            )
             times: dict[str, list[float]] = {name: [] for name in variants}
             info: dict[str, tuple[float, float]] = {}
             ref = None
             for rnd in range(args.rounds):
                 for name, v in variants.items():
                     tel = RunTelemetry()
-                    topts: dict = {"sigmas": sample_sigmas[2:3].expand(args.batch).contiguous(),
-                                   "sample_sigmas": sample_sigmas}
+                    topts: dict = {
+                        "sigmas": sample_sigmas[2:3].expand(args.batch).contiguous(),
+                        "sample_sigmas": sample_sigmas,
+                    }
                     if v is not None:
                         f, gpatch = build_unet_patches(v, tel) if isinstance(v, Schedule) else v
                         topts["patches"] = {"attn1_patch": [f], "attn1_output_patch": [gpatch]}
@@ -188,9 +229,12 @@ def main() -> None:
             tome_ms = min(times["ComfyUI TomePatchModel 0.5"])
             for name in variants:
                 ms = min(times[name])
-                print(f"{family} {px}px b{args.batch} {name:38s} {ms:8.2f} ms  x{base_ms / ms:5.2f} vs baseline  "
-                      f"x{tome_ms / ms:5.2f} vs Tome0.5  rel.diff {info[name][0]:.3f}  "
-                      f"attn pairs saved {info[name][1]:5.1f}%", flush=True)
+                print(
+                    f"{family} {px}px b{args.batch} {name:38s} {ms:8.2f} ms  x{base_ms / ms:5.2f} vs baseline  "
+                    f"x{tome_ms / ms:5.2f} vs Tome0.5  rel.diff {info[name][0]:.3f}  "
+                    f"attn pairs saved {info[name][1]:5.1f}%",
+                    flush=True,
+                )
         model = None
         torch.cuda.empty_cache()
 

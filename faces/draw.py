@@ -18,8 +18,16 @@ def draw_faces(rgb: np.ndarray, faces: tuple[Face, ...]) -> np.ndarray:
     for i, f in enumerate(faces):
         x1, y1, x2, y2 = (int(round(v)) for v in f.bbox)
         cv2.rectangle(out, (x1, y1), (x2, y2), (0, 255, 0), t, cv2.LINE_AA)
-        cv2.putText(out, f"{i}:{f.score:.2f}", (x1, max(y1 - 3 * t, 10)), cv2.FONT_HERSHEY_SIMPLEX, 0.4 * t,
-                    (0, 255, 0), t, cv2.LINE_AA)
+        cv2.putText(
+            out,
+            f"{i}:{f.score:.2f}",
+            (x1, max(y1 - 3 * t, 10)),
+            cv2.FONT_HERSHEY_SIMPLEX,
+            0.4 * t,
+            (0, 255, 0),
+            t,
+            cv2.LINE_AA,
+        )
         r = max(2, round(f.width / 40))
         for (x, y), c in zip(f.landmarks, _LANDMARK_COLOURS, strict=True):
             cv2.circle(out, (int(round(x)), int(round(y))), r, c, -1, cv2.LINE_AA)
@@ -30,7 +38,13 @@ def face_mask_image(h: int, w: int, faces: tuple[Face, ...]) -> np.ndarray:
     """Union (max) of the faces' crop masks warped back to the frame: [H, W] float32 in [0, 1]."""
     out = np.zeros((h, w), np.float32)
     for f in faces:
-        m = cv2.warpAffine(f.mask.astype(np.float32), f.inverse, (w, h), flags=cv2.INTER_LINEAR,
-                           borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+        m = cv2.warpAffine(
+            f.mask.astype(np.float32),
+            f.inverse,
+            (w, h),
+            flags=cv2.INTER_LINEAR,
+            borderMode=cv2.BORDER_CONSTANT,
+            borderValue=0,
+        )
         np.maximum(out, m, out=out)
     return np.clip(out, 0.0, 1.0)

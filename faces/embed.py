@@ -30,15 +30,22 @@ def arcface_affine(landmarks: np.ndarray, size: int = ARCFACE_SIZE) -> np.ndarra
     """
     m = similarity_transform(landmarks, ARCFACE_112.astype(np.float64) * (size / ARCFACE_SIZE))
     if not np.isfinite(m).all() or abs(float(np.linalg.det(m[:, :2]))) < 1e-12:
-        raise ValueError("could not fit the face landmarks to the ArcFace template (degenerate landmarks): "
-                         "check the FACES input's landmarks")
+        raise ValueError(
+            "could not fit the face landmarks to the ArcFace template (degenerate landmarks): "
+            "check the FACES input's landmarks"
+        )
     return m
 
 
 def arcface_crop(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
     """[112, 112, 3] ArcFace-aligned crop of image [H, W, 3] (same dtype) from 5 landmarks [5, 2], for embedding."""
-    return cv2.warpAffine(np.ascontiguousarray(image), arcface_affine(landmarks), (ARCFACE_SIZE, ARCFACE_SIZE),
-                          flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT)
+    return cv2.warpAffine(
+        np.ascontiguousarray(image),
+        arcface_affine(landmarks),
+        (ARCFACE_SIZE, ARCFACE_SIZE),
+        flags=cv2.INTER_LINEAR,
+        borderMode=cv2.BORDER_CONSTANT,
+    )
 
 
 class ArcFaceEmbedder:
@@ -62,16 +69,16 @@ class ArcFaceEmbedder:
         inp = self.session.get_inputs()[0]
         self.input_name = inp.name
         if list(inp.shape[1:]) != [3, ARCFACE_SIZE, ARCFACE_SIZE]:
-            raise self.error(
-                f"{self.path} is not an ArcFace recognition model (input {inp.shape}, want Nx3x112x112)."
-            )
+            raise self.error(f"{self.path} is not an ArcFace recognition model (input {inp.shape}, want Nx3x112x112).")
 
     def embed_crop112(self, crop112: np.ndarray) -> np.ndarray:
         """crop112: [112, 112, 3] ArcFace-aligned RGB, uint8 or float 0..1. Returns [D] float32, unit length."""
         crop = np.asarray(crop112)
         if crop.shape != (ARCFACE_SIZE, ARCFACE_SIZE, 3):
-            raise ValueError(f"ArcFace needs an aligned [112, 112, 3] RGB crop, got shape {crop.shape}: use "
-                             "arcface_crop(image, landmarks) or embed(image, landmarks)")
+            raise ValueError(
+                f"ArcFace needs an aligned [112, 112, 3] RGB crop, got shape {crop.shape}: use "
+                "arcface_crop(image, landmarks) or embed(image, landmarks)"
+            )
         rgb255 = crop.astype(np.float32) if crop.dtype == np.uint8 else crop.astype(np.float32) * 255.0
         blob = np.ascontiguousarray(((rgb255 - 127.5) / 127.5).transpose(2, 0, 1)[None])
         vec = np.asarray(self.session.run(None, {self.input_name: blob})[0], np.float32).reshape(-1)

@@ -18,8 +18,9 @@ from ..scheduling.plan import LEVEL_FACTORS, TokenPlan
 from .types import Face
 
 
-def context_transform(crop_size: int, guide_size: int, crop_factor: float = 1.0, max_size: int = 4096
-                      ) -> tuple[np.ndarray, int]:
+def context_transform(
+    crop_size: int, guide_size: int, crop_factor: float = 1.0, max_size: int = 4096
+) -> tuple[np.ndarray, int]:
     """Map from the face's aligned crop (crop_size px) to the sampled context crop, and that crop's side.
 
     The aligned crop lands centred at guide_size px; crop_factor > 1 adds context around it. The side is
@@ -34,23 +35,30 @@ def context_transform(crop_size: int, guide_size: int, crop_factor: float = 1.0,
     return np.array([[k, 0.0, t], [0.0, k, t]], dtype=np.float64), side
 
 
-def context_affine(face: Face, guide_size: int, crop_factor: float = 1.0, max_size: int = 4096
-                   ) -> tuple[np.ndarray, int]:
+def context_affine(
+    face: Face, guide_size: int, crop_factor: float = 1.0, max_size: int = 4096
+) -> tuple[np.ndarray, int]:
     """[2, 3] float64 map from frame pixels to the context crop, and its side."""
     m_c, side = context_transform(face.crop_size, guide_size, crop_factor, max_size)
     full = np.vstack([m_c, [0.0, 0.0, 1.0]]) @ np.vstack([np.asarray(face.affine, np.float64), [0.0, 0.0, 1.0]])
     return full[:2], side
 
 
-def aligned_crop(image: np.ndarray, face: Face, guide_size: int, crop_factor: float = 1.0,
-                 max_size: int = 4096) -> np.ndarray:
+def aligned_crop(
+    image: np.ndarray, face: Face, guide_size: int, crop_factor: float = 1.0, max_size: int = 4096
+) -> np.ndarray:
     """image: [H, W, 3] float32 in [0, 1] -> [S, S, 3] float32 context crop (S from context_transform).
 
     Borders outside the frame are reflected so the VAE sees plausible content (they are never pasted back).
     """
     a, side = context_affine(face, guide_size, crop_factor, max_size)
-    crop = cv2.warpAffine(np.ascontiguousarray(image, dtype=np.float32), a, (side, side), flags=cv2.INTER_LINEAR,
-                          borderMode=cv2.BORDER_REFLECT101)
+    crop = cv2.warpAffine(
+        np.ascontiguousarray(image, dtype=np.float32),
+        a,
+        (side, side),
+        flags=cv2.INTER_LINEAR,
+        borderMode=cv2.BORDER_REFLECT101,
+    )
     return np.clip(crop, 0.0, 1.0)
 
 
@@ -63,15 +71,15 @@ def resize_square(img: np.ndarray, size: int) -> np.ndarray:
     return np.clip(out, 0.0, 1.0)
 
 
-def noise_mask_context(face: Face, m_c: np.ndarray, side: int, feather: float = 0.04, grow: float = 0.02
-                       ) -> np.ndarray:
+def noise_mask_context(face: Face, m_c: np.ndarray, side: int, feather: float = 0.04, grow: float = 0.02) -> np.ndarray:
     """[side, side] float32 in [0, 1]: where the sampler may change the context crop.
 
     The face mask is warped from crop space by m_c. grow: dilation, feather: Gaussian sigma, both as fractions of
     the face's size in the context crop (cover the hairline/jaw the landmark mask misses; soft edge, no seam).
     """
-    m = cv2.warpAffine(np.ascontiguousarray(face.mask, dtype=np.float32), m_c, (side, side), flags=cv2.INTER_LINEAR,
-                       borderValue=0.0)
+    m = cv2.warpAffine(
+        np.ascontiguousarray(face.mask, dtype=np.float32), m_c, (side, side), flags=cv2.INTER_LINEAR, borderValue=0.0
+    )
     face_px = float(m_c[0, 0]) * face.crop_size
     if grow > 0:
         k = int(round(grow * face_px)) * 2 + 1
@@ -115,8 +123,9 @@ def top_tokens(guide_size: int) -> int:
     return (guide_size // 8) ** 2
 
 
-def crop_plan(masks: np.ndarray, floor: float = 0.1, protect_threshold: float = 0.5,
-              background_keep: float = 0.5) -> TokenPlan:
+def crop_plan(
+    masks: np.ndarray, floor: float = 0.1, protect_threshold: float = 0.5, background_keep: float = 0.5
+) -> TokenPlan:
     """A TokenPlan in crop space from the noise masks of a batch.
 
     masks: [B, S, S] float in [0, 1]. Importance = max(mask, floor): the face is protected, the rest may be merged.
@@ -140,5 +149,10 @@ def crop_plan(masks: np.ndarray, floor: float = 0.1, protect_threshold: float = 
             kept[f] = prot + int(round((g * g - prot) * background_keep))
         budgets.append(kept)
         uniform.append(full)
-    return TokenPlan(importance=importance, image_size=(size, size), budgets=tuple(budgets),
-                     uniform_tokens=tuple(uniform), protect_threshold=protect_threshold)
+    return TokenPlan(
+        importance=importance,
+        image_size=(size, size),
+        budgets=tuple(budgets),
+        uniform_tokens=tuple(uniform),
+        protect_threshold=protect_threshold,
+    )

@@ -107,14 +107,20 @@ class _Broken(Exception):
     """Internal: some faces of a batch failed the artifact check."""
 
 
-def _prepare(image: np.ndarray, job: _Job, attempt: Attempt, s: FusionSettings, backend: FusionBackend
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+def _prepare(
+    image: np.ndarray, job: _Job, attempt: Attempt, s: FusionSettings, backend: FusionBackend
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
     """(context crop [S,S,3], noise mask [S,S], crop->context map [2,3], landmarks in context px [5,2], S)."""
     face = job.face
     m_c, side = context_transform(face.crop_size, attempt.guide_size, s.crop_factor, s.max_size)
     a_ctx, _ = context_affine(face, attempt.guide_size, s.crop_factor, s.max_size)
-    crop = cv2.warpAffine(np.ascontiguousarray(image, dtype=np.float32), a_ctx, (side, side),
-                          flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT101)
+    crop = cv2.warpAffine(
+        np.ascontiguousarray(image, dtype=np.float32),
+        a_ctx,
+        (side, side),
+        flags=cv2.INTER_LINEAR,
+        borderMode=cv2.BORDER_REFLECT101,
+    )
     crop = np.clip(crop, 0.0, 1.0)
     mask = noise_mask_context(face, m_c, side, s.feather, s.grow)
     lm = (np.asarray(face.landmarks, np.float64) @ a_ctx[:, :2].T + a_ctx[:, 2]).astype(np.float32)
@@ -130,13 +136,24 @@ def _back_to_crop(ctx_img: np.ndarray, m_c: np.ndarray, crop_size: int) -> np.nd
     src = ctx_img
     if scale > 1.5:  # shrinking a lot: pre-blur so the bilinear warp does not alias
         src = cv2.GaussianBlur(ctx_img, (0, 0), sigmaX=0.5 * scale)
-    out = cv2.warpAffine(np.ascontiguousarray(src, np.float32), inv, (crop_size, crop_size), flags=cv2.INTER_LINEAR,
-                         borderMode=cv2.BORDER_REPLICATE)
+    out = cv2.warpAffine(
+        np.ascontiguousarray(src, np.float32),
+        inv,
+        (crop_size, crop_size),
+        flags=cv2.INTER_LINEAR,
+        borderMode=cv2.BORDER_REPLICATE,
+    )
     return np.clip(out, 0.0, 1.0).astype(np.float32)
 
 
-def _run_batch(image: np.ndarray, jobs: list[_Job], attempt: Attempt, s: FusionSettings, backend: FusionBackend,
-               reports: dict[int, FaceReport]) -> dict[int, np.ndarray]:
+def _run_batch(
+    image: np.ndarray,
+    jobs: list[_Job],
+    attempt: Attempt,
+    s: FusionSettings,
+    backend: FusionBackend,
+    reports: dict[int, FaceReport],
+) -> dict[int, np.ndarray]:
     """Sample one batch; returns {face number: crop-size output}. Raises OOM errors and _Broken(numbers, outputs)."""
     preps = [_prepare(image, j, attempt, s, backend) for j in jobs]
     side = preps[0][4]
@@ -188,8 +205,14 @@ def _run_batch(image: np.ndarray, jobs: list[_Job], attempt: Attempt, s: FusionS
     return results
 
 
-def _process(image: np.ndarray, jobs: list[_Job], attempt: Attempt, s: FusionSettings, backend: FusionBackend,
-             reports: dict[int, FaceReport]) -> dict[int, np.ndarray]:
+def _process(
+    image: np.ndarray,
+    jobs: list[_Job],
+    attempt: Attempt,
+    s: FusionSettings,
+    backend: FusionBackend,
+    reports: dict[int, FaceReport],
+) -> dict[int, np.ndarray]:
     """Run jobs under `attempt`, walking the fallback policy. Returns outputs of the faces that succeeded."""
     if attempt.single and len(jobs) > 1:
         done: dict[int, np.ndarray] = {}
@@ -263,8 +286,11 @@ def run_fusion(images: np.ndarray, faces: FaceSet, settings: FusionSettings, bac
             frame_jobs.append(_Job(fi, k, number, face))
             number += 1
         jobs_per_frame.append(frame_jobs)
-    reports = {j.number: FaceReport(frame=j.frame, index=j.index, seed=face_seed(settings.seed, j.number))
-               for fj in jobs_per_frame for j in fj}
+    reports = {
+        j.number: FaceReport(frame=j.frame, index=j.index, seed=face_seed(settings.seed, j.number))
+        for fj in jobs_per_frame
+        for j in fj
+    }
     outputs: dict[int, np.ndarray] = {}
     start = Attempt(guide_size=settings.guide_size)
     for fi, frame_jobs in enumerate(jobs_per_frame):
@@ -289,12 +315,22 @@ def run_fusion(images: np.ndarray, faces: FaceSet, settings: FusionSettings, bac
             else:
                 rep.status = "passthrough"
                 rep.warnings.append("face passed through unchanged")
-                log.warning("ScheduledFusion: frame %d face %d passed through unchanged (%s)", j.frame, j.index,
-                            "; ".join(rep.warnings))
+                log.warning(
+                    "ScheduledFusion: frame %d face %d passed through unchanged (%s)",
+                    j.frame,
+                    j.index,
+                    "; ".join(rep.warnings),
+                )
                 row.append(j.face)
-                crops.append(cv2.warpAffine(image, np.asarray(j.face.affine, np.float64),
-                                            (j.face.crop_size, j.face.crop_size), flags=cv2.INTER_LINEAR,
-                                            borderMode=cv2.BORDER_REFLECT101))
+                crops.append(
+                    cv2.warpAffine(
+                        image,
+                        np.asarray(j.face.affine, np.float64),
+                        (j.face.crop_size, j.face.crop_size),
+                        flags=cv2.INTER_LINEAR,
+                        borderMode=cv2.BORDER_REFLECT101,
+                    )
+                )
         new_frames.append(tuple(row))
     out_set = FaceSet(image_size=faces.image_size, faces=tuple(new_frames))
     return FusionResult(out_set, crops, [reports[n] for n in sorted(reports)])

@@ -63,12 +63,18 @@ def paste_face(frame: np.ndarray, face: Face, opts: BlendOptions = BlendOptions(
     size = (x1 - x0, y1 - y0)
     crop = np.asarray(face.crop, np.float32)
     if opts.color_transfer:
-        ref = cv2.warpAffine(frame, face.affine, (face.crop_size, face.crop_size), flags=cv2.INTER_LINEAR,
-                             borderMode=cv2.BORDER_REFLECT101)
+        ref = cv2.warpAffine(
+            frame,
+            face.affine,
+            (face.crop_size, face.crop_size),
+            flags=cv2.INTER_LINEAR,
+            borderMode=cv2.BORDER_REFLECT101,
+        )
         crop = color_transfer(crop, ref, face.mask)
     warped = cv2.warpAffine(crop, inv, size, flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT101)
-    alpha = cv2.warpAffine(face.mask.astype(np.float32), inv, size, flags=cv2.INTER_LINEAR,
-                           borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+    alpha = cv2.warpAffine(
+        face.mask.astype(np.float32), inv, size, flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0
+    )
     alpha = np.clip(alpha, 0.0, 1.0) * float(np.clip(opts.strength, 0.0, 1.0))
     dst = frame[y0:y1, x0:x1]
     if opts.seamless:

@@ -30,7 +30,10 @@ class AlignOptions:
 
 
 def load_backend(
-    backend: DetectorBackend, folders: list[Path], model_name: str = "", device: Device = "cpu",
+    backend: DetectorBackend,
+    folders: list[Path],
+    model_name: str = "",
+    device: Device = "cpu",
     allow_download: bool = True,
 ) -> tuple[Detector, ArcFaceEmbedder | None]:
     """The detector (and ArcFace embedder when the insightface pack has one) for a backend.
@@ -62,7 +65,11 @@ def load_backend(
 
 
 def faces_for_frame(
-    rgb: np.ndarray, detector: Detector, embedder: ArcFaceEmbedder | None, sel: Selection, align: AlignOptions,
+    rgb: np.ndarray,
+    detector: Detector,
+    embedder: ArcFaceEmbedder | None,
+    sel: Selection,
+    align: AlignOptions,
     detect_size: int,
 ) -> list[Face]:
     """rgb: [H, W, 3] uint8 -> the selected, aligned faces of one frame."""
@@ -74,16 +81,27 @@ def faces_for_frame(
         emb = embedder.embed(rgb, d.landmarks) if embedder is not None else None
         faces.append(
             Face(
-                bbox=tuple(float(v) for v in d.bbox), score=d.score, landmarks=d.landmarks.astype(np.float32),
-                affine=affine, inverse=inverse, crop_size=align.crop_size, mask=mask, embedding=emb,
+                bbox=tuple(float(v) for v in d.bbox),
+                score=d.score,
+                landmarks=d.landmarks.astype(np.float32),
+                affine=affine,
+                inverse=inverse,
+                crop_size=align.crop_size,
+                mask=mask,
+                embedding=emb,
             )
         )
     return select_faces(faces, sel)
 
 
 def detect_batch(
-    frames: np.ndarray, detector: Detector, embedder: ArcFaceEmbedder | None, sel: Selection,
-    align: AlignOptions = AlignOptions(), detect_size: int = 640, on_frame: Callable[[], None] | None = None,
+    frames: np.ndarray,
+    detector: Detector,
+    embedder: ArcFaceEmbedder | None,
+    sel: Selection,
+    align: AlignOptions = AlignOptions(),
+    detect_size: int = 640,
+    on_frame: Callable[[], None] | None = None,
 ) -> FaceSet:
     """frames: [B, H, W, 3] uint8 -> FaceSet (one tuple per frame, possibly empty)."""
     per_frame = []

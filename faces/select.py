@@ -20,7 +20,7 @@ _KEYS = {
 
 
 def parse_indices(text: str) -> list[int] | None:
-    """"0, 2, -1" -> [0, 2, -1]; "" or "all" -> None (every face). Raises ValueError naming the bad item."""
+    """ "0, 2, -1" -> [0, 2, -1]; "" or "all" -> None (every face). Raises ValueError naming the bad item."""
     text = text.strip().lower()
     if text in ("", "all"):
         return None

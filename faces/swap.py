@@ -73,8 +73,11 @@ class InSwapper:
             raise SwapModelError(f"swap model {self.path} not found: put inswapper_128.onnx in models/insightface/")
         self.session = ort.InferenceSession(str(self.path), providers=providers or ["CPUExecutionProvider"])
         inputs = {i.name: list(i.shape) for i in self.session.get_inputs()}
-        if set(inputs) != {"target", "source"} or inputs["target"][1:] != [3, SWAP_SIZE, SWAP_SIZE] \
-                or inputs["source"][-1] != 512:
+        if (
+            set(inputs) != {"target", "source"}
+            or inputs["target"][1:] != [3, SWAP_SIZE, SWAP_SIZE]
+            or inputs["source"][-1] != 512
+        ):
             raise SwapModelError(
                 f"{self.path} is not an inswapper_128-style model: inputs {inputs}, want target [1,3,128,128] and "
                 "source [1,512]"
@@ -95,8 +98,9 @@ class InSwapper:
         return np.clip(np.asarray(out, np.float32)[0].transpose(1, 2, 0), 0.0, 1.0)
 
 
-def swap_in_crop(crop: np.ndarray, landmarks: np.ndarray, swapper: InSwapper, latent: np.ndarray,
-                 feather: float = 0.1) -> np.ndarray:
+def swap_in_crop(
+    crop: np.ndarray, landmarks: np.ndarray, swapper: InSwapper, latent: np.ndarray, feather: float = 0.1
+) -> np.ndarray:
     """Swap the face in an aligned crop.
 
     crop: [S, S, 3] float32 RGB 0..1; landmarks: [5, 2] in crop pixels. The face is warped to the ArcFace-128
@@ -108,15 +112,19 @@ def swap_in_crop(crop: np.ndarray, landmarks: np.ndarray, swapper: InSwapper, la
         m = arcface_affine(landmarks, SWAP_SIZE)
     except ValueError as exc:
         raise SwapModelError(str(exc)) from exc
-    target = cv2.warpAffine(np.ascontiguousarray(crop, np.float32), m, (SWAP_SIZE, SWAP_SIZE), flags=cv2.INTER_AREA
-                            if side > SWAP_SIZE else cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT101)
+    target = cv2.warpAffine(
+        np.ascontiguousarray(crop, np.float32),
+        m,
+        (SWAP_SIZE, SWAP_SIZE),
+        flags=cv2.INTER_AREA if side > SWAP_SIZE else cv2.INTER_LINEAR,
+        borderMode=cv2.BORDER_REFLECT101,
+    )
     swapped = swapper.swap128(target, latent)
     inv = cv2.invertAffineTransform(m)
     back = cv2.warpAffine(swapped, inv, (side, crop.shape[1]), flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REPLICATE)
     win = np.zeros((SWAP_SIZE, SWAP_SIZE), np.float32)
     pad = int(SWAP_SIZE * feather)
-    win[pad:-pad or None, pad:-pad or None] = 1.0
+    win[pad : -pad or None, pad : -pad or None] = 1.0
     win = cv2.GaussianBlur(win, (0, 0), sigmaX=max(0.5, pad / 2.0))
     alpha = cv2.warpAffine(win, inv, (side, crop.shape[1]), flags=cv2.INTER_LINEAR, borderValue=0.0)[..., None]
     return np.clip(alpha * back + (1.0 - alpha) * crop, 0.0, 1.0).astype(np.float32)
-

@@ -97,12 +97,23 @@ def build_plan(faceset: FaceSet, latent_hw: tuple[int, int], opts: PlanOptions =
             u[f] = gh * gw
         budgets.append(b)
         uniform.append(u)
-    return TokenPlan(importance=importance, image_size=(h, w), budgets=tuple(budgets), uniform_tokens=tuple(uniform),
-                     protect_threshold=opts.protect_threshold)
+    return TokenPlan(
+        importance=importance,
+        image_size=(h, w),
+        budgets=tuple(budgets),
+        uniform_tokens=tuple(uniform),
+        protect_threshold=opts.protect_threshold,
+    )
 
 
-def plan_preview(rgb: np.ndarray, plan: TokenPlan, index: int, latent_hw: tuple[int, int], factor: int,
-                 opts: PlanOptions = PlanOptions()) -> np.ndarray:
+def plan_preview(
+    rgb: np.ndarray,
+    plan: TokenPlan,
+    index: int,
+    latent_hw: tuple[int, int],
+    factor: int,
+    opts: PlanOptions = PlanOptions(),
+) -> np.ndarray:
     """rgb: [H, W, 3] uint8 -> the photo under the level's token grid, each cell coloured by its kept fraction
     (blue = min_keep, red = kept whole)."""
     h, w = rgb.shape[:2]

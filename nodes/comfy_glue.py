@@ -355,8 +355,21 @@ def fusion_sampler_choices() -> tuple[list[str], list[str]]:
     return ["euler", "euler_ancestral", "dpmpp_2m"], ["normal", "karras", "simple"]
 
 
-def fusion_sample(model: Any, latent: Any, noise_mask: Any, seeds: list[int], plan: Any, *, steps: int, cfg: float,
-                  sampler_name: str, scheduler: str, positive: Any, negative: Any, denoise: float) -> Any:
+def fusion_sample(
+    model: Any,
+    latent: Any,
+    noise_mask: Any,
+    seeds: list[int],
+    plan: Any,
+    *,
+    steps: int,
+    cfg: float,
+    sampler_name: str,
+    scheduler: str,
+    positive: Any,
+    negative: Any,
+    denoise: float,
+) -> Any:
     """Sample a batch of face latents through ComfyUI's own sampler path (comfy.sample.sample, as KSampler does).
 
     latent: [B, C, h, w]; noise_mask: [B, 1, S, S] in [0, 1] (1 = may change); seeds: one per batch item, so each
@@ -382,9 +395,22 @@ def fusion_sample(model: Any, latent: Any, noise_mask: Any, seeds: list[int], pl
     def cancel_point(step: int, x0: Any, x: Any, total: int) -> None:  # every step: cancel works mid-face
         throw_if_interrupted()
 
-    return comfy.sample.sample(m, noise, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
-                               denoise=denoise, noise_mask=noise_mask, callback=cancel_point, disable_pbar=quiet,
-                               seed=int(seeds[0]))
+    return comfy.sample.sample(
+        m,
+        noise,
+        steps,
+        cfg,
+        sampler_name,
+        scheduler,
+        positive,
+        negative,
+        latent_image,
+        denoise=denoise,
+        noise_mask=noise_mask,
+        callback=cancel_point,
+        disable_pbar=quiet,
+        seed=int(seeds[0]),
+    )
 
 
 def fusion_vae_encode(vae: Any, pixels: Any, tiled: bool) -> Any:

@@ -67,47 +67,139 @@ class FaceDetect:
             "required": {
                 "image": ("IMAGE", {"tooltip": "Frames to search (a batch is processed frame by frame)."}),
                 "backend": (list(get_args(DetectorBackend)), {"default": "retinaface", "tooltip": _BACKEND_TIP}),
-                "score_threshold": ("FLOAT", {"default": 0.5, "min": 0.05, "max": 1.0, "step": 0.01,
-                                              "tooltip": "Minimum detector confidence. Lower finds small or side "
-                                                         "faces but adds false positives; 0.5 suits most photos."}),
-                "order": (list(get_args(FaceOrder)), {"default": "large-small",
-                                                      "tooltip": "Order of the faces before indices / max_faces."}),
-                "indices": ("STRING", {"default": "", "tooltip": "Face positions to keep after ordering, e.g. '0' or "
-                                                                 "'0,2' or '-1'; empty = all faces."}),
-                "max_faces": ("INT", {"default": 0, "min": 0, "max": 64,
-                                      "tooltip": "Keep at most this many faces per frame (0 = no limit)."}),
-                "min_face_size": ("INT", {"default": 0, "min": 0, "max": 4096,
-                                          "tooltip": "Ignore faces whose box is smaller than this (pixels, shorter "
-                                                     "side). Tiny faces gain little from diffusion refinement."}),
-                "crop_size": ("INT", {"default": 512, "min": 64, "max": 2048, "step": 8,
-                                      "tooltip": "Side of the aligned crop (512 = FFHQ, what GFPGAN/CodeFormer and "
-                                                 "SD1.5 expect; 1024 for SDXL)."}),
-                "crop_factor": ("FLOAT", {"default": 1.0, "min": 0.5, "max": 4.0, "step": 0.05,
-                                          "tooltip": "Zoom out around the face: 1.0 = FFHQ framing, 1.5 adds hair "
-                                                     "and neck context at the cost of face resolution."}),
-                "detect_size": ("INT", {"default": 640, "min": 0, "max": 4096, "step": 32,
-                                        "tooltip": "Detect on a copy whose long side is at most this (0 = full "
-                                                   "size); boxes map back. 640 keeps 1080p frames fast; raise it "
-                                                   "for small faces in large frames."}),
-                "device": (list(get_args(DetectDevice)), {"default": "cpu",
-                                                          "tooltip": "cpu leaves VRAM to the diffusion model; auto "
-                                                                     "uses CUDA when onnxruntime-gpu is installed."}),
+                "score_threshold": (
+                    "FLOAT",
+                    {
+                        "default": 0.5,
+                        "min": 0.05,
+                        "max": 1.0,
+                        "step": 0.01,
+                        "tooltip": "Minimum detector confidence. Lower finds small or side "
+                        "faces but adds false positives; 0.5 suits most photos.",
+                    },
+                ),
+                "order": (
+                    list(get_args(FaceOrder)),
+                    {"default": "large-small", "tooltip": "Order of the faces before indices / max_faces."},
+                ),
+                "indices": (
+                    "STRING",
+                    {
+                        "default": "",
+                        "tooltip": "Face positions to keep after ordering, e.g. '0' or "
+                        "'0,2' or '-1'; empty = all faces.",
+                    },
+                ),
+                "max_faces": (
+                    "INT",
+                    {
+                        "default": 0,
+                        "min": 0,
+                        "max": 64,
+                        "tooltip": "Keep at most this many faces per frame (0 = no limit).",
+                    },
+                ),
+                "min_face_size": (
+                    "INT",
+                    {
+                        "default": 0,
+                        "min": 0,
+                        "max": 4096,
+                        "tooltip": "Ignore faces whose box is smaller than this (pixels, shorter "
+                        "side). Tiny faces gain little from diffusion refinement.",
+                    },
+                ),
+                "crop_size": (
+                    "INT",
+                    {
+                        "default": 512,
+                        "min": 64,
+                        "max": 2048,
+                        "step": 8,
+                        "tooltip": "Side of the aligned crop (512 = FFHQ, what GFPGAN/CodeFormer and "
+                        "SD1.5 expect; 1024 for SDXL).",
+                    },
+                ),
+                "crop_factor": (
+                    "FLOAT",
+                    {
+                        "default": 1.0,
+                        "min": 0.5,
+                        "max": 4.0,
+                        "step": 0.05,
+                        "tooltip": "Zoom out around the face: 1.0 = FFHQ framing, 1.5 adds hair "
+                        "and neck context at the cost of face resolution.",
+                    },
+                ),
+                "detect_size": (
+                    "INT",
+                    {
+                        "default": 640,
+                        "min": 0,
+                        "max": 4096,
+                        "step": 32,
+                        "tooltip": "Detect on a copy whose long side is at most this (0 = full "
+                        "size); boxes map back. 640 keeps 1080p frames fast; raise it "
+                        "for small faces in large frames.",
+                    },
+                ),
+                "device": (
+                    list(get_args(DetectDevice)),
+                    {
+                        "default": "cpu",
+                        "tooltip": "cpu leaves VRAM to the diffusion model; auto "
+                        "uses CUDA when onnxruntime-gpu is installed.",
+                    },
+                ),
             },
             "optional": {
-                "model_name": ("STRING", {"default": "", "tooltip": "yunet: ONNX file in models/facedetection; "
-                                                                    "insightface: pack name (default buffalo_l); a "
-                                                                    "full path also works. Empty = default."}),
-                "reference_faces": ("FACES", {"tooltip": "Keep only faces similar to the first embedded face here "
-                                                         "(needs insightface embeddings on both sides)."}),
-                "similarity_threshold": ("FLOAT", {"default": 0.3, "min": -1.0, "max": 1.0, "step": 0.01,
-                                                   "tooltip": "ArcFace cosine similarity needed to match the "
-                                                              "reference; 0.3-0.4 is the same person."}),
+                "model_name": (
+                    "STRING",
+                    {
+                        "default": "",
+                        "tooltip": "yunet: ONNX file in models/facedetection; "
+                        "insightface: pack name (default buffalo_l); a "
+                        "full path also works. Empty = default.",
+                    },
+                ),
+                "reference_faces": (
+                    "FACES",
+                    {
+                        "tooltip": "Keep only faces similar to the first embedded face here "
+                        "(needs insightface embeddings on both sides)."
+                    },
+                ),
+                "similarity_threshold": (
+                    "FLOAT",
+                    {
+                        "default": 0.3,
+                        "min": -1.0,
+                        "max": 1.0,
+                        "step": 0.01,
+                        "tooltip": "ArcFace cosine similarity needed to match the "
+                        "reference; 0.3-0.4 is the same person.",
+                    },
+                ),
             },
         }
 
-    def detect(self, image: Any, backend: str, score_threshold: float, order: str, indices: str, max_faces: int,
-               min_face_size: int, crop_size: int, crop_factor: float, detect_size: int, device: str,
-               model_name: str = "", reference_faces: Any = None, similarity_threshold: float = 0.3) -> tuple:
+    def detect(
+        self,
+        image: Any,
+        backend: str,
+        score_threshold: float,
+        order: str,
+        indices: str,
+        max_faces: int,
+        min_face_size: int,
+        crop_size: int,
+        crop_factor: float,
+        detect_size: int,
+        device: str,
+        model_name: str = "",
+        reference_faces: Any = None,
+        similarity_threshold: float = 0.3,
+    ) -> tuple:
         import numpy as np
         import torch
 
@@ -120,8 +212,11 @@ class FaceDetect:
         frames = as_rgb_float(image)
         b, h, w = frames.shape[:3]
         sel = Selection(
-            order=order, indices=None if (idx := parse_indices(indices)) is None else tuple(idx), max_faces=max_faces,
-            min_size=float(min_face_size), score_threshold=score_threshold,
+            order=order,
+            indices=None if (idx := parse_indices(indices)) is None else tuple(idx),
+            max_faces=max_faces,
+            min_size=float(min_face_size),
+            score_threshold=score_threshold,
             reference=None if reference_faces is None else _reference_embedding(reference_faces),
             similarity_threshold=similarity_threshold,
         )
@@ -131,12 +226,21 @@ class FaceDetect:
         folders, name = _folders(backend, model_name.strip())
         detector, embedder = load_backend(backend, folders, name, device)
         if sel.reference is not None and embedder is None:
-            raise ValueError("reference_faces need embeddings on this side too: use the insightface backend with a "
-                             "pack that has a recognition model (w600k_*.onnx).")
+            raise ValueError(
+                "reference_faces need embeddings on this side too: use the insightface backend with a "
+                "pack that has a recognition model (w600k_*.onnx)."
+            )
         u8 = np.stack([to_uint8(f) for f in frames])
         bar = comfy_glue.progress_bar(b)
-        faceset = detect_batch(u8, detector, embedder, sel, AlignOptions(crop_size, crop_factor), detect_size,
-                               on_frame=lambda: bar.update(1))
+        faceset = detect_batch(
+            u8,
+            detector,
+            embedder,
+            sel,
+            AlignOptions(crop_size, crop_factor),
+            detect_size,
+            on_frame=lambda: bar.update(1),
+        )
         empty = sum(1 for f in faceset.faces if not f)
         if empty:
             log.warning("FaceDetect (%s): no face in %d of %d frame(s); those frames pass through", backend, empty, b)
@@ -170,32 +274,103 @@ class PatchTokenize:
             "required": {
                 "image": ("IMAGE", {"tooltip": "The frames FaceDetect saw (used for the size check and the preview)."}),
                 "faces": ("FACES", {"tooltip": "FACES from FaceDetect on the same image."}),
-                "width": ("INT", {"default": 0, "min": 0, "max": 16384, "step": 8,
-                                  "tooltip": "Pixel width the sampler will run at (latent = /8); 0 = image width."}),
-                "height": ("INT", {"default": 0, "min": 0, "max": 16384, "step": 8,
-                                   "tooltip": "Pixel height the sampler will run at; 0 = image height."}),
-                "background_floor": ("FLOAT", {"default": 0.1, "min": 0.0, "max": 0.49, "step": 0.01,
-                                               "tooltip": "Importance of the background (0.1 = merge freely; "
-                                                          "raise it to keep more background detail)."}),
-                "face_weight": ("FLOAT", {"default": 0.9, "min": 0.0, "max": 1.0, "step": 0.01,
-                                          "tooltip": "Importance of the face hull (eyes and mouth are always 1.0). "
-                                                     "At or above protect_threshold the face is never merged."}),
-                "falloff": ("FLOAT", {"default": 0.35, "min": 0.0, "max": 2.0, "step": 0.05,
-                                      "tooltip": "Width of the soft ring around the face, as a fraction of the face "
-                                                 "size. Wider protects hair and neck, saves fewer tokens."}),
-                "min_keep": ("FLOAT", {"default": 0.25, "min": 0.05, "max": 1.0, "step": 0.01,
-                                       "tooltip": "Smallest kept fraction of any region (0.25 = merge at most 75%, "
-                                                  "the safe upper bound for token merging)."}),
-                "protect_threshold": ("FLOAT", {"default": 0.5, "min": 0.05, "max": 1.0, "step": 0.01,
-                                                "tooltip": "Tokens at least this important are never merged."}),
-                "preview_level": (list(get_args(PreviewLevel)), {"default": "16",
-                                                                 "tooltip": "U-Net level (downsampling factor vs "
-                                                                            "the image) whose token grid is drawn."}),
+                "width": (
+                    "INT",
+                    {
+                        "default": 0,
+                        "min": 0,
+                        "max": 16384,
+                        "step": 8,
+                        "tooltip": "Pixel width the sampler will run at (latent = /8); 0 = image width.",
+                    },
+                ),
+                "height": (
+                    "INT",
+                    {
+                        "default": 0,
+                        "min": 0,
+                        "max": 16384,
+                        "step": 8,
+                        "tooltip": "Pixel height the sampler will run at; 0 = image height.",
+                    },
+                ),
+                "background_floor": (
+                    "FLOAT",
+                    {
+                        "default": 0.1,
+                        "min": 0.0,
+                        "max": 0.49,
+                        "step": 0.01,
+                        "tooltip": "Importance of the background (0.1 = merge freely; "
+                        "raise it to keep more background detail).",
+                    },
+                ),
+                "face_weight": (
+                    "FLOAT",
+                    {
+                        "default": 0.9,
+                        "min": 0.0,
+                        "max": 1.0,
+                        "step": 0.01,
+                        "tooltip": "Importance of the face hull (eyes and mouth are always 1.0). "
+                        "At or above protect_threshold the face is never merged.",
+                    },
+                ),
+                "falloff": (
+                    "FLOAT",
+                    {
+                        "default": 0.35,
+                        "min": 0.0,
+                        "max": 2.0,
+                        "step": 0.05,
+                        "tooltip": "Width of the soft ring around the face, as a fraction of the face "
+                        "size. Wider protects hair and neck, saves fewer tokens.",
+                    },
+                ),
+                "min_keep": (
+                    "FLOAT",
+                    {
+                        "default": 0.25,
+                        "min": 0.05,
+                        "max": 1.0,
+                        "step": 0.01,
+                        "tooltip": "Smallest kept fraction of any region (0.25 = merge at most 75%, "
+                        "the safe upper bound for token merging).",
+                    },
+                ),
+                "protect_threshold": (
+                    "FLOAT",
+                    {
+                        "default": 0.5,
+                        "min": 0.05,
+                        "max": 1.0,
+                        "step": 0.01,
+                        "tooltip": "Tokens at least this important are never merged.",
+                    },
+                ),
+                "preview_level": (
+                    list(get_args(PreviewLevel)),
+                    {
+                        "default": "16",
+                        "tooltip": "U-Net level (downsampling factor vs the image) whose token grid is drawn.",
+                    },
+                ),
             },
         }
 
-    def tokenize(self, image: Any, faces: Any, width: int, height: int, background_floor: float, face_weight: float,
-                 falloff: float, min_keep: float, protect_threshold: float, preview_level: str) -> tuple:
+    def tokenize(
+        self,
+        image: Any,
+        faces: Any,
+        width: int,
+        height: int,
+        background_floor: float,
+        face_weight: float,
+        falloff: float,
+        min_keep: float,
+        protect_threshold: float,
+        preview_level: str,
+    ) -> tuple:
         import numpy as np
         import torch
 
@@ -206,8 +381,13 @@ class PatchTokenize:
         b, h, w = frames.shape[:3]
         faces.check_image(h, w, b, "the image input of PatchTokenize")
         latent = (max(1, (height or h) // 8), max(1, (width or w) // 8))
-        opts = PlanOptions(floor=background_floor, face_weight=face_weight, falloff=falloff, min_keep=min_keep,
-                           protect_threshold=protect_threshold)
+        opts = PlanOptions(
+            floor=background_floor,
+            face_weight=face_weight,
+            falloff=falloff,
+            min_keep=min_keep,
+            protect_threshold=protect_threshold,
+        )
         plan = build_plan(faces, latent, opts)
         if b == 0:
             return {"ui": {"images": []}, "result": (plan, image)}
@@ -218,8 +398,9 @@ class PatchTokenize:
             bar.update(1)
         if faces.count == 0:
             log.warning("PatchTokenize: no face in the FACES input; the plan treats every frame as background")
-        log.info("PatchTokenize: %d frame(s), expected token reduction %.1f%% vs uniform", b,
-                 100 * plan.expected_reduction())
+        log.info(
+            "PatchTokenize: %d frame(s), expected token reduction %.1f%% vs uniform", b, 100 * plan.expected_reduction()
+        )
         preview = torch.from_numpy(np.stack(previews)).float() / 255
         # ui.images: the editor shows the plan inside the node (web/tokenfuse_preview.js sizes the node for it)
         return {"ui": {"images": comfy_glue.save_temp_previews(preview, "tokenfuse_plan")}, "result": (plan, preview)}
@@ -243,15 +424,32 @@ class Blend:
             "required": {
                 "image": ("IMAGE", {"tooltip": "The original frames (the same ones FaceDetect saw)."}),
                 "faces": ("FACES", {"tooltip": "FACES whose faces carry processed crops."}),
-                "strength": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01,
-                                       "tooltip": "1.0 = full replacement inside the mask; lower mixes in the "
-                                                  "original face."}),
-                "color_transfer": ("BOOLEAN", {"default": False,
-                                               "tooltip": "Match the crop's LAB mean/std to the original face (fixes "
-                                                          "tint drift from diffusion or restoration)."}),
-                "seamless": ("BOOLEAN", {"default": False,
-                                         "tooltip": "Poisson-blend (cv2.seamlessClone) before feathering: hides "
-                                                    "lighting seams, can wash out strong edits."}),
+                "strength": (
+                    "FLOAT",
+                    {
+                        "default": 1.0,
+                        "min": 0.0,
+                        "max": 1.0,
+                        "step": 0.01,
+                        "tooltip": "1.0 = full replacement inside the mask; lower mixes in the original face.",
+                    },
+                ),
+                "color_transfer": (
+                    "BOOLEAN",
+                    {
+                        "default": False,
+                        "tooltip": "Match the crop's LAB mean/std to the original face (fixes "
+                        "tint drift from diffusion or restoration).",
+                    },
+                ),
+                "seamless": (
+                    "BOOLEAN",
+                    {
+                        "default": False,
+                        "tooltip": "Poisson-blend (cv2.seamlessClone) before feathering: hides "
+                        "lighting seams, can wash out strong edits.",
+                    },
+                ),
             },
         }
 
@@ -267,8 +465,10 @@ class Blend:
         faces.check_image(h, w, b, "the image input of Blend")
         with_crop = sum(1 for frame in faces.faces for f in frame if f.crop is not None)
         if with_crop == 0:
-            log.warning("Blend: no face carries a processed crop (connect ScheduledFusion or GFPGANEnhance before "
-                        "Blend); the image passes through unchanged")
+            log.warning(
+                "Blend: no face carries a processed crop (connect ScheduledFusion or GFPGANEnhance before "
+                "Blend); the image passes through unchanged"
+            )
             return (image,)
         opts = BlendOptions(strength=strength, color_transfer=color_transfer, seamless=seamless)
         bar = comfy_glue.progress_bar(b)

@@ -100,64 +100,181 @@ class ScheduledFusion:
                 "negative": ("CONDITIONING", {"tooltip": "Negative conditioning for the faces."}),
                 "image": ("IMAGE", {"tooltip": "The frames the FACES were detected on."}),
                 "faces": ("FACES", {"tooltip": "Faces from FaceDetect (or PatchTokenize) on the same frames."}),
-                "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF, "control_after_generate": True,
-                                 "tooltip": "Base seed; face k (frame-major order) uses seed + k, stable across "
-                                            "reruns."}),
-                "steps": ("INT", {"default": 20, "min": 1, "max": 10000,
-                                  "tooltip": "Sampling steps (with denoise < 1 only the last part runs)."}),
-                "cfg": ("FLOAT", {"default": 7.0, "min": 0.0, "max": 100.0, "step": 0.1,
-                                  "tooltip": "Classifier-free guidance scale (4-8 typical for face refinement)."}),
+                "seed": (
+                    "INT",
+                    {
+                        "default": 0,
+                        "min": 0,
+                        "max": 0xFFFFFFFFFFFFFFFF,
+                        "control_after_generate": True,
+                        "tooltip": "Base seed; face k (frame-major order) uses seed + k, stable across reruns.",
+                    },
+                ),
+                "steps": (
+                    "INT",
+                    {
+                        "default": 20,
+                        "min": 1,
+                        "max": 10000,
+                        "tooltip": "Sampling steps (with denoise < 1 only the last part runs).",
+                    },
+                ),
+                "cfg": (
+                    "FLOAT",
+                    {
+                        "default": 7.0,
+                        "min": 0.0,
+                        "max": 100.0,
+                        "step": 0.1,
+                        "tooltip": "Classifier-free guidance scale (4-8 typical for face refinement).",
+                    },
+                ),
                 "sampler_name": (samplers, {"default": samplers[0], "tooltip": "ComfyUI sampler."}),
                 "scheduler": (schedulers, {"default": schedulers[0], "tooltip": "ComfyUI noise schedule."}),
-                "denoise": ("FLOAT", {"default": 0.45, "min": 0.0, "max": 1.0, "step": 0.01,
-                                      "tooltip": "How much of the face is re-generated: 0.3-0.5 refines and keeps "
-                                                 "identity; above 0.6 the face changes."}),
-                "guide_size": ("INT", {"default": 512, "min": 64, "max": 2048, "step": 8,
-                                       "tooltip": "Face resolution sampled (pixels). 512 suits SD1.5, 1024 SDXL; "
-                                                  "smaller is faster and lighter."}),
-                "max_size": ("INT", {"default": 1024, "min": 64, "max": 4096, "step": 8,
-                                     "tooltip": "Cap on the sampled crop side (guide_size x crop_factor)."}),
-                "crop_factor": ("FLOAT", {"default": 1.0, "min": 1.0, "max": 4.0, "step": 0.1,
-                                          "tooltip": "Context around the aligned face crop: 1 = the crop itself; 1.5 "
-                                                     "gives the model more hair/neck (more tokens)."}),
-                "feather": ("FLOAT", {"default": 0.04, "min": 0.0, "max": 0.25, "step": 0.01,
-                                      "tooltip": "Noise-mask edge softness as a fraction of the face size "
-                                                 "(0.02-0.08 hides the seam)."}),
-                "faces_per_batch": ("INT", {"default": 2, "min": 1, "max": 8,
-                                            "tooltip": "Faces of one frame sampled together (2-3 fit 6-8 GB at 512 "
-                                                       "with scheduling; an OOM splits the batch)."}),
-                "fallback": (list(get_args(FallbackMode)), {
-                    "default": "auto",
-                    "tooltip": "auto: OOM -> split batch, stronger preset, tiled VAE, smaller guide; artifacts -> "
-                               "rerun with scheduling off. oom-only / artifacts-only: one chain. off: no retries (a "
-                               "face that runs out of memory passes through). Artifacts found without the artifact "
-                               "chain are reported and the output is kept."}),
+                "denoise": (
+                    "FLOAT",
+                    {
+                        "default": 0.45,
+                        "min": 0.0,
+                        "max": 1.0,
+                        "step": 0.01,
+                        "tooltip": "How much of the face is re-generated: 0.3-0.5 refines and keeps "
+                        "identity; above 0.6 the face changes.",
+                    },
+                ),
+                "guide_size": (
+                    "INT",
+                    {
+                        "default": 512,
+                        "min": 64,
+                        "max": 2048,
+                        "step": 8,
+                        "tooltip": "Face resolution sampled (pixels). 512 suits SD1.5, 1024 SDXL; "
+                        "smaller is faster and lighter.",
+                    },
+                ),
+                "max_size": (
+                    "INT",
+                    {
+                        "default": 1024,
+                        "min": 64,
+                        "max": 4096,
+                        "step": 8,
+                        "tooltip": "Cap on the sampled crop side (guide_size x crop_factor).",
+                    },
+                ),
+                "crop_factor": (
+                    "FLOAT",
+                    {
+                        "default": 1.0,
+                        "min": 1.0,
+                        "max": 4.0,
+                        "step": 0.1,
+                        "tooltip": "Context around the aligned face crop: 1 = the crop itself; 1.5 "
+                        "gives the model more hair/neck (more tokens).",
+                    },
+                ),
+                "feather": (
+                    "FLOAT",
+                    {
+                        "default": 0.04,
+                        "min": 0.0,
+                        "max": 0.25,
+                        "step": 0.01,
+                        "tooltip": "Noise-mask edge softness as a fraction of the face size "
+                        "(0.02-0.08 hides the seam).",
+                    },
+                ),
+                "faces_per_batch": (
+                    "INT",
+                    {
+                        "default": 2,
+                        "min": 1,
+                        "max": 8,
+                        "tooltip": "Faces of one frame sampled together (2-3 fit 6-8 GB at 512 "
+                        "with scheduling; an OOM splits the batch).",
+                    },
+                ),
+                "fallback": (
+                    list(get_args(FallbackMode)),
+                    {
+                        "default": "auto",
+                        "tooltip": "auto: OOM -> split batch, stronger preset, tiled VAE, smaller guide; artifacts -> "
+                        "rerun with scheduling off. oom-only / artifacts-only: one chain. off: no retries (a "
+                        "face that runs out of memory passes through). Artifacts found without the artifact "
+                        "chain are reported and the output is kept.",
+                    },
+                ),
             },
             "optional": {
-                "token_plan": ("TOKEN_PLAN", {
-                    "tooltip": "When connected (or given to TokenSchedulerController), a crop-space plan built from "
-                               "each face mask protects face tokens (this plan's protect threshold is used)."}),
-                "swap_model": (["none", *onnx], {
-                    "default": "none",
-                    "tooltip": "Identity pre-swap: an inswapper_128-style ONNX in models/insightface. The 128-px swap "
-                               "is re-detailed by the diffusion pass. Needs source_faces (and an ArcFace model when "
-                               "they carry no embedding)."}),
-                "arcface_model": (["none", *onnx], {
-                    "default": "none",
-                    "tooltip": "ArcFace recognition ONNX (e.g. w600k_r50.onnx) in models/insightface: source "
-                               "embedding for the swap and the identity-drop artifact check."}),
-                "source_image": ("IMAGE", {"tooltip": "The image holding the source identity for the swap (its "
-                                                      "largest face is used when source_faces is not connected)."}),
-                "source_faces": ("FACES", {"tooltip": "FaceDetect on source_image; its first face is the source "
-                                                      "(its embedding is used when it has one)."}),
+                "token_plan": (
+                    "TOKEN_PLAN",
+                    {
+                        "tooltip": "When connected (or given to TokenSchedulerController), a crop-space plan built from "
+                        "each face mask protects face tokens (this plan's protect threshold is used)."
+                    },
+                ),
+                "swap_model": (
+                    ["none", *onnx],
+                    {
+                        "default": "none",
+                        "tooltip": "Identity pre-swap: an inswapper_128-style ONNX in models/insightface. The 128-px swap "
+                        "is re-detailed by the diffusion pass. Needs source_faces (and an ArcFace model when "
+                        "they carry no embedding).",
+                    },
+                ),
+                "arcface_model": (
+                    ["none", *onnx],
+                    {
+                        "default": "none",
+                        "tooltip": "ArcFace recognition ONNX (e.g. w600k_r50.onnx) in models/insightface: source "
+                        "embedding for the swap and the identity-drop artifact check.",
+                    },
+                ),
+                "source_image": (
+                    "IMAGE",
+                    {
+                        "tooltip": "The image holding the source identity for the swap (its "
+                        "largest face is used when source_faces is not connected)."
+                    },
+                ),
+                "source_faces": (
+                    "FACES",
+                    {
+                        "tooltip": "FaceDetect on source_image; its first face is the source "
+                        "(its embedding is used when it has one)."
+                    },
+                ),
             },
         }
 
-    def fuse(self, model: Any, vae: Any, positive: Any, negative: Any, image: Any, faces: Any, seed: int, steps: int,
-             cfg: float, sampler_name: str, scheduler: str, denoise: float, guide_size: int, max_size: int,
-             crop_factor: float, feather: float, faces_per_batch: int, fallback: str, token_plan: Any = None,
-             swap_model: str = "none", arcface_model: str = "none", source_image: Any = None,
-             source_faces: Any = None, backend: Any = None) -> tuple[Any, Any, str]:
+    def fuse(
+        self,
+        model: Any,
+        vae: Any,
+        positive: Any,
+        negative: Any,
+        image: Any,
+        faces: Any,
+        seed: int,
+        steps: int,
+        cfg: float,
+        sampler_name: str,
+        scheduler: str,
+        denoise: float,
+        guide_size: int,
+        max_size: int,
+        crop_factor: float,
+        feather: float,
+        faces_per_batch: int,
+        fallback: str,
+        token_plan: Any = None,
+        swap_model: str = "none",
+        arcface_model: str = "none",
+        source_image: Any = None,
+        source_faces: Any = None,
+        backend: Any = None,
+    ) -> tuple[Any, Any, str]:
         """backend: a faces.fusion_run.FusionBackend to use instead of ComfyUI's (tests)."""
         import numpy as np
         import torch
@@ -173,8 +290,10 @@ class ScheduledFusion:
         frames = image[..., :3].detach().float().cpu().numpy()
         faces.check_image(int(image.shape[1]), int(image.shape[2]), int(image.shape[0]))
         if faces.count == 0:
-            log.warning("ScheduledFusion: no faces in %d frame(s); nothing to refine (Blend returns the image as is).",
-                        faces.batch_size)
+            log.warning(
+                "ScheduledFusion: no faces in %d frame(s); nothing to refine (Blend returns the image as is).",
+                faces.batch_size,
+            )
             empty = torch.zeros((0, guide_size, guide_size, 3))
             return empty, faces, format_report([], "ScheduledFusion: no faces detected; image unchanged.")
         # A frame-space plan that TokenSchedulerController put on the MODEL would land on the crops misplaced:
@@ -183,16 +302,25 @@ class ScheduledFusion:
         source_plan = token_plan if token_plan is not None else model_plan
         protect = float(getattr(source_plan, "protect_threshold", 0.5)) if source_plan is not None else 0.5
         settings = FusionSettings(
-            seed=int(seed), guide_size=int(guide_size) // 8 * 8, max_size=int(max_size), crop_factor=float(crop_factor),
-            feather=float(feather), faces_per_batch=int(faces_per_batch), use_plan=source_plan is not None,
+            seed=int(seed),
+            guide_size=int(guide_size) // 8 * 8,
+            max_size=int(max_size),
+            crop_factor=float(crop_factor),
+            feather=float(feather),
+            faces_per_batch=int(faces_per_batch),
+            use_plan=source_plan is not None,
             protect_threshold=protect,
-            fallback=FallbackConfig(mode=fallback, stronger_presets=_stronger_presets(),  # type: ignore[arg-type]
-                                    incoming_preset=str(_transformer_option(model, PRESET_KEY) or ""),
-                                    min_guide=max(64, min(256, int(guide_size) // 2))),
+            fallback=FallbackConfig(
+                mode=fallback,
+                stronger_presets=_stronger_presets(),  # type: ignore[arg-type]
+                incoming_preset=str(_transformer_option(model, PRESET_KEY) or ""),
+                min_guide=max(64, min(256, int(guide_size) // 2)),
+            ),
         )
         if backend is None:
-            backend = self._comfy_backend(model, vae, positive, negative, steps, cfg, sampler_name, scheduler, denoise,
-                                          faces.count)
+            backend = self._comfy_backend(
+                model, vae, positive, negative, steps, cfg, sampler_name, scheduler, denoise, faces.count
+            )
         swap_note = self._setup_swap(backend, swap_model, arcface_model, source_image, source_faces)
         result = run_fusion(frames, faces, settings, backend)
         crops = result.crops
@@ -200,17 +328,29 @@ class ScheduledFusion:
         crops = [c if c.shape[0] == size else _resize(c, size) for c in crops]
         out = torch.from_numpy(np.stack(crops).astype(np.float32))
         reports: list[FaceReport] = result.reports
-        header = (f"ScheduledFusion: {faces.count} face(s) in {faces.batch_size} frame(s), "
-                  f"guide {settings.guide_size}, steps {steps}, denoise {denoise}, fallback {fallback}, "
-                  f"plan {'on' if settings.use_plan else 'off'}"
-                  f"{swap_note}")
+        header = (
+            f"ScheduledFusion: {faces.count} face(s) in {faces.batch_size} frame(s), "
+            f"guide {settings.guide_size}, steps {steps}, denoise {denoise}, fallback {fallback}, "
+            f"plan {'on' if settings.use_plan else 'off'}"
+            f"{swap_note}"
+        )
         report = format_report(reports, header)
         log.info("%s", report.splitlines()[-1])
         return out, result.faces, report
 
     @staticmethod
-    def _comfy_backend(model: Any, vae: Any, positive: Any, negative: Any, steps: int, cfg: float, sampler_name: str,
-                       scheduler: str, denoise: float, total: int) -> Any:
+    def _comfy_backend(
+        model: Any,
+        vae: Any,
+        positive: Any,
+        negative: Any,
+        steps: int,
+        cfg: float,
+        sampler_name: str,
+        scheduler: str,
+        denoise: float,
+        total: int,
+    ) -> Any:
         from ..faces.fusion_run import FusionBackend
 
         comfy_glue.require_comfy("ScheduledFusion")
@@ -231,9 +371,20 @@ class ScheduledFusion:
             return cache[key]
 
         def sample(m: Any, latent: Any, mask: Any, seeds: list[int], plan: Any) -> Any:
-            return comfy_glue.fusion_sample(m, latent, mask, seeds, plan, steps=steps, cfg=cfg,
-                                            sampler_name=sampler_name, scheduler=scheduler, positive=positive,
-                                            negative=negative, denoise=denoise)
+            return comfy_glue.fusion_sample(
+                m,
+                latent,
+                mask,
+                seeds,
+                plan,
+                steps=steps,
+                cfg=cfg,
+                sampler_name=sampler_name,
+                scheduler=scheduler,
+                positive=positive,
+                negative=negative,
+                denoise=denoise,
+            )
 
         return FusionBackend(
             encode=lambda px, tiled: comfy_glue.fusion_vae_encode(vae, px, tiled),
@@ -262,14 +413,18 @@ class ScheduledFusion:
         if source_faces is None and source_image is not None:
             source_faces = _detect_source(source_image)
         if source_faces is None or source_faces.count == 0:
-            raise ValueError("swap_model is set but no source face: connect source_image (its largest face is "
-                             "found with FaceDetect's default detector) or FaceDetect's FACES of it to source_faces.")
+            raise ValueError(
+                "swap_model is set but no source face: connect source_image (its largest face is "
+                "found with FaceDetect's default detector) or FaceDetect's FACES of it to source_faces."
+            )
         src = next(f for frame in source_faces.faces for f in frame)
         emb = src.embedding
         if emb is None:
             if embedder is None or source_image is None:
-                raise ValueError("the source face carries no ArcFace embedding: choose an arcface_model (e.g. "
-                                 "w600k_r50.onnx) and connect source_image, or detect with an insightface backend.")
+                raise ValueError(
+                    "the source face carries no ArcFace embedding: choose an arcface_model (e.g. "
+                    "w600k_r50.onnx) and connect source_image, or detect with an insightface backend."
+                )
             frame_idx = next(i for i, frame in enumerate(source_faces.faces) if frame)
             rgb = source_image[frame_idx, ..., :3].detach().float().cpu().numpy()
             emb = embedder.embed(rgb, src.landmarks)
@@ -294,8 +449,10 @@ def _detect_source(source_image: Any) -> Any:
     try:
         detector, _ = load_backend("retinaface", [])
     except ModelFileError as exc:
-        raise ValueError(f"could not detect the source face ({exc}); or connect FaceDetect's FACES of the source "
-                         "image to source_faces.") from exc
+        raise ValueError(
+            f"could not detect the source face ({exc}); or connect FaceDetect's FACES of the source "
+            "image to source_faces."
+        ) from exc
     faces = detect_batch(np.stack([to_uint8(frame[0])]), detector, None, Selection(max_faces=1))
     log.info("ScheduledFusion: %d source face(s) found in source_image", faces.count)
     return faces

@@ -25,6 +25,7 @@ PRESET_KEY = "tokenfuse_preset"  # transformer_options: the preset in force (rea
 STATS_EVENT = "tokenfuse.stats"
 _MODEL_METHODS = ("clone", "set_model_attn1_patch", "set_model_attn1_output_patch", "add_wrapper_with_key")
 
+
 def schedule_from_widgets(preset: str, strategy: str, ratio: float, family: str, schedule_text: str = "") -> Schedule:
     """Widgets → Schedule: the preset for the family, then the strategy/ratio widgets, then the text override.
 
@@ -173,25 +174,35 @@ class _LiveStats:
             self.steps = max(self.steps, self.step)
         self.step = max(1, min(self.step, max(self.steps, 1)))
 
-    def payload(self, telemetry: Any, step_time: float | None, final: bool = False,
-                summary: str | None = None) -> dict[str, Any]:
+    def payload(
+        self, telemetry: Any, step_time: float | None, final: bool = False, summary: str | None = None
+    ) -> dict[str, Any]:
         """Per-level K/V tokens per image (means over the attention calls since the last event)."""
         per_level: dict[int, list[int]] = {}
-        for rec in telemetry.records[self.seen:]:
+        for rec in telemetry.records[self.seen :]:
             acc = per_level.setdefault(rec.level, [0, 0, 0])
             acc[0] += rec.kv_in
             acc[1] += rec.kv_out
             acc[2] += 1
         self.seen = len(telemetry.records)
-        levels = [{"level": lv, "tokens_in": a[0] // a[2], "tokens_out": a[1] // a[2]}
-                  for lv, a in sorted(per_level.items())]
-        return {"node": self.node_id, "step": self.step, "steps": max(self.steps, self.step, 1),
-                "step_time_s": step_time, "peak_mem_mb": self.peak_mib(), "levels": levels, "final": final,
-                "summary": summary}
+        levels = [
+            {"level": lv, "tokens_in": a[0] // a[2], "tokens_out": a[1] // a[2]} for lv, a in sorted(per_level.items())
+        ]
+        return {
+            "node": self.node_id,
+            "step": self.step,
+            "steps": max(self.steps, self.step, 1),
+            "step_time_s": step_time,
+            "peak_mem_mb": self.peak_mib(),
+            "levels": levels,
+            "final": final,
+            "summary": summary,
+        }
 
 
-def _make_run_wrapper(telemetry: Any, schedule: Schedule, device: Any, label: str,
-                      live: _LiveStats) -> Callable[..., Any]:
+def _make_run_wrapper(
+    telemetry: Any, schedule: Schedule, device: Any, label: str, live: _LiveStats
+) -> Callable[..., Any]:
     """OUTER_SAMPLE wrapper: reset per-run state, run sampling, log one summary line (also on error/cancel)."""
 
     def tokenfuse_outer_sample(executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -205,8 +216,11 @@ def _make_run_wrapper(telemetry: Any, schedule: Schedule, device: Any, label: st
             line = f"{telemetry.summary_line()}, {peak()} [{label}{', preset off' if schedule.is_off else ''}]"
             log.info("%s", line)
             if telemetry.calls == 0 and not schedule.is_off:
-                log.warning("TokenFuse: no attention call reached the scheduler in this run (%s); check that no "
-                            "other node replaces self-attention of this model", label)
+                log.warning(
+                    "TokenFuse: no attention call reached the scheduler in this run (%s); check that no "
+                    "other node replaces self-attention of this model",
+                    label,
+                )
             if live.step and comfy_glue.stats_listener_present():
                 comfy_glue.send_stats(STATS_EVENT, live.payload(telemetry, None, final=True, summary=line))
             if schedule.telemetry_jsonl:
@@ -242,8 +256,14 @@ def _check_model(model: Any) -> None:
         )
 
 
-def schedule_model(model: Any, schedule: Schedule, family: comfy_glue.ModelFamily,
-                   plan: Any = None, node_id: str | None = None, preset: str = "") -> tuple[Any, Any]:
+def schedule_model(
+    model: Any,
+    schedule: Schedule,
+    family: comfy_glue.ModelFamily,
+    plan: Any = None,
+    node_id: str | None = None,
+    preset: str = "",
+) -> tuple[Any, Any]:
     """Return (patched clone, its RunTelemetry); the input model is never touched.
 
     Bench scripts call this directly to time a model with a given Schedule.
@@ -300,59 +320,91 @@ class TokenSchedulerController:
         return {
             "required": {
                 "model": ("MODEL", {"tooltip": "The diffusion model to schedule (SD1.x/2.x, SDXL, Flux, Wan, ...)."}),
-                "preset": (list(get_args(Preset)), {
-                    "default": "balanced",
-                    "tooltip": "off: identity (bit-identical output). balanced: the mildest reduction, 2x2 K/V "
-                               "pooling at the finest attention levels (the range ToDo validated). "
-                               "lowvram_8gb/6gb/4gb: stronger "
-                               "reduction (ramp + adaptive) that trades fine detail for speed and memory; check faces.",
-                }),
-                "strategy": (list(get_args(StrategyChoice)), {
-                    "default": "preset",
-                    "tooltip": "preset: keep the preset's strategy. todo: pool K/V (cheapest, best under SDPA). "
-                               "tome: merge similar tokens (also shrinks queries; costs a matching step). topk: keep "
-                               "the most important keys only. DiT models always use K/V top-K.",
-                }),
-                "ratio": ("FLOAT", {
-                    "default": 0.0, "min": 0.0, "max": 0.9, "step": 0.05,
-                    "tooltip": "0 = the preset's per-level ratios. Otherwise the fraction of tokens taken out of "
-                               "attention at each level the preset reduces (DiT: K/V dropped). Useful 0.3-0.75; "
-                               "above 0.75 detail and faces degrade. todo snaps to 1x2 (0.5), 2x2 (0.75), 3x3 (0.89).",
-                }),
+                "preset": (
+                    list(get_args(Preset)),
+                    {
+                        "default": "balanced",
+                        "tooltip": "off: identity (bit-identical output). balanced: the mildest reduction, 2x2 K/V "
+                        "pooling at the finest attention levels (the range ToDo validated). "
+                        "lowvram_8gb/6gb/4gb: stronger "
+                        "reduction (ramp + adaptive) that trades fine detail for speed and memory; check faces.",
+                    },
+                ),
+                "strategy": (
+                    list(get_args(StrategyChoice)),
+                    {
+                        "default": "preset",
+                        "tooltip": "preset: keep the preset's strategy. todo: pool K/V (cheapest, best under SDPA). "
+                        "tome: merge similar tokens (also shrinks queries; costs a matching step). topk: keep "
+                        "the most important keys only. DiT models always use K/V top-K.",
+                    },
+                ),
+                "ratio": (
+                    "FLOAT",
+                    {
+                        "default": 0.0,
+                        "min": 0.0,
+                        "max": 0.9,
+                        "step": 0.05,
+                        "tooltip": "0 = the preset's per-level ratios. Otherwise the fraction of tokens taken out of "
+                        "attention at each level the preset reduces (DiT: K/V dropped). Useful 0.3-0.75; "
+                        "above 0.75 detail and faces degrade. todo snaps to 1x2 (0.5), 2x2 (0.75), 3x3 (0.89).",
+                    },
+                ),
             },
             "optional": {
-                "token_plan": ("TOKEN_PLAN", {
-                    "tooltip": "Face-importance plan from PatchTokenize: face tokens are protected, background is "
-                               "reduced first. Without it every token is treated alike.",
-                }),
-                "schedule_text": ("STRING", {
-                    "multiline": True, "default": "",
-                    "tooltip": "Optional JSON or YAML overriding any schedule field after the widgets, e.g. "
-                               "{\"ratios\": {\"8\": 0.5}, \"end_percent\": 0.6}. Empty = widgets only.",
-                }),
+                "token_plan": (
+                    "TOKEN_PLAN",
+                    {
+                        "tooltip": "Face-importance plan from PatchTokenize: face tokens are protected, background is "
+                        "reduced first. Without it every token is treated alike.",
+                    },
+                ),
+                "schedule_text": (
+                    "STRING",
+                    {
+                        "multiline": True,
+                        "default": "",
+                        "tooltip": "Optional JSON or YAML overriding any schedule field after the widgets, e.g. "
+                        '{"ratios": {"8": 0.5}, "end_percent": 0.6}. Empty = widgets only.',
+                    },
+                ),
             },
             "hidden": {"unique_id": "UNIQUE_ID"},  # tags live stats with this node (web/tokenfuse_scheduler.js)
         }
 
-    def apply(self, model: Any, preset: str, strategy: str, ratio: float, token_plan: Any = None,
-              schedule_text: str = "", unique_id: str | None = None) -> tuple[Any, str]:
+    def apply(
+        self,
+        model: Any,
+        preset: str,
+        strategy: str,
+        ratio: float,
+        token_plan: Any = None,
+        schedule_text: str = "",
+        unique_id: str | None = None,
+    ) -> tuple[Any, str]:
         _check_model(model)
         family = comfy_glue.detect_family(model)
         if family.route == "none":
-            msg = (f"TokenFuse: model {family.name} has no attention entry point TokenFuse can patch (supported: "
-                   "SD1.x/2.x, SDXL, Flux, Wan, Qwen-Image, HunyuanVideo, LTXV); the model passes through unchanged.")
+            msg = (
+                f"TokenFuse: model {family.name} has no attention entry point TokenFuse can patch (supported: "
+                "SD1.x/2.x, SDXL, Flux, Wan, Qwen-Image, HunyuanVideo, LTXV); the model passes through unchanged."
+            )
             log.warning(msg)
             return model, msg
         schedule = schedule_from_widgets(preset, strategy, ratio, family.family, schedule_text)
-        patched, _ = schedule_model(model, schedule, family, token_plan, unique_id,
-                                    preset if not schedule_text.strip() else "")
+        patched, _ = schedule_model(
+            model, schedule, family, token_plan, unique_id, preset if not schedule_text.strip() else ""
+        )
         route = "attn1 patches" if family.route == "unet" else "attention override"
         plan_txt = "none"
         if token_plan is not None:
             saved = getattr(token_plan, "expected_reduction", lambda: 0.0)()
             plan_txt = f"{getattr(token_plan, 'batch_size', '?')} image(s), expected {saved:.0%} tokens saved"
-        report = (f"TokenFuse scheduler: {family.name} ({family.family}, {route}); preset {preset}; "
-                  f"{describe_schedule(schedule)}; token plan: {plan_txt}. A summary line is logged after each run.")
+        report = (
+            f"TokenFuse scheduler: {family.name} ({family.family}, {route}); preset {preset}; "
+            f"{describe_schedule(schedule)}; token plan: {plan_txt}. A summary line is logged after each run."
+        )
         return patched, report
 
 

@@ -109,8 +109,7 @@ def bipartite_soft_matching_2d(
         c = x.shape[-1]
         src = x.gather(1, src_tok.unsqueeze(-1).expand(b, ns, c))
         dst = x.index_select(1, dst_idx)
-        dst = dst.scatter_reduce(1, mrg_dst.unsqueeze(-1).expand(b, r, c), src[:, :r], reduce="mean",
-                                 include_self=True)
+        dst = dst.scatter_reduce(1, mrg_dst.unsqueeze(-1).expand(b, r, c), src[:, :r], reduce="mean", include_self=True)
         return torch.cat([src[:, r:], dst], dim=1)
 
     def unmerge(y: torch.Tensor) -> torch.Tensor:

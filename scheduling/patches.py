@@ -170,8 +170,13 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
 
         return plans.get(plan, key + (str(device),), make)
 
-    def kv_targets(n: torch.Tensor, ctx: Any, val: Any, fn: Callable[[torch.Tensor], torch.Tensor],
-                   n_out: torch.Tensor | None = None) -> tuple[Any, Any]:
+    def kv_targets(
+        n: torch.Tensor,
+        ctx: Any,
+        val: Any,
+        fn: Callable[[torch.Tensor], torch.Tensor],
+        n_out: torch.Tensor | None = None,
+    ) -> tuple[Any, Any]:
         """Apply a token reduction to ctx/val that still hold n's tokens (once per distinct object; n -> n_out)."""
         memo: dict[int, Any] = {}
 
@@ -207,17 +212,32 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
             try:
                 out = _reduce(n, ctx, val, extra_options, level, h, w, ratio, info)
             except Exception as exc:  # a shape we did not foresee: run this call unreduced, never crash sampling
-                warn_once("reduce", "TokenFuse: token reduction skipped (%s: %s); attention runs unchanged",
-                          type(exc).__name__, exc)
+                warn_once(
+                    "reduce",
+                    "TokenFuse: token reduction skipped (%s: %s); attention runs unchanged",
+                    type(exc).__name__,
+                    exc,
+                )
                 out = (n, ctx, val)
         new_n, new_ctx = out[0], out[1]
         kv_out = new_ctx.shape[1] if isinstance(new_ctx, torch.Tensor) and new_ctx.ndim == 3 else new_n.shape[1]
-        telemetry.record(_block_label(extra_options), level, info.step, info.sigma, n_tok, new_n.shape[1], kv_in,
-                         kv_out, schedule.strategy, (time.perf_counter() - t0) if timing else None)
+        telemetry.record(
+            _block_label(extra_options),
+            level,
+            info.step,
+            info.sigma,
+            n_tok,
+            new_n.shape[1],
+            kv_in,
+            kv_out,
+            schedule.strategy,
+            (time.perf_counter() - t0) if timing else None,
+        )
         return out
 
-    def _reduce(n: torch.Tensor, ctx: Any, val: Any, options: dict, level: int, h: int, w: int, ratio: float,
-                info: StepInfo) -> tuple[torch.Tensor, Any, Any]:
+    def _reduce(
+        n: torch.Tensor, ctx: Any, val: Any, options: dict, level: int, h: int, w: int, ratio: float, info: StepInfo
+    ) -> tuple[torch.Tensor, Any, Any]:
         plan = options.get(PLAN_KEY)
         batch, dev = n.shape[0], n.device
         if schedule.strategy == "tome":
@@ -242,8 +262,12 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
             kernel = kernel_for_ratio(ratio)
             keep = None
             if plan is not None:
-                keep = on_device(plan, ("cells", h, w, batch, kernel),
-                                 lambda: protected_cell_tokens(roi(plan, h, w, batch)[1], h, w, kernel), dev)
+                keep = on_device(
+                    plan,
+                    ("cells", h, w, batch, kernel),
+                    lambda: protected_cell_tokens(roi(plan, h, w, batch)[1], h, w, kernel),
+                    dev,
+                )
             if keep is None:
                 fn = kv_fns.get_or((h, w, kernel), lambda: kv_downsample_functions(h, w, ratio, schedule.pool))
             else:
@@ -264,8 +288,12 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
             return n
         unmerge, merged_len = entry
         if n.ndim != 3 or n.shape[1] != merged_len:
-            warn_once("unmerge", "TokenFuse: attention output has %s tokens, expected %d (another patch changed it); "
-                      "left as is", tuple(n.shape), merged_len)
+            warn_once(
+                "unmerge",
+                "TokenFuse: attention output has %s tokens, expected %d (another patch changed it); left as is",
+                tuple(n.shape),
+                merged_len,
+            )
             return n
         t0 = time.perf_counter() if timing else 0.0
         out = unmerge(n)
@@ -300,8 +328,14 @@ def build_attention_override(schedule: Schedule, telemetry: RunTelemetry) -> Cal
         if topts.get(DISABLED_KEY):
             return func(*args, **kwargs)
         tok_dim = 2 if kwargs.get("skip_reshape", False) else 1
-        if (mask is not None or not all(isinstance(t, torch.Tensor) for t in (q, k, v)) or k.ndim != tok_dim + 2
-                or k.shape != v.shape or k.shape[tok_dim] != q.shape[tok_dim] or k.shape[tok_dim] < MIN_DIT_TOKENS):
+        if (
+            mask is not None
+            or not all(isinstance(t, torch.Tensor) for t in (q, k, v))
+            or k.ndim != tok_dim + 2
+            or k.shape != v.shape
+            or k.shape[tok_dim] != q.shape[tok_dim]
+            or k.shape[tok_dim] < MIN_DIT_TOKENS
+        ):
             return func(*args, **kwargs)
         info = steps(topts)
         bidx = topts.get("block_index")
@@ -314,8 +348,18 @@ def build_attention_override(schedule: Schedule, telemetry: RunTelemetry) -> Cal
             return func(*args, **kwargs)
         idx = topk_indices(k, keep, None, tok_dim)
         k2, v2 = gather_tokens(k, idx, tok_dim), gather_tokens(v, idx, tok_dim)
-        telemetry.record(str(topts.get("block_index", "?")), 0, info.step, info.sigma, n_tok, n_tok, n_tok, keep,
-                         "topk", (time.perf_counter() - t0) if schedule.time_calls else None)
+        telemetry.record(
+            str(topts.get("block_index", "?")),
+            0,
+            info.step,
+            info.sigma,
+            n_tok,
+            n_tok,
+            n_tok,
+            keep,
+            "topk",
+            (time.perf_counter() - t0) if schedule.time_calls else None,
+        )
         return func(q, k2, v2, *args[3:], **kwargs)
 
     return override

@@ -49,7 +49,9 @@ class TokenPlan:
         kept = sum(sum(b.values()) for b in self.budgets)
         return 0.0 if total == 0 else 1.0 - kept / total
 
-    def level_importance(self, grid_h: int, grid_w: int, batch: int, device: torch.device | None = None) -> torch.Tensor:
+    def level_importance(
+        self, grid_h: int, grid_w: int, batch: int, device: torch.device | None = None
+    ) -> torch.Tensor:
         """Importance resampled to a token grid.
 
         Returns [batch, grid_h * grid_w] float32. The plan's images are repeated cyclically when the sampling batch is

@@ -120,8 +120,12 @@ class Schedule:
             object.__setattr__(self, name, float(getattr(self, name)))
 
     def __hash__(self) -> int:  # ratios is a dict; hash its items so the frozen object stays hashable
-        return hash(tuple((f.name, tuple(self.ratios.items()) if f.name == "ratios" else getattr(self, f.name))
-                          for f in fields(self)))
+        return hash(
+            tuple(
+                (f.name, tuple(self.ratios.items()) if f.name == "ratios" else getattr(self, f.name))
+                for f in fields(self)
+            )
+        )
 
     @property
     def is_off(self) -> bool:
@@ -202,8 +206,16 @@ def preset_schedule(name: Preset | str, family: Family | str = "sd15") -> Schedu
         return _balanced(family)
     if family == "dit":
         return Schedule(strategy="topk", dit_ratio=_LOWVRAM_DIT[name], protect_blocks=1)
-    return Schedule(strategy="todo", ratios=_LOWVRAM[name][family], protect_blocks=0, ramp_start=3, ramp_step=0.05,
-                    ramp_every=2, ramp_cap=0.89, adaptive=0.05 if name == "lowvram_8gb" else 0.1)
+    return Schedule(
+        strategy="todo",
+        ratios=_LOWVRAM[name][family],
+        protect_blocks=0,
+        ramp_start=3,
+        ramp_step=0.05,
+        ramp_every=2,
+        ramp_cap=0.89,
+        adaptive=0.05 if name == "lowvram_8gb" else 0.1,
+    )
 
 
 def _parse_mapping(text: str) -> dict[str, Any]:

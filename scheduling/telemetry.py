@@ -48,8 +48,19 @@ class RunTelemetry:
         self.started = time.perf_counter()
         self.dropped = 0
 
-    def record(self, block: str, level: int, step: int, sigma: float, q_in: int, q_out: int, kv_in: int, kv_out: int,
-               strategy: str = "", seconds: float | None = None) -> None:
+    def record(
+        self,
+        block: str,
+        level: int,
+        step: int,
+        sigma: float,
+        q_in: int,
+        q_out: int,
+        kv_in: int,
+        kv_out: int,
+        strategy: str = "",
+        seconds: float | None = None,
+    ) -> None:
         self.calls += 1
         self.reduced_calls += int(q_out < q_in or kv_out < kv_in)
         self.q_in += q_in
@@ -120,6 +131,7 @@ class RunTelemetry:
             try:
                 self.write_jsonl(jsonl_path)
             except OSError as exc:
-                log.warning("TokenFuse: could not write telemetry to %s (%s); fix the path or clear it",
-                            jsonl_path, exc)
+                log.warning(
+                    "TokenFuse: could not write telemetry to %s (%s); fix the path or clear it", jsonl_path, exc
+                )
         return line

@@ -60,8 +60,7 @@ def keep_count(n: int, ratio: float, min_keep: int = 0) -> int:
     return min(n, max(1, min_keep, math.ceil(n * (1.0 - ratio))))
 
 
-def topk_kv_functions(x: torch.Tensor, ratio: float, importance: torch.Tensor | None = None,
-                      min_keep: int = 0) -> KVFn:
+def topk_kv_functions(x: torch.Tensor, ratio: float, importance: torch.Tensor | None = None, min_keep: int = 0) -> KVFn:
     """A closure that keeps the top (1 - ratio) of x's tokens [B, N, C]; identity when nothing would be dropped.
 
     Indices are chosen from x (the block input), then applied to any tensor with the same token layout (k and v).

@@ -14,8 +14,19 @@ from tokenfuse.scheduling.downsample import (
 )
 
 
-@pytest.mark.parametrize("ratio,kernel", [(0.0, (1, 1)), (0.3, (1, 1)), (0.5, (1, 2)), (0.74, (1, 2)),
-                                          (0.75, (2, 2)), (0.8, (2, 2)), (0.89, (3, 3)), (0.9, (3, 3))])
+@pytest.mark.parametrize(
+    "ratio,kernel",
+    [
+        (0.0, (1, 1)),
+        (0.3, (1, 1)),
+        (0.5, (1, 2)),
+        (0.74, (1, 2)),
+        (0.75, (2, 2)),
+        (0.8, (2, 2)),
+        (0.89, (3, 3)),
+        (0.9, (3, 3)),
+    ],
+)
 def test_kernel_for_ratio(ratio: float, kernel: tuple[int, int]) -> None:
     assert kernel_for_ratio(ratio) == kernel
 

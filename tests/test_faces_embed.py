@@ -24,9 +24,11 @@ def _fake_arcface(path: Path, seed: int = 0) -> None:
 
     w = np.random.default_rng(seed).standard_normal((588, 512)).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("AveragePool", ["input.1"], ["p"], kernel_shape=[8, 8], strides=[8, 8]),
-         helper.make_node("Flatten", ["p"], ["f"], axis=1),
-         helper.make_node("MatMul", ["f", "w"], ["683"])],
+        [
+            helper.make_node("AveragePool", ["input.1"], ["p"], kernel_shape=[8, 8], strides=[8, 8]),
+            helper.make_node("Flatten", ["p"], ["f"], axis=1),
+            helper.make_node("MatMul", ["f", "w"], ["683"]),
+        ],
         "fake_arcface",
         [helper.make_tensor_value_info("input.1", TensorProto.FLOAT, ["N", 3, 112, 112])],
         [helper.make_tensor_value_info("683", TensorProto.FLOAT, ["N", 512])],
@@ -57,9 +59,22 @@ def t1() -> torch.Tensor:
 
 
 def _detect(image: torch.Tensor, pack: Path, **kw):
-    args = dict(backend="insightface", score_threshold=0.5, order="left-right", indices="", max_faces=0,
-                min_face_size=0, crop_size=512, crop_factor=1.0, detect_size=640, device="cpu",
-                model_name=str(pack)) | kw
+    args = (
+        dict(
+            backend="insightface",
+            score_threshold=0.5,
+            order="left-right",
+            indices="",
+            max_faces=0,
+            min_face_size=0,
+            crop_size=512,
+            crop_factor=1.0,
+            detect_size=640,
+            device="cpu",
+            model_name=str(pack),
+        )
+        | kw
+    )
     return tokenfuse.NODE_CLASS_MAPPINGS["TokenFuseFaceDetect"]().detect(image, **args)[0]
 
 

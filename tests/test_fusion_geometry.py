@@ -23,15 +23,27 @@ from tokenfuse.faces.fusion_batch import (
 from tokenfuse.faces.types import Face, FaceSet
 
 # FFHQ-512 five-point template (the one GFPGAN/CodeFormer crops use).
-FFHQ_512 = np.array([[192.98138, 239.94708], [318.90277, 240.1936], [256.63416, 314.01935],
-                     [201.26117, 371.41043], [313.08905, 371.15118]], dtype=np.float64)
+FFHQ_512 = np.array(
+    [
+        [192.98138, 239.94708],
+        [318.90277, 240.1936],
+        [256.63416, 314.01935],
+        [201.26117, 371.41043],
+        [313.08905, 371.15118],
+    ],
+    dtype=np.float64,
+)
 # YuNet (shared/assets/face_detection_yunet_2026may.onnx) on skimage.data.astronaut(): box and landmarks.
 ASTRONAUT_BOX = (178.2, 62.9, 178.2 + 89.9, 62.9 + 113.3)
 ASTRONAUT_LM = np.array([[200.1, 101.8], [247.1, 102.6], [220.4, 124.5], [198.6, 142.8], [239.7, 143.6]], np.float32)
 
 
-def make_face(landmarks: np.ndarray, bbox: tuple[float, float, float, float], crop_size: int = 512,
-              embedding: np.ndarray | None = None) -> Face:
+def make_face(
+    landmarks: np.ndarray,
+    bbox: tuple[float, float, float, float],
+    crop_size: int = 512,
+    embedding: np.ndarray | None = None,
+) -> Face:
     """A Face aligned to the FFHQ template with a soft elliptical mask (what FaceDetect produces, built by hand)."""
     dst = FFHQ_512 * (crop_size / 512.0)
     affine, _ = cv2.estimateAffinePartial2D(landmarks.astype(np.float64), dst, method=cv2.LMEDS)
@@ -40,8 +52,16 @@ def make_face(landmarks: np.ndarray, bbox: tuple[float, float, float, float], cr
     c = crop_size / 512.0
     cv2.ellipse(mask, (int(256 * c), int(290 * c)), (int(150 * c), int(190 * c)), 0, 0, 360, 1.0, -1)
     mask = cv2.GaussianBlur(mask, (0, 0), sigmaX=8 * c)
-    return Face(bbox=bbox, score=0.9, landmarks=landmarks.astype(np.float32), affine=affine, inverse=inverse,
-                crop_size=crop_size, mask=mask, embedding=embedding)
+    return Face(
+        bbox=bbox,
+        score=0.9,
+        landmarks=landmarks.astype(np.float32),
+        affine=affine,
+        inverse=inverse,
+        crop_size=crop_size,
+        mask=mask,
+        embedding=embedding,
+    )
 
 
 def astronaut() -> np.ndarray:

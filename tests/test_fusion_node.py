@@ -38,8 +38,16 @@ class FakeStack:
         return F.interpolate(latent, scale_factor=8, mode="bilinear", align_corners=False).movedim(1, -1).clamp(0, 1)
 
     def sample(self, model: str, latent: torch.Tensor, mask: torch.Tensor, seeds: list[int], plan: Any) -> torch.Tensor:
-        self.calls.append({"op": "sample", "model": model, "seeds": list(seeds), "shape": tuple(latent.shape),
-                           "mask": tuple(mask.shape), "plan": plan})
+        self.calls.append(
+            {
+                "op": "sample",
+                "model": model,
+                "seeds": list(seeds),
+                "shape": tuple(latent.shape),
+                "mask": tuple(mask.shape),
+                "plan": plan,
+            }
+        )
         if self.oom_times > 0:
             self.oom_times -= 1
             raise MemoryError("fake OOM")
@@ -62,20 +70,39 @@ class FakeStack:
         def progress() -> None:
             self.progress += 1
 
-        return FusionBackend(encode=self.encode, decode=self.decode, sample=self.sample, model_for=self.model_for,
-                             progress=progress)
+        return FusionBackend(
+            encode=self.encode, decode=self.decode, sample=self.sample, model_for=self.model_for, progress=progress
+        )
 
     def ops(self, op: str) -> list[dict[str, Any]]:
         return [c for c in self.calls if c["op"] == op]
 
 
-def _run(frames: int = 1, faces_per_frame: int = 1, stack: FakeStack | None = None, crop_size: int = 128,
-         **kw: Any) -> tuple[torch.Tensor, FaceSet, str, FakeStack]:
+def _run(
+    frames: int = 1, faces_per_frame: int = 1, stack: FakeStack | None = None, crop_size: int = 128, **kw: Any
+) -> tuple[torch.Tensor, FaceSet, str, FakeStack]:
     images, fs = astronaut_faceset(frames, faces_per_frame, crop_size=crop_size)
     stack = stack or FakeStack()
-    args = dict(model="MODEL", vae="VAE", positive="pos", negative="neg", image=torch.from_numpy(images), faces=fs,
-                seed=100, steps=4, cfg=5.0, sampler_name="euler", scheduler="normal", denoise=0.4, guide_size=128,
-                max_size=1024, crop_factor=1.0, feather=0.04, faces_per_batch=2, fallback="auto")
+    args = dict(
+        model="MODEL",
+        vae="VAE",
+        positive="pos",
+        negative="neg",
+        image=torch.from_numpy(images),
+        faces=fs,
+        seed=100,
+        steps=4,
+        cfg=5.0,
+        sampler_name="euler",
+        scheduler="normal",
+        denoise=0.4,
+        guide_size=128,
+        max_size=1024,
+        crop_factor=1.0,
+        feather=0.04,
+        faces_per_batch=2,
+        fallback="auto",
+    )
     args.update(kw)
     crops, out_faces, report = ScheduledFusion().fuse(**args, backend=stack.backend())
     return crops, out_faces, report, stack
@@ -167,8 +194,9 @@ def test_oom_everywhere_passes_faces_through_and_the_batch_goes_on() -> None:
     assert crops.shape == (2, 128, 128, 3)
     import cv2
 
-    original = cv2.warpAffine(images[0], fs.faces[0][0].affine, (128, 128), flags=cv2.INTER_LINEAR,
-                              borderMode=cv2.BORDER_REFLECT101)
+    original = cv2.warpAffine(
+        images[0], fs.faces[0][0].affine, (128, 128), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT101
+    )
     assert np.allclose(crops[0].numpy(), original, atol=1e-6)
 
 
@@ -202,8 +230,26 @@ def test_identity_drop_triggers_the_rerun_when_embeddings_exist() -> None:
 
     backend.embed = embed
     _, out, report = ScheduledFusion().fuse(
-        "M", "V", "p", "n", torch.from_numpy(images), fs, 0, 4, 5.0, "euler", "normal", 0.4, 128, 1024, 1.0, 0.04, 2,
-        "auto", backend=backend)
+        "M",
+        "V",
+        "p",
+        "n",
+        torch.from_numpy(images),
+        fs,
+        0,
+        4,
+        5.0,
+        "euler",
+        "normal",
+        0.4,
+        128,
+        1024,
+        1.0,
+        0.04,
+        2,
+        "auto",
+        backend=backend,
+    )
     assert "identity drop (similarity -1.00" in report and "scheduling_off" in report
     assert out.faces[0][0].crop is not None
     assert [c["model"] for c in stack.ops("sample")] == ["patched", "unscheduled"]
@@ -260,8 +306,27 @@ def test_other_errors_pass_the_face_through_and_cancel_propagates() -> None:
     backend.sample = cancel
     images, fs = astronaut_faceset(1, 1, crop_size=128)
     with pytest.raises(Cancelled):
-        ScheduledFusion().fuse("M", "V", "p", "n", torch.from_numpy(images), fs, 0, 4, 5.0, "euler", "normal", 0.4,
-                               128, 1024, 1.0, 0.04, 2, "auto", backend=backend)
+        ScheduledFusion().fuse(
+            "M",
+            "V",
+            "p",
+            "n",
+            torch.from_numpy(images),
+            fs,
+            0,
+            4,
+            5.0,
+            "euler",
+            "normal",
+            0.4,
+            128,
+            1024,
+            1.0,
+            0.04,
+            2,
+            "auto",
+            backend=backend,
+        )
 
 
 def test_fallback_off_reports_without_retrying() -> None:
@@ -287,8 +352,13 @@ def test_a_frame_plan_on_the_model_is_replaced_by_a_crop_plan() -> None:
     from tokenfuse.scheduling.plan import TokenPlan
 
     class PlannedModel:
-        model_options = {"transformer_options": {"tokenfuse_plan": TokenPlan(
-            importance=torch.ones(1, 64, 64), image_size=(512, 512), protect_threshold=0.7)}}
+        model_options = {
+            "transformer_options": {
+                "tokenfuse_plan": TokenPlan(
+                    importance=torch.ones(1, 64, 64), image_size=(512, 512), protect_threshold=0.7
+                )
+            }
+        }
 
     _, _, report, stack = _run(model=PlannedModel())
     plan = stack.ops("sample")[0]["plan"]
@@ -305,25 +375,77 @@ def test_crop_factor_and_max_size_set_the_sampled_side() -> None:
 def test_no_faces_and_empty_frames() -> None:
     images, _ = astronaut_faceset()
     empty = FaceSet(image_size=(512, 512), faces=((),))
-    crops, out, report = ScheduledFusion().fuse("M", "V", "p", "n", torch.from_numpy(images), empty, 0, 4, 5.0,
-                                                "euler", "normal", 0.4, 128, 1024, 1.0, 0.04, 2, "auto",
-                                                backend=FakeStack().backend())
+    crops, out, report = ScheduledFusion().fuse(
+        "M",
+        "V",
+        "p",
+        "n",
+        torch.from_numpy(images),
+        empty,
+        0,
+        4,
+        5.0,
+        "euler",
+        "normal",
+        0.4,
+        128,
+        1024,
+        1.0,
+        0.04,
+        2,
+        "auto",
+        backend=FakeStack().backend(),
+    )
     assert crops.shape[0] == 0 and out is empty and "no faces" in report
     # a frame without faces next to one with faces
     images2, fs = astronaut_faceset(2, 1, crop_size=128)
     mixed = FaceSet(image_size=(512, 512), faces=(fs.faces[0], ()))
-    crops, out, report = ScheduledFusion().fuse("M", "V", "p", "n", torch.from_numpy(images2), mixed, 0, 4, 5.0,
-                                                "euler", "normal", 0.4, 128, 1024, 1.0, 0.04, 2, "auto",
-                                                backend=FakeStack().backend())
+    crops, out, report = ScheduledFusion().fuse(
+        "M",
+        "V",
+        "p",
+        "n",
+        torch.from_numpy(images2),
+        mixed,
+        0,
+        4,
+        5.0,
+        "euler",
+        "normal",
+        0.4,
+        128,
+        1024,
+        1.0,
+        0.04,
+        2,
+        "auto",
+        backend=FakeStack().backend(),
+    )
     assert crops.shape[0] == 1 and out.faces[1] == () and out.faces[0][0].crop is not None
 
 
 def test_mismatched_inputs_raise_actionable_errors() -> None:
     images, fs = astronaut_faceset(1, 1)
     node = ScheduledFusion()
-    common = dict(model="M", vae="V", positive="p", negative="n", seed=0, steps=4, cfg=5.0, sampler_name="euler",
-                  scheduler="normal", denoise=0.4, guide_size=128, max_size=1024, crop_factor=1.0, feather=0.04,
-                  faces_per_batch=2, fallback="auto", backend=FakeStack().backend())
+    common = dict(
+        model="M",
+        vae="V",
+        positive="p",
+        negative="n",
+        seed=0,
+        steps=4,
+        cfg=5.0,
+        sampler_name="euler",
+        scheduler="normal",
+        denoise=0.4,
+        guide_size=128,
+        max_size=1024,
+        crop_factor=1.0,
+        feather=0.04,
+        faces_per_batch=2,
+        fallback="auto",
+        backend=FakeStack().backend(),
+    )
     with pytest.raises(ValueError, match="connect the same image"):
         node.fuse(image=torch.zeros(1, 256, 256, 3), faces=fs, **common)
     with pytest.raises(ValueError, match="connect the same batch"):
@@ -341,8 +463,26 @@ def test_without_comfyui_the_node_says_so() -> None:
     if comfy_glue.comfy_available():
         pytest.skip("ComfyUI is importable here")
     with pytest.raises(comfy_glue.ComfyUnavailableError, match="ComfyUI"):
-        ScheduledFusion().fuse("M", "V", "p", "n", torch.from_numpy(images), fs, 0, 4, 5.0, "euler", "normal", 0.4,
-                               128, 1024, 1.0, 0.04, 2, "auto")
+        ScheduledFusion().fuse(
+            "M",
+            "V",
+            "p",
+            "n",
+            torch.from_numpy(images),
+            fs,
+            0,
+            4,
+            5.0,
+            "euler",
+            "normal",
+            0.4,
+            128,
+            1024,
+            1.0,
+            0.04,
+            2,
+            "auto",
+        )
 
 
 class FakePatcher:
@@ -371,8 +511,12 @@ def test_strip_tokenfuse_removes_only_our_patches_and_never_touches_the_input() 
         return n, c, v
 
     theirs.__module__ = "custom_nodes.ipadapter"
-    opts = {"transformer_options": {"patches": {"attn1_patch": [ours, theirs], "attn1_output_patch": [ours],
-                                                "attn2_patch": [theirs]}, "tokenfuse_plan": "plan"}}
+    opts = {
+        "transformer_options": {
+            "patches": {"attn1_patch": [ours, theirs], "attn1_output_patch": [ours], "attn2_patch": [theirs]},
+            "tokenfuse_plan": "plan",
+        }
+    }
     model = FakePatcher(opts, {"outer_sample": {"tokenfuse": [ours], "other": [theirs]}})
     off = strip_tokenfuse(model)
     to = off.model_options["transformer_options"]
@@ -410,9 +554,26 @@ def test_strip_tokenfuse_unwraps_the_dit_attention_override() -> None:
 def test_node_declares_the_contract() -> None:
     spec = ScheduledFusion.INPUT_TYPES()
     req = spec["required"]
-    for name in ("model", "vae", "positive", "negative", "image", "faces", "seed", "steps", "cfg", "sampler_name",
-                 "scheduler", "denoise", "guide_size", "max_size", "crop_factor", "feather", "faces_per_batch",
-                 "fallback"):
+    for name in (
+        "model",
+        "vae",
+        "positive",
+        "negative",
+        "image",
+        "faces",
+        "seed",
+        "steps",
+        "cfg",
+        "sampler_name",
+        "scheduler",
+        "denoise",
+        "guide_size",
+        "max_size",
+        "crop_factor",
+        "feather",
+        "faces_per_batch",
+        "fallback",
+    ):
         assert name in req, name
     assert req["guide_size"][1]["default"] == 512
     assert req["fallback"][0] == ["auto", "oom-only", "artifacts-only", "off"]

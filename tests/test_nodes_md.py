@@ -26,7 +26,12 @@ def test_nodes_md_matches_node_classes() -> None:
     """Regenerated in a fresh interpreter without ComfyUI (as CI and the generator's users run it)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run(
-        [sys.executable, str(GEN), "--check"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+        [sys.executable, str(GEN), "--check"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
         check=False,
     )
     assert out.returncode == 0, f"{out.stderr[-6000:]}\nrun python tools/gen_nodes_md.py"
@@ -58,9 +63,13 @@ def test_table_cells_stay_on_one_row() -> None:
 
         @classmethod
         def INPUT_TYPES(cls):
-            return {"required": {"x": ("FLOAT", {"default": 0.5, "min": 0.0, "max": 1.0, "tooltip": "t|t"}),
-                                 "mode": (["a", "b"], {"tooltip": "m"})},
-                    "hidden": {"uid": "UNIQUE_ID"}}
+            return {
+                "required": {
+                    "x": ("FLOAT", {"default": 0.5, "min": 0.0, "max": 1.0, "tooltip": "t|t"}),
+                    "mode": (["a", "b"], {"tooltip": "m"}),
+                },
+                "hidden": {"uid": "UNIQUE_ID"},
+            }
 
     md = gen.render_node("TokenFuseFake", Fake, "Fake")
     assert "| `x` | `FLOAT` 0 – 1 | `0.5` | t\\|t |" in md

@@ -14,8 +14,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACK_DIRS = ("nodes", "scheduling", "faces")
 PURE_DIRS = ("scheduling", "faces")
-COMFY_ROOTS = {"comfy", "comfy_extras", "comfy_api", "comfy_execution", "folder_paths", "server", "nodes",
-               "node_helpers", "latent_preview", "execution"}
+COMFY_ROOTS = {
+    "comfy",
+    "comfy_extras",
+    "comfy_api",
+    "comfy_execution",
+    "folder_paths",
+    "server",
+    "nodes",
+    "node_helpers",
+    "latent_preview",
+    "execution",
+}
 
 
 def _requirement_names(lines: list[str]) -> list[str]:

@@ -20,15 +20,25 @@ from tokenfuse.scheduling.telemetry import RunTelemetry
 SAMPLE_SIGMAS = torch.linspace(14.6, 0.0, 11)
 
 
-def extra_options(latent_hw: tuple[int, int], batch: int = 2, step: int = 0, transformer_index: int = 4,
-                  plan: TokenPlan | None = None) -> dict:
+def extra_options(
+    latent_hw: tuple[int, int], batch: int = 2, step: int = 0, transformer_index: int = 4, plan: TokenPlan | None = None
+) -> dict:
     """The keys a real KSampler run puts in extra_options (DESIGN.md §5)."""
     opts = {
-        "original_shape": [batch, 4, *latent_hw], "activations_shape": [batch, 320, *latent_hw],
-        "block": ("input", 1), "block_index": 0, "transformer_index": transformer_index, "n_heads": 8,
-        "dim_head": 40, "attn_precision": None, "cond_or_uncond": [0, 1][:batch], "uuids": [],
-        "sigmas": SAMPLE_SIGMAS[step:step + 1].expand(batch).clone(), "sample_sigmas": SAMPLE_SIGMAS,
-        "wrappers": {}, "callbacks": {},
+        "original_shape": [batch, 4, *latent_hw],
+        "activations_shape": [batch, 320, *latent_hw],
+        "block": ("input", 1),
+        "block_index": 0,
+        "transformer_index": transformer_index,
+        "n_heads": 8,
+        "dim_head": 40,
+        "attn_precision": None,
+        "cond_or_uncond": [0, 1][:batch],
+        "uuids": [],
+        "sigmas": SAMPLE_SIGMAS[step : step + 1].expand(batch).clone(),
+        "sample_sigmas": SAMPLE_SIGMAS,
+        "wrappers": {},
+        "callbacks": {},
     }
     if plan is not None:
         opts["tokenfuse_plan"] = plan
@@ -53,16 +63,28 @@ def tokens(b: int, h: int, w: int, c: int = 32, seed: int = 0) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     "n,shape,expected",
-    [(96 * 96, (96, 96), (8, 96, 96)), (48 * 48, (96, 96), (16, 48, 48)), (12 * 12, (96, 96), (64, 12, 12)),
-     (49 * 38, (97, 75), (16, 49, 38)), (13 * 10, (97, 75), (64, 13, 10)), (5000, (96, 96), None)],
+    [
+        (96 * 96, (96, 96), (8, 96, 96)),
+        (48 * 48, (96, 96), (16, 48, 48)),
+        (12 * 12, (96, 96), (64, 12, 12)),
+        (49 * 38, (97, 75), (16, 49, 38)),
+        (13 * 10, (97, 75), (64, 13, 10)),
+        (5000, (96, 96), None),
+    ],
 )
 def test_infer_grid_rounds_up_like_comfy_downsampling(n: int, shape: tuple[int, int], expected) -> None:
     assert infer_grid(n, [2, 4, *shape]) == expected
 
 
-@pytest.mark.parametrize("schedule", [preset_schedule("off"), Schedule(ratios={8: 0.0, 16: 0.5}),
-                                      Schedule(ratios={8: 0.75}, protect_blocks=5),
-                                      Schedule(ratios={8: 0.75}, start_percent=0.5)])
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        preset_schedule("off"),
+        Schedule(ratios={8: 0.0, 16: 0.5}),
+        Schedule(ratios={8: 0.75}, protect_blocks=5),
+        Schedule(ratios={8: 0.75}, start_percent=0.5),
+    ],
+)
 def test_inactive_calls_return_the_same_objects(schedule: Schedule) -> None:
     f, g = build_unet_patches(schedule, RunTelemetry())
     n = tokens(2, 16, 12)
@@ -168,8 +190,7 @@ def test_global_rng_untouched_and_results_deterministic() -> None:
     state = torch.get_rng_state()
     outs = []
     for _ in range(2):
-        f, g = build_unet_patches(Schedule(strategy="tome", ratios={8: 0.5}, protect_blocks=0, seed=3),
-                                  RunTelemetry())
+        f, g = build_unet_patches(Schedule(strategy="tome", ratios={8: 0.5}, protect_blocks=0, seed=3), RunTelemetry())
         outs.append(block(f, g, tokens(2, 12, 12), extra_options((12, 12))))
     assert torch.equal(outs[0], outs[1])
     assert torch.equal(torch.get_rng_state(), state)
@@ -237,8 +258,11 @@ def test_real_comfy_transformer_block(comfyui_path) -> None:
     base_opts = extra_options((9, 7))
     with torch.no_grad():
         ref = blk(x, context=text, transformer_options=dict(base_opts))
-        for schedule, exact in ((preset_schedule("off"), True), (Schedule(strategy="tome", ratios={8: 0.5},
-                                protect_blocks=0), False), (preset_schedule("balanced"), False)):
+        for schedule, exact in (
+            (preset_schedule("off"), True),
+            (Schedule(strategy="tome", ratios={8: 0.5}, protect_blocks=0), False),
+            (preset_schedule("balanced"), False),
+        ):
             f, g = build_unet_patches(schedule, RunTelemetry())
             opts = {**base_opts, "patches": {"attn1_patch": [f], "attn1_output_patch": [g]}}
             out = blk(x, context=text, transformer_options=opts)
@@ -257,7 +281,12 @@ def test_disabled_flag_turns_every_patch_into_identity() -> None:
     override = build_attention_override(Schedule(dit_ratio=0.5, protect_blocks=0), RunTelemetry())
     seen = []
     q = torch.randn(1, 256, 32)
-    override(lambda *a, **kw: seen.append(a[1].shape[1]), q, q, q, 4,
-             transformer_options={"tokenfuse_disabled": True, "sigmas": SAMPLE_SIGMAS[:1],
-                                  "sample_sigmas": SAMPLE_SIGMAS})
+    override(
+        lambda *a, **kw: seen.append(a[1].shape[1]),
+        q,
+        q,
+        q,
+        4,
+        transformer_options={"tokenfuse_disabled": True, "sigmas": SAMPLE_SIGMAS[:1], "sample_sigmas": SAMPLE_SIGMAS},
+    )
     assert seen == [256]

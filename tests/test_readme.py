@@ -61,7 +61,9 @@ def test_relative_links_and_images_exist() -> None:
 
 
 def test_link_checker_catches_a_missing_file() -> None:
-    text = "See ![x](docs/images/nope.png), <img src=\"workflows/none.jpg\">, `docs/in_code.png` and [site](https://a.b/c)."
+    text = (
+        'See ![x](docs/images/nope.png), <img src="workflows/none.jpg">, `docs/in_code.png` and [site](https://a.b/c).'
+    )
     assert relative_targets(text) == ["docs/images/nope.png", "workflows/none.jpg"]
 
 
@@ -96,8 +98,9 @@ def test_readme_test_command_is_what_ci_runs() -> None:
 
 
 def test_ci_command_parser_skips_comments() -> None:
-    assert ci_test_command("set -e\n# The README's test command:\npython -m pytest -q\n\n# end\n") == \
-        "python -m pytest -q"
+    assert (
+        ci_test_command("set -e\n# The README's test command:\npython -m pytest -q\n\n# end\n") == "python -m pytest -q"
+    )
 
 
 @pytest.mark.parametrize("folder", ["docs/images"])

@@ -75,8 +75,15 @@ def test_frozen_and_hashable() -> None:
 
 
 def test_protect_blocks_and_pyramid_ramp() -> None:
-    s = Schedule(strategy="tome", ratios={8: 0.1, 16: 0.3}, protect_blocks=2, ramp_start=3, ramp_step=0.05,
-                 ramp_every=2, ramp_cap=0.2)
+    s = Schedule(
+        strategy="tome",
+        ratios={8: 0.1, 16: 0.3},
+        protect_blocks=2,
+        ramp_start=3,
+        ramp_step=0.05,
+        ramp_every=2,
+        ramp_cap=0.2,
+    )
     got = [round(s.ratio_for(8, i), 4) for i in range(9)]
     assert got == [0.0, 0.0, 0.1, 0.15, 0.15, 0.2, 0.2, 0.2, 0.2]
     assert s.ratio_for(16, 8) == 0.3  # the ramp never lowers a level above the cap
@@ -119,8 +126,14 @@ def test_unknown_preset_and_family_name_the_choices() -> None:
 
 @pytest.mark.parametrize("suffix", [".json", ".yaml"])
 def test_file_round_trip(tmp_path: Path, suffix: str) -> None:
-    s = Schedule(strategy="tome", ratios={8: 0.4, 16: 0.2}, ramp_step=0.05, end_percent=0.7, seed=42,
-                 telemetry_jsonl="out/t.jsonl")
+    s = Schedule(
+        strategy="tome",
+        ratios={8: 0.4, 16: 0.2},
+        ramp_step=0.05,
+        end_percent=0.7,
+        seed=42,
+        telemetry_jsonl="out/t.jsonl",
+    )
     path = save_schedule(s, tmp_path / f"sched{suffix}")
     assert load_schedule(path) == s
     assert Schedule.from_dict(s.to_dict()) == s

@@ -238,8 +238,14 @@ def test_attached_patches_reduce_tokens_and_the_run_line_reports_them(caplog: py
     (attn1,), (attn1_out,) = patches["attn1_patch"], patches["attn1_output_patch"]
     (wrapper,) = patched.wrappers["outer_sample"]["tokenfuse"]
     n = torch.randn(2, 16 * 16, 32)  # latent 16x16: level /8 tokens, batch 2 (CFG)
-    extra = {"original_shape": [2, 4, 16, 16], "transformer_index": 0, "block": ("input", 1), "block_index": 0,
-             "sigmas": torch.tensor([14.6]), "sample_sigmas": torch.tensor([14.6, 7.0, 1.0, 0.0])}
+    extra = {
+        "original_shape": [2, 4, 16, 16],
+        "transformer_index": 0,
+        "block": ("input", 1),
+        "block_index": 0,
+        "sigmas": torch.tensor([14.6]),
+        "sample_sigmas": torch.tensor([14.6, 7.0, 1.0, 0.0]),
+    }
 
     def sample() -> tuple:
         q, k, v = attn1(n, n, n, dict(extra))
@@ -270,8 +276,12 @@ def test_live_stats_follow_the_web_schema(monkeypatch: pytest.MonkeyPatch) -> No
     (run,) = patched.wrappers["outer_sample"]["tokenfuse"]
     (step,) = patched.wrappers["predict_noise"]["tokenfuse"]
     sample_sigmas = torch.tensor([14.6, 7.0, 1.0, 0.0])
-    extra = {"original_shape": [2, 4, 16, 16], "transformer_index": 0, "block": ("input", 1),
-             "sample_sigmas": sample_sigmas}
+    extra = {
+        "original_shape": [2, 4, 16, 16],
+        "transformer_index": 0,
+        "block": ("input", 1),
+        "sample_sigmas": sample_sigmas,
+    }
     n = torch.randn(2, 256, 32)
 
     def predict_noise(x, timestep, model_options=None, seed=None):
@@ -353,6 +363,7 @@ def test_cuda_peak_never_resets_the_allocator_peak(monkeypatch: pytest.MonkeyPat
 def test_preset_is_recorded_for_the_fusion_fallback_and_text_override_clears_it() -> None:
     patched, _ = TokenSchedulerController().apply(sd15_model(), "lowvram_8gb", "preset", 0.0)
     assert patched.model_options["transformer_options"]["tokenfuse_preset"] == "lowvram_8gb"
-    custom, _ = TokenSchedulerController().apply(sd15_model(), "lowvram_8gb", "preset", 0.0,
-                                                 schedule_text='{"ratios": {"8": 0.5}}')
+    custom, _ = TokenSchedulerController().apply(
+        sd15_model(), "lowvram_8gb", "preset", 0.0, schedule_text='{"ratios": {"8": 0.5}}'
+    )
     assert "tokenfuse_preset" not in custom.model_options["transformer_options"]

@@ -50,9 +50,12 @@ def make_inswapper(path: Path, seed: int = 0) -> tuple[Path, np.ndarray]:
         numpy_helper.from_array(emap, "emap"),  # last initializer, as in the real file
     ]
     graph = helper.make_graph(
-        nodes, "inswapper_synthetic",
-        [helper.make_tensor_value_info("target", TensorProto.FLOAT, [1, 3, 128, 128]),
-         helper.make_tensor_value_info("source", TensorProto.FLOAT, [1, 512])],
+        nodes,
+        "inswapper_synthetic",
+        [
+            helper.make_tensor_value_info("target", TensorProto.FLOAT, [1, 3, 128, 128]),
+            helper.make_tensor_value_info("source", TensorProto.FLOAT, [1, 512]),
+        ],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 3, 128, 128])],
         inits,
     )
@@ -68,7 +71,8 @@ def make_arcface(path: Path, seed: int = 1) -> Path:
         helper.make_node("MatMul", ["flat", "W"], ["683"]),
     ]
     graph = helper.make_graph(
-        nodes, "arcface_synthetic",
+        nodes,
+        "arcface_synthetic",
         [helper.make_tensor_value_info("input.1", TensorProto.FLOAT, ["N", 3, 112, 112])],
         [helper.make_tensor_value_info("683", TensorProto.FLOAT, ["N", 512])],
         [numpy_helper.from_array(w, "W")],
@@ -110,8 +114,10 @@ def test_swap_changes_the_face_window_only(models: dict[str, Path]) -> None:
     assert np.abs(a[centre] - crop[centre]).mean() > 0.02  # the face was replaced
     assert np.abs(a[centre] - b[centre]).mean() > 0.01  # and depends on the source identity
     assert np.array_equal(a[:20, :20], crop[:20, :20])  # outside the ArcFace-128 window nothing changes
-    assert np.array_equal(swap_in_crop(crop, lm, sw, sw.source_latent(np.ones(512))),
-                          swap_in_crop(crop, lm, sw, sw.source_latent(np.ones(512))))  # deterministic
+    assert np.array_equal(
+        swap_in_crop(crop, lm, sw, sw.source_latent(np.ones(512))),
+        swap_in_crop(crop, lm, sw, sw.source_latent(np.ones(512))),
+    )  # deterministic
 
 
 def test_arcface_embeddings(models: dict[str, Path]) -> None:
@@ -139,9 +145,26 @@ def test_node_pre_swaps_before_sampling(models: dict[str, Path]) -> None:
 
     images, fs = astronaut_faceset(1, 1, crop_size=128)
     _, src = astronaut_faceset(1, 1, crop_size=128)
-    common = dict(model="M", vae="V", positive="p", negative="n", image=torch.from_numpy(images), faces=fs, seed=1,
-                  steps=2, cfg=5.0, sampler_name="euler", scheduler="normal", denoise=0.4, guide_size=128,
-                  max_size=512, crop_factor=1.0, feather=0.04, faces_per_batch=1, fallback="auto")
+    common = dict(
+        model="M",
+        vae="V",
+        positive="p",
+        negative="n",
+        image=torch.from_numpy(images),
+        faces=fs,
+        seed=1,
+        steps=2,
+        cfg=5.0,
+        sampler_name="euler",
+        scheduler="normal",
+        denoise=0.4,
+        guide_size=128,
+        max_size=512,
+        crop_factor=1.0,
+        feather=0.04,
+        faces_per_batch=1,
+        fallback="auto",
+    )
     seen: dict[str, torch.Tensor] = {}
 
     class Recording(FakeStack):
@@ -153,10 +176,14 @@ def test_node_pre_swaps_before_sampling(models: dict[str, Path]) -> None:
     ScheduledFusion().fuse(**common, backend=plain.backend())
     base = seen.pop("first")
     swapped = Recording()
-    crops, out, report = ScheduledFusion().fuse(**common, swap_model=str(models["swap"]),
-                                                arcface_model=str(models["arcface"]),
-                                                source_image=torch.from_numpy(images), source_faces=src,
-                                                backend=swapped.backend())
+    crops, out, report = ScheduledFusion().fuse(
+        **common,
+        swap_model=str(models["swap"]),
+        arcface_model=str(models["arcface"]),
+        source_image=torch.from_numpy(images),
+        source_faces=src,
+        backend=swapped.backend(),
+    )
     assert "identity pre-swap inswapper_128.onnx" in report.splitlines()[0]
     assert (seen["first"] - base).abs().mean() > 0.01
     assert out.faces[0][0].crop is not None
@@ -165,11 +192,13 @@ def test_node_pre_swaps_before_sampling(models: dict[str, Path]) -> None:
         ScheduledFusion().fuse(**common, swap_model=str(models["swap"]), backend=FakeStack().backend())
     empty_src = FaceSet(image_size=(512, 512), faces=((),))
     with pytest.raises(ValueError, match="source_faces"):
-        ScheduledFusion().fuse(**common, swap_model=str(models["swap"]), source_faces=empty_src,
-                               backend=FakeStack().backend())
+        ScheduledFusion().fuse(
+            **common, swap_model=str(models["swap"]), source_faces=empty_src, backend=FakeStack().backend()
+        )
     with pytest.raises(ValueError, match="arcface_model"):
-        ScheduledFusion().fuse(**common, swap_model=str(models["swap"]), source_faces=src,
-                               backend=FakeStack().backend())
+        ScheduledFusion().fuse(
+            **common, swap_model=str(models["swap"]), source_faces=src, backend=FakeStack().backend()
+        )
 
 
 def test_source_face_is_detected_from_source_image(models: dict[str, Path]) -> None:
@@ -183,15 +212,53 @@ def test_source_face_is_detected_from_source_image(models: dict[str, Path]) -> N
     images, fs = astronaut_faceset(1, 1, crop_size=128)
     stack = FakeStack()
     _, out, report = ScheduledFusion().fuse(
-        model="M", vae="V", positive="p", negative="n", image=torch.from_numpy(images), faces=fs, seed=1, steps=2,
-        cfg=5.0, sampler_name="euler", scheduler="normal", denoise=0.4, guide_size=128, max_size=512, crop_factor=1.0,
-        feather=0.04, faces_per_batch=1, fallback="auto", swap_model=str(models["swap"]),
-        arcface_model=str(models["arcface"]), source_image=torch.from_numpy(images), backend=stack.backend())
+        model="M",
+        vae="V",
+        positive="p",
+        negative="n",
+        image=torch.from_numpy(images),
+        faces=fs,
+        seed=1,
+        steps=2,
+        cfg=5.0,
+        sampler_name="euler",
+        scheduler="normal",
+        denoise=0.4,
+        guide_size=128,
+        max_size=512,
+        crop_factor=1.0,
+        feather=0.04,
+        faces_per_batch=1,
+        fallback="auto",
+        swap_model=str(models["swap"]),
+        arcface_model=str(models["arcface"]),
+        source_image=torch.from_numpy(images),
+        backend=stack.backend(),
+    )
     assert "identity pre-swap" in report and out.faces[0][0].crop is not None
     blank = torch.full((1, 256, 256, 3), 0.5)
     with pytest.raises(ValueError, match="source_image"):
         ScheduledFusion().fuse(
-            model="M", vae="V", positive="p", negative="n", image=torch.from_numpy(images), faces=fs, seed=1,
-            steps=2, cfg=5.0, sampler_name="euler", scheduler="normal", denoise=0.4, guide_size=128, max_size=512,
-            crop_factor=1.0, feather=0.04, faces_per_batch=1, fallback="auto", swap_model=str(models["swap"]),
-            arcface_model=str(models["arcface"]), source_image=blank, backend=FakeStack().backend())
+            model="M",
+            vae="V",
+            positive="p",
+            negative="n",
+            image=torch.from_numpy(images),
+            faces=fs,
+            seed=1,
+            steps=2,
+            cfg=5.0,
+            sampler_name="euler",
+            scheduler="normal",
+            denoise=0.4,
+            guide_size=128,
+            max_size=512,
+            crop_factor=1.0,
+            feather=0.04,
+            faces_per_batch=1,
+            fallback="auto",
+            swap_model=str(models["swap"]),
+            arcface_model=str(models["arcface"]),
+            source_image=blank,
+            backend=FakeStack().backend(),
+        )

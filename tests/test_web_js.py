@@ -71,8 +71,12 @@ def test_js_widgets_match_python_schedule_from_widgets(family: str) -> None:
         {"preset": "balanced", "strategy": "tome", "ratio": 0.3, "schedule_text": ""},
         {"preset": "off", "strategy": "todo", "ratio": 0.5, "schedule_text": ""},
         {"preset": "lowvram_6gb", "strategy": "preset", "ratio": 0.4, "schedule_text": '{"protect_blocks": 3}'},
-        {"preset": "lowvram_4gb", "strategy": "topk", "ratio": 0.0,
-         "schedule_text": '{"ratios": {"16": 0.2, "32": 0.6}, "ramp_start": 1, "ramp_step": 0.1, "ramp_every": 3}'},
+        {
+            "preset": "lowvram_4gb",
+            "strategy": "topk",
+            "ratio": 0.0,
+            "schedule_text": '{"ratios": {"16": 0.2, "32": 0.6}, "ramp_start": 1, "ramp_step": 0.1, "ramp_every": 3}',
+        },
     ]
     js = _node_eval(
         "import { resolveSchedule, pyramidSeries } from './lib/pyramid.js';"

@@ -20,8 +20,11 @@ CORE = json.loads((REPO / "tests" / "data" / "comfy_core_nodes.json").read_text(
 CORE_TYPES = set(CORE["nodes"]) | set(CORE["frontend_only"])
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN"}
 # Combos listing model files in the user's folders: CI sees placeholders, so only the file-name shape is checked.
-MODEL_FILE_INPUTS = {("TokenFuseGFPGANEnhance", "model_name"), ("TokenFuseScheduledFusion", "swap_model"),
-                     ("TokenFuseScheduledFusion", "arcface_model")}
+MODEL_FILE_INPUTS = {
+    ("TokenFuseGFPGANEnhance", "model_name"),
+    ("TokenFuseScheduledFusion", "swap_model"),
+    ("TokenFuseScheduledFusion", "arcface_model"),
+}
 MODEL_SUFFIXES = (".safetensors", ".pth", ".onnx", ".ckpt")
 
 ids = [p.stem for p in WORKFLOWS]
@@ -50,8 +53,12 @@ def _is_seed(kind: Any, opts: dict[str, Any]) -> bool:
 
 def test_the_issue_workflows_are_there() -> None:
     names = {p.stem for p in WORKFLOWS}
-    assert {"tokenfuse_face_refine_sd15_4gb", "tokenfuse_face_swap_sd15_6gb", "tokenfuse_face_refine_sdxl_8gb",
-            "tokenfuse_group_photo_multiface_sd15"} <= names, names
+    assert {
+        "tokenfuse_face_refine_sd15_4gb",
+        "tokenfuse_face_swap_sd15_6gb",
+        "tokenfuse_face_refine_sdxl_8gb",
+        "tokenfuse_group_photo_multiface_sd15",
+    } <= names, names
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=ids)

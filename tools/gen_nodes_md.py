@@ -93,9 +93,13 @@ def render(pack: ModuleType | None = None) -> str:
     order = sorted(mappings, key=lambda k: (mappings[k].CATEGORY, names.get(k, k)))
     parts = [HEADER]
     if order:
-        parts.append("\n| node | category | id |\n|---|---|---|\n" + "".join(
-            f"| [{names.get(k, k)}](#{names.get(k, k).lower()}) | `{mappings[k].CATEGORY}` | `{k}` |\n" for k in order
-        ))
+        parts.append(
+            "\n| node | category | id |\n|---|---|---|\n"
+            + "".join(
+                f"| [{names.get(k, k)}](#{names.get(k, k).lower()}) | `{mappings[k].CATEGORY}` | `{k}` |\n"
+                for k in order
+            )
+        )
     else:
         parts.append("\nNo nodes yet.\n")
     parts += ["\n" + render_node(k, mappings[k], names.get(k, k)) for k in order]
@@ -110,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = NODES_MD.read_text(encoding="utf-8") if NODES_MD.exists() else ""
         if current != text:
-            diff = list(difflib.unified_diff(current.splitlines(), text.splitlines(), "NODES.md", "generated",
-                                             lineterm=""))
+            diff = list(
+                difflib.unified_diff(current.splitlines(), text.splitlines(), "NODES.md", "generated", lineterm="")
+            )
             sys.stderr.write("\n".join(diff[:80]) + "\nNODES.md is out of date: run python tools/gen_nodes_md.py\n")
             return 1
         return 0

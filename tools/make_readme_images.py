@@ -61,9 +61,9 @@ def result(out: Any) -> tuple:
 
 def detect(nodes: Any, rgb: np.ndarray, crop_size: int = 512) -> tuple[Any, np.ndarray]:
     """FaceDetect with its defaults (RetinaFace, CPU): (FACES, preview uint8)."""
-    faces, preview, _mask = result(nodes.FaceDetect().detect(
-        to_tensor(rgb), "retinaface", 0.5, "left-right", "", 0, 0, crop_size, 1.0, 640, "cpu"
-    ))
+    faces, preview, _mask = result(
+        nodes.FaceDetect().detect(to_tensor(rgb), "retinaface", 0.5, "left-right", "", 0, 0, crop_size, 1.0, 640, "cpu")
+    )
     return faces, to_u8(preview)
 
 
@@ -108,8 +108,11 @@ def hero(nodes: Any, width: int) -> tuple[np.ndarray, dict[str, Any]]:
     saving = 100.0 * token_plan.expected_reduction()
     panel_w = (width - 6) // 2
     left = labelled(det_preview, (f"FaceDetect: {faces.count} face(s), box + 5 landmarks ({source})",), panel_w)
-    right = labelled(plan_preview, (f"PatchTokenize: /16 token grid, red = kept, blue = merged most; "
-                                    f"expected saving {saving:.0f}%",), panel_w)
+    right = labelled(
+        plan_preview,
+        (f"PatchTokenize: /16 token grid, red = kept, blue = merged most; expected saving {saving:.0f}%",),
+        panel_w,
+    )
     facts = {"source": source, "size": f"{w}x{h}", "faces": faces.count, "saving_pct": round(saving, 1)}
     return hstack([left, right]), facts
 
@@ -127,8 +130,7 @@ def strip(nodes: Any, width: int) -> tuple[np.ndarray, dict[str, Any]]:
     crop_faces, _ = detect(nodes, crop)
     _crop_plan, crop_preview = plan(nodes, crop, crop_faces)
     # Blend round trip: the aligned crop goes back unchanged (no diffusion weights here to change it).
-    carried = type(faces)(image_size=faces.image_size,
-                          faces=((face.with_crop(crop.astype(np.float32) / 255.0),),))
+    carried = type(faces)(image_size=faces.image_size, faces=((face.with_crop(crop.astype(np.float32) / 255.0),),))
     (blended,) = result(nodes.Blend().blend(to_tensor(rgb), carried, 1.0, False, False))
     after = to_u8(blended)
     diff = np.abs(after.astype(np.int16) - rgb.astype(np.int16)).max(-1)
@@ -147,11 +149,22 @@ def strip(nodes: Any, width: int) -> tuple[np.ndarray, dict[str, Any]]:
         labelled(crop, ("2 aligned 512 crop", f"sampled here: {crop_tokens} tokens"), panel_w),
         labelled(crop_preview, ("3 PatchTokenize on the crop", "/16 grid, red = kept"), panel_w),
         labelled(after, ("4 Blend round trip", "crop unchanged: not a diffusion result"), panel_w),
-        labelled(where, ("5 where Blend writes (its mask)",
-                         f"max |4-1| {int(diff.max())}/255; {changed_outside} px changed outside"), panel_w),
+        labelled(
+            where,
+            (
+                "5 where Blend writes (its mask)",
+                f"max |4-1| {int(diff.max())}/255; {changed_outside} px changed outside",
+            ),
+            panel_w,
+        ),
     ]
-    facts = {"size": f"{w}x{h}", "crop_tokens": crop_tokens, "frame_tokens": frame_tokens,
-             "max_diff_inside": int(diff.max()), "changed_outside_mask": changed_outside}
+    facts = {
+        "size": f"{w}x{h}",
+        "crop_tokens": crop_tokens,
+        "frame_tokens": frame_tokens,
+        "max_diff_inside": int(diff.max()),
+        "changed_outside_mask": changed_outside,
+    }
     return hstack(panels), facts
 
 
@@ -159,8 +172,11 @@ def save_jpeg(path: Path, rgb: np.ndarray, max_bytes: int) -> int:
     """Write rgb as JPEG at the highest quality (from 88 down) that fits max_bytes; returns the size."""
     path.parent.mkdir(parents=True, exist_ok=True)
     for quality in range(88, 40, -6):
-        ok, buf = cv2.imencode(".jpg", np.ascontiguousarray(rgb[..., ::-1]), [cv2.IMWRITE_JPEG_QUALITY, quality,
-                                                                             cv2.IMWRITE_JPEG_OPTIMIZE, 1])
+        ok, buf = cv2.imencode(
+            ".jpg",
+            np.ascontiguousarray(rgb[..., ::-1]),
+            [cv2.IMWRITE_JPEG_QUALITY, quality, cv2.IMWRITE_JPEG_OPTIMIZE, 1],
+        )
         if ok and len(buf) <= max_bytes:
             path.write_bytes(buf.tobytes())
             return len(buf)
@@ -169,10 +185,10 @@ def save_jpeg(path: Path, rgb: np.ndarray, max_bytes: int) -> int:
 
 def icon(hero_rgb: np.ndarray, side: int = 256) -> np.ndarray:
     """The registry icon ([tool.comfy] Icon): a square cut of the hero's plan panel, below its label."""
-    panel = hero_rgb[40:, hero_rgb.shape[1] // 2 + 3:]
+    panel = hero_rgb[40:, hero_rgb.shape[1] // 2 + 3 :]
     s = min(panel.shape[:2])
     x0 = (panel.shape[1] - s) // 2
-    return cv2.resize(np.ascontiguousarray(panel[:s, x0:x0 + s]), (side, side), interpolation=cv2.INTER_AREA)
+    return cv2.resize(np.ascontiguousarray(panel[:s, x0 : x0 + s]), (side, side), interpolation=cv2.INTER_AREA)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,8 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, (img, facts) in pictures.items():
         size = save_jpeg(args.out / name, img, args.max_kb * 1024)
         sys.stdout.write(f"{args.out / name}: {img.shape[1]}x{img.shape[0]}, {size // 1024} kB, {facts}\n")
-    cv2.imwrite(str(args.out / "icon.png"), np.ascontiguousarray(icon(pictures["hero.jpg"][0])[..., ::-1]),
-                [cv2.IMWRITE_PNG_COMPRESSION, 9])
+    cv2.imwrite(
+        str(args.out / "icon.png"),
+        np.ascontiguousarray(icon(pictures["hero.jpg"][0])[..., ::-1]),
+        [cv2.IMWRITE_PNG_COMPRESSION, 9],
+    )
     return 0
 
 

@@ -18,8 +18,9 @@ def load_pack() -> ModuleType:
     """The pack as package `tokenfuse`; reuses one already loaded (e.g. under pytest)."""
     if "tokenfuse" in sys.modules:
         return sys.modules["tokenfuse"]
-    spec = importlib.util.spec_from_file_location("tokenfuse", REPO / "__init__.py",
-                                                  submodule_search_locations=[str(REPO)])
+    spec = importlib.util.spec_from_file_location(
+        "tokenfuse", REPO / "__init__.py", submodule_search_locations=[str(REPO)]
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["tokenfuse"] = module

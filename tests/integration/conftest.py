@@ -72,8 +72,9 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def start_comfy_server(comfyui_path: Path, base: Path, extra_nodes: dict[str, Path] | None = None,
-                       env: dict[str, str] | None = None) -> Iterator[SimpleNamespace]:
+def start_comfy_server(
+    comfyui_path: Path, base: Path, extra_nodes: dict[str, Path] | None = None, env: dict[str, str] | None = None
+) -> Iterator[SimpleNamespace]:
     """A CPU ComfyUI server whose base directory is `base` (a temp folder), loading only this pack (symlinked as
     ComfyUI-TokenFuse) plus `extra_nodes` (custom node folder name -> folder, symlinked too); `env` is added to the
     server process's environment. Stops the server on exit.
@@ -87,9 +88,23 @@ def start_comfy_server(comfyui_path: Path, base: Path, extra_nodes: dict[str, Pa
         (base / "custom_nodes" / name).symlink_to(folder, target_is_directory=True)
     port = _free_port()
     log_path = base / "server.log"
-    cmd = [sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port),
-           "--base-directory", str(base), "--database-url", "sqlite:///:memory:",
-           "--disable-all-custom-nodes", "--whitelist-custom-nodes", *folders, "--disable-auto-launch"]
+    cmd = [
+        sys.executable,
+        "main.py",
+        "--cpu",
+        "--listen",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--base-directory",
+        str(base),
+        "--database-url",
+        "sqlite:///:memory:",
+        "--disable-all-custom-nodes",
+        "--whitelist-custom-nodes",
+        *folders,
+        "--disable-auto-launch",
+    ]
     full_env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
     with log_path.open("w") as log_file:
         proc = subprocess.Popen(cmd, cwd=comfyui_path, stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
@@ -153,10 +168,18 @@ def browser_tools() -> tuple[str, dict[str, str]]:
         pytest.skip("browser check: no Chromium (apt-get install chromium, or set CHROMIUM)")
     env = dict(os.environ, CHROMIUM=chromium)
     probe = subprocess.run(
-        [node, "-e", "const d = process.env.PLAYWRIGHT_CORE_DIR;"
-         "require('module').createRequire(d ? require('path').join(d, 'package.json') : process.cwd() + '/x.js')"
-         ".resolve('playwright-core')"],
-        cwd=REPO, env=env, capture_output=True, text=True, check=False,
+        [
+            node,
+            "-e",
+            "const d = process.env.PLAYWRIGHT_CORE_DIR;"
+            "require('module').createRequire(d ? require('path').join(d, 'package.json') : process.cwd() + '/x.js')"
+            ".resolve('playwright-core')",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if probe.returncode != 0:
         pytest.skip("browser check: playwright-core not found (npm install playwright-core in PLAYWRIGHT_CORE_DIR)")

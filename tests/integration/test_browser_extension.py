@@ -24,13 +24,19 @@ def _ours(line: str) -> bool:
     return "/extensions/" in line or "tokenfuse" in line.lower()
 
 
-def test_scheduler_chart_in_real_frontend(browser_tools: tuple[str, dict[str, str]], comfy_server: SimpleNamespace,
-                                          tmp_path: Path) -> None:
+def test_scheduler_chart_in_real_frontend(
+    browser_tools: tuple[str, dict[str, str]], comfy_server: SimpleNamespace, tmp_path: Path
+) -> None:
     node, env = browser_tools
     shot = Path(os.environ.get("TOKENFUSE_SCREENSHOT") or tmp_path / "web.png")
     out = subprocess.run(
-        [node, str(SCRIPT), comfy_server.url, str(shot)], cwd=REPO, env=env, capture_output=True, text=True,
-        timeout=240, check=False,
+        [node, str(SCRIPT), comfy_server.url, str(shot)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout)

@@ -42,8 +42,14 @@ def _recording(model: Any, seen: list[dict[str, Any]]) -> Any:
     """A clone whose attn1 patch records what each attention call receives (it changes nothing)."""
 
     def record(n: torch.Tensor, ctx: torch.Tensor, val: torch.Tensor, extra: dict[str, Any]) -> Any:
-        seen.append({"plan": extra.get("tokenfuse_plan"), "disabled": extra.get("tokenfuse_disabled"),
-                     "shape": tuple(extra["original_shape"]), "tokens": n.shape[1]})
+        seen.append(
+            {
+                "plan": extra.get("tokenfuse_plan"),
+                "disabled": extra.get("tokenfuse_disabled"),
+                "shape": tuple(extra["original_shape"]),
+                "tokens": n.shape[1],
+            }
+        )
         return n, ctx, val
 
     m = model.clone()
@@ -54,9 +60,26 @@ def _recording(model: Any, seen: list[dict[str, Any]]) -> Any:
 def _fuse(st: SimpleNamespace, model: Any, **kw: Any) -> tuple[torch.Tensor, Any, str]:
     from tokenfuse.nodes.fusion_node import ScheduledFusion
 
-    args = dict(model=model, vae=st.vae, positive=st.cond[0], negative=st.cond[1], image=st.image, faces=st.faces,
-                seed=3, steps=2, cfg=5.0, sampler_name="euler", scheduler="normal", denoise=0.5, guide_size=GUIDE,
-                max_size=1024, crop_factor=1.0, feather=0.04, faces_per_batch=2, fallback="oom-only")
+    args = dict(
+        model=model,
+        vae=st.vae,
+        positive=st.cond[0],
+        negative=st.cond[1],
+        image=st.image,
+        faces=st.faces,
+        seed=3,
+        steps=2,
+        cfg=5.0,
+        sampler_name="euler",
+        scheduler="normal",
+        denoise=0.5,
+        guide_size=GUIDE,
+        max_size=1024,
+        crop_factor=1.0,
+        feather=0.04,
+        faces_per_batch=2,
+        fallback="oom-only",
+    )
     args.update(kw)
     with torch.inference_mode():  # as ComfyUI's executor runs every node
         return ScheduledFusion().fuse(**args)
@@ -115,8 +138,9 @@ def test_a_face_comes_out_the_same_batched_or_alone(stack: SimpleNamespace) -> N
     assert not torch.allclose(batched[0], batched[1], atol=1e-2)
 
 
-def test_induced_oom_is_reported_and_the_image_still_comes(stack: SimpleNamespace,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_induced_oom_is_reported_and_the_image_still_comes(
+    stack: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tokenfuse.nodes import comfy_glue
 
     monkeypatch.setenv(comfy_glue.FUSION_OOM_ENV, "1")
@@ -198,15 +222,28 @@ def test_full_chain_in_process(stack: SimpleNamespace, shared_assets: Any) -> No
         assert faces.count == 1
         plan = call(PatchTokenize(), image=image, faces=faces)[0]
         model, _ = call(TokenSchedulerController(), model=stack.model, token_plan=plan)
-        crops, fused, report = call(ScheduledFusion(), model=model, vae=stack.vae, positive=stack.cond[0],
-                                    negative=stack.cond[1], image=image, faces=faces, seed=5, steps=2,
-                                    sampler_name="euler", scheduler="normal", denoise=0.5, guide_size=GUIDE,
-                                    fallback="oom-only", token_plan=plan)
+        crops, fused, report = call(
+            ScheduledFusion(),
+            model=model,
+            vae=stack.vae,
+            positive=stack.cond[0],
+            negative=stack.cond[1],
+            image=image,
+            faces=faces,
+            seed=5,
+            steps=2,
+            sampler_name="euler",
+            scheduler="normal",
+            denoise=0.5,
+            guide_size=GUIDE,
+            fallback="oom-only",
+            token_plan=plan,
+        )
         assert fused.faces[0][0].crop is not None and "plan on" in report
         _, enhanced, _ = call(GFPGANEnhance(), image=image, faces=fused, model_name="none", visibility=0.0)
         (out,) = call(Blend(), image=image, faces=enhanced)
     assert out.shape == image.shape and torch.isfinite(out).all()
     changed = (out - image).abs().amax(dim=-1)[0].numpy()
     box = [int(v) for v in faces.faces[0][0].bbox]
-    assert changed[box[1]:box[3], box[0]:box[2]].mean() > 0.005  # the face was refined and pasted back
+    assert changed[box[1] : box[3], box[0] : box[2]].mean() > 0.005  # the face was refined and pasted back
     assert np.count_nonzero(changed[:40]) == 0  # far from the face the frame is untouched

@@ -111,13 +111,16 @@ def fusion_server(comfy_server_factory, tmp_path_factory: pytest.TempPathFactory
     (nodes_dir / "__init__.py").write_text(TEST_NODES.format(bench=str(REPO / "bench")), encoding="utf-8")
     (base / "models" / "facerestore_models").mkdir(parents=True)
     torch.manual_seed(0)
-    torch.save({k: v.contiguous() for k, v in GFPGAN(different_w=True, sft_half=True).state_dict().items()},
-               base / "models" / "facerestore_models" / "GFPGANv1.4.pth")
+    torch.save(
+        {k: v.contiguous() for k, v in GFPGAN(different_w=True, sft_half=True).state_dict().items()},
+        base / "models" / "facerestore_models" / "GFPGANv1.4.pth",
+    )
     (base / "input").mkdir()
     photo = np.ascontiguousarray(astronaut()[:448])  # not square: a swapped width/height would show
     cv2.imwrite(str(base / "input" / "tf_portrait.png"), photo[..., ::-1])
-    with comfy_server_factory(base, extra_nodes={TEST_PACK: nodes_dir},
-                            env={"TOKENFUSE_FUSION_INDUCE_OOM": "1"}) as server:
+    with comfy_server_factory(
+        base, extra_nodes={TEST_PACK: nodes_dir}, env={"TOKENFUSE_FUSION_INDUCE_OOM": "1"}
+    ) as server:
         yield SimpleNamespace(url=server.url, log=server.log, base=base, photo=photo)
 
 
@@ -127,27 +130,94 @@ def _prompt() -> dict:
         "2": {"class_type": "CLIPTextEncode", "inputs": {"clip": ["1", 1], "text": "photo of a face"}},
         "3": {"class_type": "CLIPTextEncode", "inputs": {"clip": ["1", 1], "text": "blurry"}},
         "4": {"class_type": "LoadImage", "inputs": {"image": "tf_portrait.png"}},
-        "5": {"class_type": "TokenFuseFaceDetect", "inputs": {
-            "image": ["4", 0], "backend": "retinaface", "score_threshold": 0.5, "order": "large-small",
-            "indices": "", "max_faces": 1, "min_face_size": 0, "crop_size": 128, "crop_factor": 1.0,
-            "detect_size": 640, "device": "cpu"}},
-        "6": {"class_type": "TokenFusePatchTokenize", "inputs": {
-            "image": ["4", 0], "faces": ["5", 0], "width": 0, "height": 0, "background_floor": 0.1,
-            "face_weight": 0.9, "falloff": 0.35, "min_keep": 0.25, "protect_threshold": 0.5, "preview_level": "16"}},
-        "7": {"class_type": "TokenFuseTokenSchedulerController", "inputs": {
-            "model": ["1", 0], "token_plan": ["6", 0], "preset": "lowvram_4gb", "strategy": "preset", "ratio": 0.0,
-            "schedule_text": ""}},
-        "8": {"class_type": "TokenFuseScheduledFusion", "inputs": {
-            "model": ["7", 0], "vae": ["1", 2], "positive": ["2", 0], "negative": ["3", 0], "image": ["4", 0],
-            "faces": ["5", 0], "token_plan": ["6", 0], "seed": 42, "steps": 2, "cfg": 6.0, "sampler_name": "euler",
-            "scheduler": "normal", "denoise": 0.5, "guide_size": 64, "max_size": 64, "crop_factor": 1.0,
-            "feather": 0.04, "faces_per_batch": 1, "fallback": "auto", "swap_model": "none",
-            "arcface_model": "none"}},
-        "9": {"class_type": "TokenFuseGFPGANEnhance", "inputs": {
-            "image": ["4", 0], "faces": ["8", 1], "model_name": "GFPGANv1.4.pth", "visibility": 0.6,
-            "fidelity": 0.5}},
-        "10": {"class_type": "TokenFuseBlend", "inputs": {
-            "image": ["4", 0], "faces": ["9", 1], "strength": 1.0, "color_transfer": True, "seamless": False}},
+        "5": {
+            "class_type": "TokenFuseFaceDetect",
+            "inputs": {
+                "image": ["4", 0],
+                "backend": "retinaface",
+                "score_threshold": 0.5,
+                "order": "large-small",
+                "indices": "",
+                "max_faces": 1,
+                "min_face_size": 0,
+                "crop_size": 128,
+                "crop_factor": 1.0,
+                "detect_size": 640,
+                "device": "cpu",
+            },
+        },
+        "6": {
+            "class_type": "TokenFusePatchTokenize",
+            "inputs": {
+                "image": ["4", 0],
+                "faces": ["5", 0],
+                "width": 0,
+                "height": 0,
+                "background_floor": 0.1,
+                "face_weight": 0.9,
+                "falloff": 0.35,
+                "min_keep": 0.25,
+                "protect_threshold": 0.5,
+                "preview_level": "16",
+            },
+        },
+        "7": {
+            "class_type": "TokenFuseTokenSchedulerController",
+            "inputs": {
+                "model": ["1", 0],
+                "token_plan": ["6", 0],
+                "preset": "lowvram_4gb",
+                "strategy": "preset",
+                "ratio": 0.0,
+                "schedule_text": "",
+            },
+        },
+        "8": {
+            "class_type": "TokenFuseScheduledFusion",
+            "inputs": {
+                "model": ["7", 0],
+                "vae": ["1", 2],
+                "positive": ["2", 0],
+                "negative": ["3", 0],
+                "image": ["4", 0],
+                "faces": ["5", 0],
+                "token_plan": ["6", 0],
+                "seed": 42,
+                "steps": 2,
+                "cfg": 6.0,
+                "sampler_name": "euler",
+                "scheduler": "normal",
+                "denoise": 0.5,
+                "guide_size": 64,
+                "max_size": 64,
+                "crop_factor": 1.0,
+                "feather": 0.04,
+                "faces_per_batch": 1,
+                "fallback": "auto",
+                "swap_model": "none",
+                "arcface_model": "none",
+            },
+        },
+        "9": {
+            "class_type": "TokenFuseGFPGANEnhance",
+            "inputs": {
+                "image": ["4", 0],
+                "faces": ["8", 1],
+                "model_name": "GFPGANv1.4.pth",
+                "visibility": 0.6,
+                "fidelity": 0.5,
+            },
+        },
+        "10": {
+            "class_type": "TokenFuseBlend",
+            "inputs": {
+                "image": ["4", 0],
+                "faces": ["9", 1],
+                "strength": 1.0,
+                "color_transfer": True,
+                "seamless": False,
+            },
+        },
         "11": {"class_type": "SaveImage", "inputs": {"images": ["10", 0], "filename_prefix": "tf_fused"}},
         "12": {"class_type": "TokenFuseTestShowText", "inputs": {"text": ["8", 2]}},
     }
@@ -219,12 +289,11 @@ def test_whole_chain_with_induced_oom_through_the_server(fusion_server: SimpleNa
     changed = np.abs(out.astype(int) - src.astype(int)).max(axis=2) > 0
     x0, y0, x1, y1 = FACE_BOX
     near = np.zeros_like(changed)
-    near[max(0, y0 - MARGIN):y1 + MARGIN, max(0, x0 - MARGIN):x1 + MARGIN] = True
+    near[max(0, y0 - MARGIN) : y1 + MARGIN, max(0, x0 - MARGIN) : x1 + MARGIN] = True
     assert not changed[~near].any(), f"{changed[~near].sum()} pixels changed far from the face"
     assert changed[y0:y1, x0:x1].mean() > 0.5, "the face itself should have changed"
     ys, xs = np.nonzero(changed)
     assert x0 <= xs.mean() <= x1 and y0 <= ys.mean() <= y1, (xs.mean(), ys.mean())
-
 
     # Live stats reached the browser client (web/README.md schema): per step, then a final summary.
     stats = events.of_type("tokenfuse.stats")

@@ -51,8 +51,15 @@ def frontend(browser_tools: tuple[str, dict[str, str]], comfy_server: SimpleName
     settings.parent.mkdir(parents=True, exist_ok=True)  # no first-start template dialog over the canvas
     settings.write_text('{"Comfy.TutorialCompleted": true, "Comfy.Minimap.Visible": false}', encoding="utf-8")
     node, env = browser_tools
-    out = subprocess.run([node, str(SCRIPT), "check", comfy_server.url, str(REPO / "workflows")], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300, check=False)
+    out = subprocess.run(
+        [node, str(SCRIPT), "check", comfy_server.url, str(REPO / "workflows")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)
 
@@ -93,6 +100,7 @@ def test_template_browser_lists_them(frontend: dict[str, Any], comfy_server: Sim
 
 # ---------------------------------------------------------------- execution of the API prompts (in-process)
 
+
 class _ClipStandIn:
     """Stand-in text encoder: seeded random conditioning of the family's shape (see the module docstring)."""
 
@@ -130,16 +138,21 @@ def runtime(comfy: SimpleNamespace, random_model: Any, tmp_path_factory: pytest.
     from spandrel.architectures.GFPGAN import GFPGAN
 
     torch.manual_seed(0)
-    torch.save({k: v.contiguous() for k, v in GFPGAN(different_w=True, sft_half=True).state_dict().items()},
-               root / "facerestore" / "GFPGANv1.4.pth")
+    torch.save(
+        {k: v.contiguous() for k, v in GFPGAN(different_w=True, sft_half=True).state_dict().items()},
+        root / "facerestore" / "GFPGANv1.4.pth",
+    )
     make_inswapper(root / "insightface" / "inswapper_128.onnx")
     make_arcface(root / "insightface" / "w600k_r50.onnx")
     comfy_glue.facerestore_dirs()
     comfy_glue.insightface_dirs()
     folder_paths.add_model_folder_path(comfy_glue.FACERESTORE_FOLDER, str(root / "facerestore"))
     folder_paths.add_model_folder_path("insightface", str(root / "insightface"))
-    saved_dirs = (folder_paths.get_input_directory(), folder_paths.get_output_directory(),
-                  folder_paths.get_temp_directory())
+    saved_dirs = (
+        folder_paths.get_input_directory(),
+        folder_paths.get_output_directory(),
+        folder_paths.get_temp_directory(),
+    )
     folder_paths.set_input_directory(str(root / "in"))
     folder_paths.set_output_directory(str(root / "out"))
     folder_paths.set_temp_directory(str(root / "temp"))
@@ -226,4 +239,3 @@ def test_api_prompt_executes(frontend: dict[str, Any], runtime: SimpleNamespace,
     assert out.shape == src.shape
     changed = np.abs(out.astype(int) - src.astype(int)).max(axis=2) > 8
     assert 0 < changed.mean() < 0.5, f"the faces (and only they) should change: {changed.mean():.3f} of pixels"
-
