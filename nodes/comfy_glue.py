@@ -10,9 +10,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 log = logging.getLogger(__name__)
@@ -228,6 +230,44 @@ def save_temp_previews(images: Any, prefix: str = "tokenfuse_preview") -> list[d
         Image.fromarray(pixels).save(os.path.join(out_dir, name), compress_level=1)
         saved.append({"filename": name, "subfolder": "", "type": "temp"})
     return saved
+
+
+# ------------------------------------------------------------------------------------------------ files the pack writes
+OUTPUT_DIR_ENV = "TOKENFUSE_OUTPUT_DIR"
+
+
+class OutputPathError(ValueError):
+    """A file the pack was asked to write would land outside its output folder; the message names the rule."""
+
+
+def output_dir() -> Path:
+    """The one folder the pack writes files into (telemetry JSONL): $TOKENFUSE_OUTPUT_DIR when the server operator sets
+    it, else ComfyUI's output folder + `tokenfuse/`. Only this last folder is ever created, never its parents."""
+    configured = os.environ.get(OUTPUT_DIR_ENV)
+    if configured:
+        base = Path(configured)
+    elif comfy_available():
+        base = Path(importlib.import_module("folder_paths").get_output_directory()) / "tokenfuse"
+    else:
+        raise OutputPathError(f"no output folder outside ComfyUI: set {OUTPUT_DIR_ENV} to a folder for TokenFuse files")
+    if not base.parent.is_dir():
+        raise OutputPathError(
+            f"TokenFuse's output folder {base} has no parent folder; create it or set {OUTPUT_DIR_ENV}"
+        )
+    base.mkdir(exist_ok=True)
+    return base
+
+
+def output_file(name: str) -> Path:
+    """Where a file named by a prompt (a bare file name, already validated by its schema) is written: inside
+    output_dir(), never through a symlink or `..`. Raises OutputPathError otherwise."""
+    if not name or os.sep in name or (os.altsep and os.altsep in name) or name in (".", "..") or ".." in name:
+        raise OutputPathError(f"{name[:80]!r} is not a bare file name: TokenFuse only writes inside its output folder")
+    base = output_dir().resolve()
+    target = base / name
+    if target.is_symlink() or target.resolve().parent != base:
+        raise OutputPathError(f"{name[:80]!r} resolves outside TokenFuse's output folder {base}; refusing to write it")
+    return target
 
 
 # ------------------------------------------------------------------------------------------------ model files / memory

@@ -225,9 +225,10 @@ def _make_run_wrapper(
                 comfy_glue.send_stats(STATS_EVENT, live.payload(telemetry, None, final=True, summary=line))
             if schedule.telemetry_jsonl:
                 try:
-                    telemetry.write_jsonl(schedule.telemetry_jsonl)
-                except OSError as exc:
-                    log.warning("TokenFuse: could not write telemetry to %s: %s", schedule.telemetry_jsonl, exc)
+                    path = telemetry.write_jsonl(comfy_glue.output_file(schedule.telemetry_jsonl))
+                    log.info("TokenFuse: telemetry written to %s", path)
+                except (OSError, comfy_glue.OutputPathError) as exc:
+                    log.warning("TokenFuse: telemetry not written: %s", exc)
 
     return tokenfuse_outer_sample
 

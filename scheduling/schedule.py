@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import reprlib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -25,6 +27,12 @@ PoolMode = Literal["avg", "nearest"]
 # Level factors relative to the image; the latent is /8, so these are latent grid /1, /2, /4, /8.
 LEVELS: tuple[int, ...] = (8, 16, 32, 64)
 MAX_RATIO = 0.9
+# telemetry_jsonl is a bare file name; the glue writes it under ComfyUI's output folder (never a path from a prompt).
+TELEMETRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}\.jsonl")
+# schedule_text comes from a prompt: cap its size and nesting before parsing, and never echo it in full.
+SCHEDULE_TEXT_MAX_CHARS = 16_384
+SCHEDULE_TEXT_MAX_DEPTH = 8
+ECHO_MAX_CHARS = 80
 # Which levels have self-attention in each U-Net family (SDXL has none at full latent resolution).
 FAMILY_LEVELS: dict[str, tuple[int, ...]] = {"sd15": (8, 16, 32, 64), "sdxl": (16, 32), "dit": ()}
 
@@ -33,11 +41,21 @@ class ScheduleError(ValueError):
     """A schedule field is out of range; the message names the field and the allowed values."""
 
 
+def echo(value: Any, limit: int = ECHO_MAX_CHARS) -> str:
+    """A short repr of user input for an error message: prompts can carry megabytes or YAML alias bombs, so the repr
+    is bounded in depth and length before it is built, then cut to `limit` characters."""
+    bounded = reprlib.Repr()  # attributes, not keywords: Python 3.10/3.11 take none
+    bounded.maxlevel, bounded.maxdict, bounded.maxlist, bounded.maxlong = 2, 4, 4, 40
+    bounded.maxstring = bounded.maxother = limit
+    short = bounded.repr(value)
+    return short if len(short) <= limit else f"{short[: limit - 3]}..."
+
+
 def _check_range(name: str, value: Any, lo: float, hi: float, integer: bool = False) -> None:
     kind = "an integer" if integer else "a number"
     ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok_type or (not integer and not math.isfinite(value)) or not lo <= value <= hi:
-        raise ScheduleError(f"Schedule field '{name}' must be {kind} in [{lo}, {hi}], got {value!r}")
+        raise ScheduleError(f"Schedule field '{name}' must be {kind} in [{lo}, {hi}], got {echo(value)}")
 
 
 @dataclass(frozen=True)
@@ -80,11 +98,13 @@ class Schedule:
 
     def __post_init__(self) -> None:
         if self.strategy not in get_args(Strategy):
-            raise ScheduleError(f"Schedule field 'strategy' must be one of {get_args(Strategy)}, got {self.strategy!r}")
+            raise ScheduleError(
+                f"Schedule field 'strategy' must be one of {get_args(Strategy)}, got {echo(self.strategy)}"
+            )
         if self.pool not in get_args(PoolMode):
-            raise ScheduleError(f"Schedule field 'pool' must be one of {get_args(PoolMode)}, got {self.pool!r}")
+            raise ScheduleError(f"Schedule field 'pool' must be one of {get_args(PoolMode)}, got {echo(self.pool)}")
         if not isinstance(self.ratios, dict):
-            raise ScheduleError(f"Schedule field 'ratios' must be a mapping {{level: ratio}}, got {self.ratios!r}")
+            raise ScheduleError(f"Schedule field 'ratios' must be a mapping {{level: ratio}}, got {echo(self.ratios)}")
         clean: dict[int, float] = {}
         for key, value in self.ratios.items():
             try:
@@ -92,7 +112,7 @@ class Schedule:
             except (TypeError, ValueError):
                 level = -1
             if level not in LEVELS:
-                raise ScheduleError(f"Schedule field 'ratios' keys must be level factors {LEVELS}, got {key!r}")
+                raise ScheduleError(f"Schedule field 'ratios' keys must be level factors {LEVELS}, got {echo(key)}")
             _check_range(f"ratios[{level}]", value, 0.0, MAX_RATIO)
             clean[level] = float(value)
         object.__setattr__(self, "ratios", dict(sorted(clean.items())))
@@ -112,10 +132,17 @@ class Schedule:
         _check_range("sy", self.sy, 1, 8, integer=True)
         _check_range("dit_ratio", self.dit_ratio, 0.0, MAX_RATIO)
         _check_range("seed", self.seed, 0, 2**63 - 1, integer=True)
-        if not isinstance(self.telemetry_jsonl, str):
-            raise ScheduleError(f"Schedule field 'telemetry_jsonl' must be a path string, got {self.telemetry_jsonl!r}")
+        if not isinstance(self.telemetry_jsonl, str) or (
+            self.telemetry_jsonl
+            and (".." in self.telemetry_jsonl or not TELEMETRY_NAME.fullmatch(self.telemetry_jsonl))
+        ):
+            raise ScheduleError(
+                "Schedule field 'telemetry_jsonl' must be a bare file name ending in .jsonl (letters, digits, '_', '-',"
+                f" '.'; at most 102 characters; no folders), written to ComfyUI's output/tokenfuse/ folder; got "
+                f"{echo(self.telemetry_jsonl)}"
+            )
         if not isinstance(self.time_calls, bool):
-            raise ScheduleError(f"Schedule field 'time_calls' must be true or false, got {self.time_calls!r}")
+            raise ScheduleError(f"Schedule field 'time_calls' must be true or false, got {echo(self.time_calls)}")
         for name in ("ramp_step", "ramp_cap", "start_percent", "end_percent", "adaptive", "dit_ratio"):
             object.__setattr__(self, name, float(getattr(self, name)))
 
@@ -158,9 +185,12 @@ class Schedule:
         if not isinstance(data, dict):
             raise ScheduleError(f"a schedule must be a mapping of fields, got {type(data).__name__}")
         names = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - names)
+        unknown = sorted(str(key) for key in set(data) - names)
         if unknown:
-            raise ScheduleError(f"unknown Schedule field(s) {unknown}; allowed: {sorted(names)}")
+            shown = [echo(key, 40) for key in unknown[:5]] + (
+                [f"... {len(unknown) - 5} more"] if len(unknown) > 5 else []
+            )
+            raise ScheduleError(f"unknown Schedule field(s) [{', '.join(shown)}]; allowed: {sorted(names)}")
         return replace(base or cls(), **data)
 
 
@@ -218,19 +248,43 @@ def preset_schedule(name: Preset | str, family: Family | str = "sd15") -> Schedu
     )
 
 
+def _nesting_depth(text: str) -> int:
+    """Upper bound of the bracket nesting of JSON/YAML flow text (quotes ignored: an over-estimate is safe)."""
+    depth = deepest = 0
+    for char in text:
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth = max(0, depth - 1)
+    return deepest
+
+
 def _parse_mapping(text: str) -> dict[str, Any]:
+    if not isinstance(text, str):
+        raise ScheduleError(f"schedule text must be a string, got {type(text).__name__}")
     text = text.strip()
     if not text:
         return {}
+    if len(text) > SCHEDULE_TEXT_MAX_CHARS:
+        raise ScheduleError(
+            f"schedule text is {len(text)} characters; at most {SCHEDULE_TEXT_MAX_CHARS} are accepted (a schedule has "
+            "17 fields: see the node's tooltip)"
+        )
+    if _nesting_depth(text) > SCHEDULE_TEXT_MAX_DEPTH:
+        raise ScheduleError(
+            f"schedule text is nested deeper than {SCHEDULE_TEXT_MAX_DEPTH} levels; a schedule is a flat mapping of "
+            "fields (only 'ratios' holds a mapping)"
+        )
     try:
         data = json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         import yaml  # only when the text is not JSON
 
         try:
             data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ScheduleError(f"schedule text is neither valid JSON nor YAML: {exc}") from exc
+        except (yaml.YAMLError, RecursionError) as exc:
+            raise ScheduleError(f"schedule text is neither valid JSON nor YAML: {echo(str(exc), 200)}") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -113,10 +114,13 @@ class RunTelemetry:
         )
 
     def write_jsonl(self, path: str | Path) -> Path:
-        """One JSON object per call, then one {"summary": ...} line."""
+        """One JSON object per call, then one {"summary": ...} line. The folder must exist (nothing is created above the
+        file) and a symlink at `path` is refused rather than followed (O_NOFOLLOW where the OS has it)."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", encoding="utf-8") as fh:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+        if path.is_symlink():
+            raise OSError(f"refusing to write through the symlink {path}")
+        with os.fdopen(os.open(path, flags, 0o644), "w", encoding="utf-8") as fh:
             for rec in self.records:
                 fh.write(json.dumps(rec._asdict()) + "\n")
             fh.write(json.dumps({"summary": self.summary()}) + "\n")

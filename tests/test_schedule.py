@@ -132,7 +132,7 @@ def test_file_round_trip(tmp_path: Path, suffix: str) -> None:
         ramp_step=0.05,
         end_percent=0.7,
         seed=42,
-        telemetry_jsonl="out/t.jsonl",
+        telemetry_jsonl="run-1.t.jsonl",
     )
     path = save_schedule(s, tmp_path / f"sched{suffix}")
     assert load_schedule(path) == s

@@ -7,6 +7,7 @@ ComfyUI's does); family detection reads class names, so the fake model classes c
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import sys
 from dataclasses import replace
@@ -367,3 +368,47 @@ def test_preset_is_recorded_for_the_fusion_fallback_and_text_override_clears_it(
         sd15_model(), "lowvram_8gb", "preset", 0.0, schedule_text='{"ratios": {"8": 0.5}}'
     )
     assert "tokenfuse_preset" not in custom.model_options["transformer_options"]
+
+
+# ---- telemetry file: only a bare name, only inside the output folder (a prompt must not write elsewhere) ----
+@pytest.mark.parametrize(
+    "name",
+    ["/tmp/x.jsonl", "../x.jsonl", "a/b.jsonl", "a\\b.jsonl", "..jsonl", "x.txt", ".x.jsonl", "x" * 200 + ".jsonl"],
+)
+def test_telemetry_path_from_a_prompt_is_refused_before_anything_runs(name: str) -> None:
+    with pytest.raises(ScheduleError, match="bare file name"):
+        NODE.apply(sd15_model(), "balanced", "preset", 0.0, schedule_text=json.dumps({"telemetry_jsonl": name}))
+
+
+def test_telemetry_lands_in_the_output_folder_only(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setenv(comfy_glue.OUTPUT_DIR_ENV, str(out / "tokenfuse"))
+    patched, _ = NODE.apply(sd15_model(), "balanced", "preset", 0.0, schedule_text='{"telemetry_jsonl": "run.jsonl"}')
+    (wrapper,) = patched.wrappers["outer_sample"]["tokenfuse"]
+    wrapper(lambda: None)
+    written = out / "tokenfuse" / "run.jsonl"
+    assert json.loads(written.read_text().splitlines()[-1])["summary"]["calls"] == 0
+    # a symlink planted at the name is never followed: the file it points to keeps its bytes
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    written.unlink()
+    written.symlink_to(victim)
+    with caplog.at_level(logging.WARNING, logger="tokenfuse"):
+        wrapper(lambda: None)
+    assert victim.read_text() == "keep me"
+    assert any("telemetry not written" in r.getMessage() for r in caplog.records)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "victim.txt"]
+
+
+def test_output_folder_parent_is_never_created(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(comfy_glue.OUTPUT_DIR_ENV, str(tmp_path / "missing" / "tokenfuse"))
+    with pytest.raises(comfy_glue.OutputPathError, match="no parent folder"):
+        comfy_glue.output_file("run.jsonl")
+    assert not (tmp_path / "missing").exists()
+    monkeypatch.setenv(comfy_glue.OUTPUT_DIR_ENV, str(tmp_path))
+    for bad in ("../x.jsonl", "a/b.jsonl", "..", ""):
+        with pytest.raises(comfy_glue.OutputPathError):
+            comfy_glue.output_file(bad)

@@ -43,6 +43,7 @@ def test_jsonl_and_finish_log_one_info_line(tmp_path: Path, caplog: pytest.LogCa
     t = RunTelemetry(max_records=2)
     _fill(t)
     with caplog.at_level(logging.INFO, logger="tokenfuse.scheduling.telemetry"):
+        (tmp_path / "sub").mkdir()  # write_jsonl creates no folder (issue 13: prompts must not make folders)
         line = t.finish(tmp_path / "sub" / "run.jsonl")
     assert [r.getMessage() for r in caplog.records] == [line]
     rows = [json.loads(x) for x in (tmp_path / "sub" / "run.jsonl").read_text().splitlines()]
