@@ -44,6 +44,10 @@ class ModelFileError(RuntimeError):
     """A model file is missing, corrupt, the wrong model, or could not be downloaded; the message names the fix."""
 
 
+class ModelNotFoundError(ModelFileError, FileNotFoundError):
+    """A model named by a prompt is not a file inside the model folders (missing, unreadable or outside them alike)."""
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:

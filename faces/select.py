@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from .types import Face, FaceOrder
+
+log = logging.getLogger(__name__)
+
+INDICES_MAX_CHARS = 512  # a prompt may carry megabytes; a face index list never needs more
 
 _KEYS = {
     "left-right": lambda f: (f.bbox[0] + f.bbox[2]) / 2,
@@ -21,6 +26,8 @@ _KEYS = {
 
 def parse_indices(text: str) -> list[int] | None:
     """ "0, 2, -1" -> [0, 2, -1]; "" or "all" -> None (every face). Raises ValueError naming the bad item."""
+    if len(text) > INDICES_MAX_CHARS:
+        raise ValueError(f"face indices text is {len(text)} characters; at most {INDICES_MAX_CHARS} are accepted")
     text = text.strip().lower()
     if text in ("", "all"):
         return None
@@ -33,7 +40,7 @@ def parse_indices(text: str) -> list[int] | None:
             out.append(int(item))
         except ValueError as exc:
             raise ValueError(
-                f"face index '{item}' is not an integer: write indices like '0,2' or leave empty for all"
+                f"face index '{item[:20]}' is not an integer: write indices like '0,2' or leave empty for all"
             ) from exc
     return out
 
@@ -66,6 +73,15 @@ def select_faces(faces: Sequence[Face], sel: Selection) -> list[Face]:
     kept.sort(key=_KEYS[sel.order])
     if sel.indices is not None:
         n = len(kept)
+        missing = [i for i in sel.indices if not -n <= i < n]
+        if missing:
+            valid = f"valid: 0..{n - 1} or -{n}..-1" if n else "no face passed the filters"
+            log.warning(
+                "TokenFuse: face index %s out of range: %d face(s) found after the size/score/identity filters (%s)",
+                ", ".join(map(str, missing[:8])),
+                n,
+                valid,
+            )
         kept = [kept[i] for i in sel.indices if -n <= i < n]
     if sel.max_faces > 0:
         kept = kept[: sel.max_faces]

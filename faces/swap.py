@@ -71,7 +71,13 @@ class InSwapper:
         self.path = Path(model_path)
         if not self.path.is_file():
             raise SwapModelError(f"swap model {self.path} not found: put inswapper_128.onnx in models/insightface/")
-        self.session = ort.InferenceSession(str(self.path), providers=providers or ["CPUExecutionProvider"])
+        try:
+            self.session = ort.InferenceSession(str(self.path), providers=providers or ["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own classes (InvalidProtobuf, Fail, ...) for a bad file
+            raise SwapModelError(
+                f"could not load the swap model {self.path.name}: the file is corrupt or not an ONNX model. Put the "
+                "official inswapper_128.onnx in models/insightface/ or set swap_model to none."
+            ) from exc
         inputs = {i.name: list(i.shape) for i in self.session.get_inputs()}
         if (
             set(inputs) != {"target", "source"}

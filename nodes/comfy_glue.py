@@ -300,23 +300,12 @@ def list_facerestore_models(extensions: tuple[str, ...]) -> list[str]:
 
 
 def facerestore_model_path(name: str) -> str:
-    """Full path of a face-restoration model: an existing absolute path as is (scripts, CI), else looked up in
-    models/facerestore_models. Raises FileNotFoundError naming the folder and the fix."""
-    import os
-
-    if os.path.isabs(name) and os.path.isfile(name):
-        return name
-    dirs = facerestore_dirs()
-    if dirs:
-        import folder_paths
-
-        path = folder_paths.get_full_path(FACERESTORE_FOLDER, name)
-        if path:
-            return path
-    where = ", ".join(dirs) if dirs else "ComfyUI/models/facerestore_models (ComfyUI not running: give a full path)"
-    raise FileNotFoundError(
-        f"face-restoration model {name!r} not found in {where}: download e.g. GFPGANv1.4 (.safetensors preferred) "
-        "into models/facerestore_models, then press R in ComfyUI to refresh the list."
+    """Full path of a face-restoration model inside models/facerestore_models (see resolve_model_file)."""
+    return resolve_model_file(
+        facerestore_dirs(),
+        name,
+        "face-restoration model",
+        "download e.g. GFPGANv1.4 (.safetensors preferred) into models/facerestore_models, then press R in ComfyUI",
     )
 
 
@@ -524,19 +513,55 @@ def list_insightface_onnx() -> list[str]:
 
 
 def insightface_model_path(name: str) -> str:
-    """Full path of an ONNX model in models/insightface (an existing absolute path is returned as is)."""
-    import os
-
-    if os.path.isabs(name) and os.path.isfile(name):
-        return name
-    for root in insightface_dirs():
-        path = os.path.join(root, name)
-        if os.path.isfile(path):
-            return path
-    raise FileNotFoundError(
-        f"model {name!r} not found in models/insightface: put the ONNX file (e.g. inswapper_128.onnx, "
-        "w600k_r50.onnx) there and press R in ComfyUI to refresh the list."
+    """Full path of an ONNX model inside models/insightface (see resolve_model_file)."""
+    return resolve_model_file(
+        insightface_dirs(),
+        name,
+        "insightface model",
+        "put the ONNX file (e.g. inswapper_128.onnx, w600k_r50.onnx) in models/insightface and press R in ComfyUI",
     )
+
+
+ALLOW_ABSOLUTE_ENV = "TOKENFUSE_ALLOW_ABSOLUTE_MODEL_PATHS"
+MODEL_NAME_MAX_CHARS = 255
+
+
+def resolve_model_file(roots: list[str], name: str, what: str, fix: str) -> str:
+    """The file `name` (a relative name as the model lists show it) inside one of `roots`, after following symlinks.
+
+    A prompt may name any string, so: no absolute path unless the operator sets TOKENFUSE_ALLOW_ABSOLUTE_MODEL_PATHS=1,
+    no `..`, no NUL, at most 255 characters, and the resolved file must stay inside its root (a symlink pointing out
+    is refused). Missing and unreadable files get the same message naming the folders searched, never the path tried,
+    so errors cannot be used to probe the disk.
+    """
+    from ..faces.models import ModelFileError, ModelNotFoundError
+
+    where = ", ".join(roots) if roots else "no model folder (run inside ComfyUI)"
+    missing = ModelNotFoundError(f"{what} {echo_name(name)} not found in {where}: {fix}.")
+    if not isinstance(name, str) or not name or len(name) > MODEL_NAME_MAX_CHARS or "\x00" in name:
+        raise missing
+    if os.path.isabs(name):
+        if os.environ.get(ALLOW_ABSOLUTE_ENV) == "1" and os.path.isfile(name):
+            return name
+        raise ModelFileError(
+            f"{what} {echo_name(name)}: absolute paths are refused (the server operator can allow them with "
+            f"{ALLOW_ABSOLUTE_ENV}=1); pick a file from the list, i.e. from {where}."
+        )
+    parts = name.replace("\\", "/").split("/")
+    if ".." in parts:
+        raise missing
+    for root in roots:
+        real_root = os.path.realpath(root)
+        path = os.path.realpath(os.path.join(real_root, *parts))
+        if os.path.commonpath([path, real_root]) == real_root and os.path.isfile(path):
+            return path
+    raise missing
+
+
+def echo_name(name: object) -> str:
+    """A file name from a prompt, shortened for messages."""
+    text = repr(name) if isinstance(name, str) else type(name).__name__
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} chars)"
 
 
 def face_model_dirs(kind: str) -> list[str]:

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from . import comfy_glue
+from .checks import checked_inputs
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class GFPGANEnhance:
             }
         }
 
+    @checked_inputs("model_name")
     def enhance(
         self, image: Any, faces: Any, model_name: str, visibility: float, fidelity: float
     ) -> tuple[Any, Any, str]:

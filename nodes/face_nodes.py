@@ -12,6 +12,7 @@ from typing import Any, Literal, get_args
 
 from ..faces.types import DetectorBackend, FaceOrder
 from . import comfy_glue
+from .checks import checked_inputs
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +184,7 @@ class FaceDetect:
             },
         }
 
+    @checked_inputs()
     def detect(
         self,
         image: Any,
@@ -223,6 +225,8 @@ class FaceDetect:
         if b == 0:
             log.warning("FaceDetect got an empty batch: nothing to detect")
             return FaceSet(image_size=(h, w), faces=()), image, torch.zeros((0, h, w))
+        if model_name.strip() and backend not in ("yunet", "insightface"):
+            log.warning("FaceDetect: model_name is used by the yunet and insightface backends only; ignored")
         folders, name = _folders(backend, model_name.strip())
         detector, embedder = load_backend(backend, folders, name, device)
         if sel.reference is not None and embedder is None:
@@ -358,6 +362,7 @@ class PatchTokenize:
             },
         }
 
+    @checked_inputs()
     def tokenize(
         self,
         image: Any,
@@ -453,6 +458,7 @@ class Blend:
             },
         }
 
+    @checked_inputs()
     def blend(self, image: Any, faces: Any, strength: float, color_transfer: bool, seamless: bool) -> tuple:
         import numpy as np
         import torch

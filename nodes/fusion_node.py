@@ -16,6 +16,7 @@ from typing import Any, get_args
 
 from ..faces.fallback import PRESET_ORDER, FallbackMode
 from . import comfy_glue
+from .checks import checked_inputs
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,23 @@ def _stronger_presets() -> tuple[str, ...]:
     except ImportError:
         return ()
     return tuple(p for p in PRESET_ORDER if p in get_args(Preset) and p != "off")
+
+
+def _check_comfy_inputs(model: Any, vae: Any, positive: Any, negative: Any) -> None:
+    """MODEL / VAE / CONDITIONING are ComfyUI objects: check their shape of use before sampling starts, so a wrong
+    link gives this message instead of an AttributeError deep inside the sampler."""
+    if not (hasattr(model, "clone") and hasattr(model, "model_options")):
+        raise TypeError(
+            f"ScheduledFusion: input 'model' expects a MODEL (Load Checkpoint, TokenSchedulerController), got "
+            f"{type(model).__name__}"
+        )
+    if not (callable(getattr(vae, "encode", None)) and callable(getattr(vae, "decode", None))):
+        raise TypeError(f"ScheduledFusion: input 'vae' expects a VAE (Load Checkpoint), got {type(vae).__name__}")
+    for name, cond in (("positive", positive), ("negative", negative)):
+        if not isinstance(cond, list) or not all(isinstance(c, (list, tuple)) and len(c) == 2 for c in cond):
+            raise TypeError(
+                f"ScheduledFusion: input '{name}' expects CONDITIONING (CLIP Text Encode), got {type(cond).__name__}"
+            )
 
 
 class ScheduledFusion:
@@ -248,6 +266,7 @@ class ScheduledFusion:
             },
         }
 
+    @checked_inputs("swap_model", "arcface_model")
     def fuse(
         self,
         model: Any,
@@ -318,6 +337,7 @@ class ScheduledFusion:
             ),
         )
         if backend is None:
+            _check_comfy_inputs(model, vae, positive, negative)
             backend = self._comfy_backend(
                 model, vae, positive, negative, steps, cfg, sampler_name, scheduler, denoise, faces.count
             )

@@ -16,6 +16,7 @@ from typing import Any, Literal, get_args
 
 from ..scheduling.schedule import Preset, Schedule, parse_schedule_text, preset_schedule
 from . import comfy_glue
+from .checks import checked_inputs
 
 log = logging.getLogger(__name__)
 
@@ -374,6 +375,7 @@ class TokenSchedulerController:
             "hidden": {"unique_id": "UNIQUE_ID"},  # tags live stats with this node (web/tokenfuse_scheduler.js)
         }
 
+    @checked_inputs()
     def apply(
         self,
         model: Any,

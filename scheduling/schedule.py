@@ -227,9 +227,9 @@ def preset_schedule(name: Preset | str, family: Family | str = "sd15") -> Schedu
         a pyramid ramp in deeper blocks and content adaptation. They trade detail for memory and speed; check faces.
     """
     if name not in get_args(Preset):
-        raise ScheduleError(f"unknown preset {name!r}; allowed: {get_args(Preset)}")
+        raise ScheduleError(f"unknown preset {echo(name)}; allowed: {get_args(Preset)}")
     if family not in get_args(Family):
-        raise ScheduleError(f"unknown model family {family!r}; allowed: {get_args(Family)}")
+        raise ScheduleError(f"unknown model family {echo(family)}; allowed: {get_args(Family)}")
     if name == "off":
         return Schedule(ratios={})
     if name == "balanced":

@@ -44,6 +44,12 @@ def shared_assets() -> Path:
     return SHARED_ASSETS
 
 
+@pytest.fixture()
+def allow_absolute_model_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Model files by absolute path, as in a script whose operator allowed it (TOKENFUSE_ALLOW_ABSOLUTE_MODEL_PATHS)."""
+    monkeypatch.setenv("TOKENFUSE_ALLOW_ABSOLUTE_MODEL_PATHS", "1")
+
+
 @pytest.fixture(scope="session")
 def comfyui_path() -> Path:
     path = os.environ.get("COMFYUI_PATH")

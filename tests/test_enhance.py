@@ -27,6 +27,8 @@ from tokenfuse.faces.types import Face, FaceSet
 from tokenfuse.nodes import enhance_node
 from tokenfuse.nodes.enhance_node import NO_MODEL, GFPGANEnhance
 
+pytestmark = pytest.mark.usefixtures("allow_absolute_model_paths")  # restorers are loaded by absolute path here
+
 # YuNet landmarks on skimage.data.astronaut() (detected once with the shared YuNet model; fixed here so this test
 # needs no detector): left eye, right eye, nose, mouth left, mouth right.
 ASTRONAUT_LANDMARKS = np.array(

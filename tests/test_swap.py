@@ -17,6 +17,8 @@ from tokenfuse.faces.embed import arcface_crop
 from tokenfuse.faces.swap import ArcFaceOnnx, InSwapper, SwapModelError, read_emap, swap_in_crop
 from tokenfuse.faces.types import FaceSet
 
+pytestmark = pytest.mark.usefixtures("allow_absolute_model_paths")  # ONNX models are loaded by absolute path here
+
 onnx = pytest.importorskip("onnx", reason="building the synthetic swap model needs the onnx package")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 

@@ -1,0 +1,116 @@
+"""One input check for every node: a value from a prompt is bounded before any work starts.
+
+ComfyUI validates combo choices and int/float ranges of a prompt, but not NaN, string length, or the type of a value
+arriving on a link from another pack's node; the headless runner and tests call node functions directly. So each
+node's FUNCTION is wrapped with `checked_inputs`, which checks every argument against the node's own INPUT_TYPES and
+raises `NodeInputError` (a ValueError) naming the node, the input and the fix, echoing at most a few dozen characters.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..scheduling.schedule import echo
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+STRING_MAX_CHARS = 4_096  # one-line text widgets (indices, model names, ...)
+MULTILINE_MAX_CHARS = 16_384  # multiline widgets (schedule_text)
+
+# Custom types: what the value must be and which node makes it (for the message).
+_SOURCES = {
+    "FACES": "a FACES output (FaceDetect, ScheduledFusion or GFPGANEnhance)",
+    "TOKEN_PLAN": "a TOKEN_PLAN output (PatchTokenize)",
+    "IMAGE": "an IMAGE [batch, height, width, channels] (LoadImage, VAE Decode, ...)",
+    "MASK": "a MASK [batch, height, width] (FaceDetect, LoadImage, ...)",
+}
+
+
+class NodeInputError(ValueError):
+    """An input value is out of bounds or of the wrong type; the message names the node, the input and the fix."""
+
+
+class NodeInputTypeError(NodeInputError, TypeError):
+    """A linked input carries another type than the node expects (e.g. a STRING into FACES)."""
+
+
+def _is_custom(kind: str, value: Any) -> bool:
+    if kind == "FACES":
+        from ..faces.types import FaceSet
+
+        return isinstance(value, FaceSet)
+    if kind == "TOKEN_PLAN":
+        from ..scheduling.plan import TokenPlan
+
+        return isinstance(value, TokenPlan)
+    import torch
+
+    if kind == "IMAGE":
+        return isinstance(value, torch.Tensor) and value.ndim in (3, 4)
+    return isinstance(value, torch.Tensor) and value.ndim in (2, 3)  # MASK
+
+
+def _check(node: str, name: str, kind: Any, opts: dict[str, Any], value: Any, free_choice: bool) -> None:
+    where = f"{node}: input '{name}'"
+    if isinstance(kind, list):
+        if not isinstance(value, str) or len(value) > STRING_MAX_CHARS:
+            raise NodeInputError(f"{where} must be one of its listed choices, got {echo(value)}")
+        if value not in kind and not free_choice:
+            shown = ", ".join(map(str, kind[:6])) + (", ..." if len(kind) > 6 else "")
+            raise NodeInputError(f"{where} must be one of [{shown}], got {echo(value)}")
+    elif kind == "STRING":
+        cap = MULTILINE_MAX_CHARS if opts.get("multiline") else STRING_MAX_CHARS
+        if not isinstance(value, str):
+            raise NodeInputTypeError(f"{where} must be text, got {type(value).__name__}")
+        if len(value) > cap:
+            raise NodeInputError(f"{where} is {len(value)} characters long; at most {cap} are accepted")
+    elif kind in ("INT", "FLOAT"):
+        integer = kind == "INT"
+        ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+        if isinstance(value, bool) or not ok or not math.isfinite(value):
+            raise NodeInputError(f"{where} must be a finite {'integer' if integer else 'number'}, got {echo(value)}")
+        lo, hi = opts.get("min", -math.inf), opts.get("max", math.inf)
+        if not lo <= value <= hi:
+            raise NodeInputError(f"{where} must be in [{lo}, {hi}], got {echo(value)}")
+    elif kind == "BOOLEAN":
+        if not isinstance(value, bool):
+            raise NodeInputError(f"{where} must be true or false, got {echo(value)}")
+    elif kind in _SOURCES and not _is_custom(kind, value):
+        raise NodeInputTypeError(f"{where} expects {_SOURCES[kind]}, got {type(value).__name__}: connect that output")
+
+
+def check_inputs(cls: type, values: dict[str, Any], free_choices: tuple[str, ...] = ()) -> None:
+    """Check `values` (argument name -> value) against `cls.INPUT_TYPES()`. Optional inputs may be None.
+
+    free_choices: combo inputs whose list is a folder listing (model files): checked for type and length here, for
+    existence by the model-file resolver, so a file added after the list was built still loads.
+    """
+    spec = cls.INPUT_TYPES()
+    node = getattr(cls, "DISPLAY_NAME", None) or cls.__name__
+    for section in ("required", "optional"):
+        for name, entry in spec.get(section, {}).items():
+            if name not in values or (section == "optional" and values[name] is None):
+                continue
+            opts = entry[1] if len(entry) > 1 and isinstance(entry[1], dict) else {}
+            _check(node, name, entry[0], opts, values[name], name in free_choices)
+
+
+def checked_inputs(*free_choices: str) -> Callable[[F], F]:
+    """Decorator for a node's FUNCTION method: check_inputs on every call before the body runs."""
+
+    def wrap(fn: F) -> F:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(self, *args, **kwargs)
+            check_inputs(type(self), dict(bound.arguments), free_choices)
+            return fn(self, *args, **kwargs)
+
+        return run  # type: ignore[return-value]
+
+    return wrap
