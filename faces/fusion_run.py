@@ -48,6 +48,9 @@ class FusionBackend:
         what could not be done (reported).
     is_oom(exc) -> bool: an out-of-memory error (fallbacks apply). is_fatal(exc) -> bool: must propagate (cancel).
     progress(): once per face (ComfyUI's cancel point). peak_reset()/peak_bytes(): device memory peak (None = n/a).
+    memory_check(batch, side, tiled_vae) -> "" when the estimated peak of sampling `batch` crops of side x side fits
+        the device's free memory, else a message with the estimate; a misfit is handled like an OOM before any work
+        (so a CPU run that would swap the machine steps down the fallback chain instead).
     embed(crop [S, S, 3], landmarks [5, 2] in crop pixels) -> [D] or None: identity embedding for the identity
         check (optional); compared with identity_ref when set (the swap source), else with face.embedding.
     pre_swap(crop [S, S, 3], landmarks [5, 2] in crop pixels) -> crop: identity pre-swap (optional).
@@ -66,6 +69,11 @@ class FusionBackend:
     embed: Callable[[np.ndarray, np.ndarray], np.ndarray | None] | None = None
     identity_ref: np.ndarray | None = None
     pre_swap: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
+    memory_check: Callable[[int, int, bool], str] | None = None
+
+
+class MemoryEstimateError(MemoryError):
+    """The pre-flight estimate says this batch cannot fit in free memory; the message holds the figures."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +170,8 @@ def _run_batch(
     for j in jobs:
         reports[j.number].guide_size = side
         reports[j.number].tokens = top_tokens(side)
+    if backend.memory_check is not None and (misfit := backend.memory_check(len(jobs), side, attempt.tiled_vae)):
+        raise MemoryEstimateError(misfit)
     model, note = backend.model_for(attempt)
     if note:
         for j in jobs:
@@ -231,7 +241,9 @@ def _process(
     except Exception as exc:  # noqa: BLE001 - a face must never crash the batch; cancel propagates (is_fatal)
         if backend.is_fatal(exc):
             raise
-        if backend.is_oom(exc):
+        if isinstance(exc, MemoryEstimateError):
+            failure = (True, f"predicted out of memory: {exc}")
+        elif backend.is_oom(exc):
             failure = (True, "out of memory")
         else:
             log.warning("ScheduledFusion: face(s) %s failed: %r", [j.number for j in jobs], exc)

@@ -479,6 +479,45 @@ def fusion_peak_bytes(device: Any) -> int | None:
     return None
 
 
+def fusion_memory_check(model: Any, vae: Any, batch: int, side: int, tiled: bool) -> str:
+    """Pre-flight for one fusion batch: "" when it fits, else a message. Uses ComfyUI's own estimates (the U-Net's
+    memory_required for cond + uncond latents, the VAE's memory_used_encode/decode, one 512 px tile when tiled) against
+    the free memory ComfyUI reports for the device (CPU: available RAM; GPU: free VRAM plus what ComfyUI can unload).
+    Without these hooks (another model class) the check passes: ComfyUI's own OOM handling still applies."""
+    if not comfy_available():
+        return ""
+    import comfy.model_management as mm
+
+    device = fusion_device(model)
+    h = w = max(1, side // 8)
+    try:
+        unet = float(model.model.memory_required([2 * batch, 4, h, w]))
+        dtype = getattr(vae, "vae_dtype", None)
+        px, lat = (min(side, 512), min(h, 64)) if tiled else (side, h)
+        enc = float(vae.memory_used_encode([batch, 3, px, px], dtype))
+        dec = float(vae.memory_used_decode([batch, 4, lat, lat], dtype))
+    except (AttributeError, TypeError):
+        return ""
+    need = max(unet, enc, dec)
+    free = float(mm.get_free_memory(device))
+    if torch_device_type(device) == "cuda":  # weights of other models can be unloaded first
+        free = max(free, float(mm.get_total_memory(device)) - float(model.model_size()))
+    if need <= 0.9 * free:
+        return ""
+    gib = 1024.0**3
+    part = "VAE" if max(enc, dec) >= unet else "U-Net"
+    return (
+        f"{batch} crop(s) of {side}px need ~{need / gib:.1f} GiB ({part}) but {free / gib:.1f} GiB are free on "
+        f"{device}; lower guide_size / max_size / faces_per_batch"
+    )
+
+
+def torch_device_type(device: Any) -> str:
+    import torch
+
+    return torch.device(device).type if device is not None else "cpu"
+
+
 def fusion_empty_cache() -> None:
     if "comfy.model_management" in sys.modules:
         sys.modules["comfy.model_management"].soft_empty_cache()

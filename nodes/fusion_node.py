@@ -417,6 +417,7 @@ class ScheduledFusion:
             peak_reset=lambda: comfy_glue.fusion_peak_reset(device),
             peak_bytes=lambda: comfy_glue.fusion_peak_bytes(device),
             empty_cache=comfy_glue.fusion_empty_cache,
+            memory_check=lambda batch, side, tiled: comfy_glue.fusion_memory_check(model, vae, batch, side, tiled),
         )
 
     @staticmethod

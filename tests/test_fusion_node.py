@@ -580,3 +580,38 @@ def test_node_declares_the_contract() -> None:
     assert set(spec["optional"]) == {"token_plan", "swap_model", "arcface_model", "source_image", "source_faces"}
     assert spec["optional"]["swap_model"][1]["default"] == "none"
     assert ScheduledFusion.RETURN_TYPES == ("IMAGE", "FACES", "STRING")
+
+
+class TightMemoryStack(FakeStack):
+    """A device where only crops up to `fits` px fit (the pre-flight estimate of issue 13)."""
+
+    def __init__(self, fits: int) -> None:
+        super().__init__()
+        self.fits = fits
+        self.checked: list[tuple[int, int, bool]] = []
+
+    def backend(self) -> FusionBackend:
+        backend = super().backend()
+
+        def memory_check(batch: int, side: int, tiled: bool) -> str:
+            self.checked.append((batch, side, tiled))
+            return "" if side <= self.fits else f"{batch} crop(s) of {side}px need ~9.0 GiB but 1.0 GiB are free"
+
+        backend.memory_check = memory_check
+        return backend
+
+
+def test_memory_preflight_shrinks_the_guide_before_any_work() -> None:
+    stack = TightMemoryStack(fits=64)
+    crops, _, report, _ = _run(stack=stack, guide_size=128)
+    assert [c["shape"][-1] for c in stack.ops("sample")] == [8]  # only the 64 px attempt was sampled
+    assert stack.checked[0] == (1, 128, False) and stack.checked[-1][1] == 64
+    assert "predicted out of memory" in report and "9.0 GiB" in report and "smaller_guide" in report
+    assert crops.shape[0] == 1 and torch.isfinite(crops).all()
+
+
+def test_memory_preflight_with_fallback_off_passes_the_face_through_unsampled() -> None:
+    stack = TightMemoryStack(fits=0)
+    crops, _, report, _ = _run(stack=stack, guide_size=128, fallback="off")
+    assert stack.ops("sample") == [] and stack.ops("encode") == []
+    assert "predicted out of memory" in report and "no fallback left" in report
