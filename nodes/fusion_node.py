@@ -337,6 +337,7 @@ class ScheduledFusion:
             ),
         )
         if backend is None:
+            comfy_glue.require_comfy("ScheduledFusion")
             _check_comfy_inputs(model, vae, positive, negative)
             backend = self._comfy_backend(
                 model, vae, positive, negative, steps, cfg, sampler_name, scheduler, denoise, faces.count

@@ -3,6 +3,7 @@ bad inputs, and the "scheduling off" model clone. No ComfyUI needed."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -615,3 +616,19 @@ def test_memory_preflight_with_fallback_off_passes_the_face_through_unsampled() 
     crops, _, report, _ = _run(stack=stack, guide_size=128, fallback="off")
     assert stack.ops("sample") == [] and stack.ops("encode") == []
     assert "predicted out of memory" in report and "no fallback left" in report
+
+
+@pytest.mark.parametrize(
+    ("model", "vae", "cond", "name"),
+    [
+        ("MODEL", None, [], "model"),
+        (SimpleNamespace(clone=1, model_options={}), "VAE", [], "vae"),
+        (SimpleNamespace(clone=1, model_options={}), SimpleNamespace(encode=len, decode=len), "text", "positive"),
+        (SimpleNamespace(clone=1, model_options={}), SimpleNamespace(encode=len, decode=len), [["c"]], "positive"),
+    ],
+)
+def test_comfy_objects_are_checked_before_sampling(model: Any, vae: Any, cond: Any, name: str) -> None:
+    from tokenfuse.nodes.fusion_node import _check_comfy_inputs
+
+    with pytest.raises(TypeError, match=f"input '{name}' expects"):
+        _check_comfy_inputs(model, vae, cond, cond)
