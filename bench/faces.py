@@ -50,7 +50,7 @@ def _frame(h: int, w: int, photo: str):
 
 
 def _backends(names: list[str], assets: Path, tmp: Path) -> dict:
-    from tokenfuse.faces.pipeline import load_backend
+    from tokenfuse.faces.analyse import load_backend
 
     out = {}
     for name in names:
@@ -97,7 +97,7 @@ def main() -> None:
     load_pack()
     from tokenfuse.faces.align import warp_face
     from tokenfuse.faces.paste import paste_frame
-    from tokenfuse.faces.pipeline import AlignOptions, faces_for_frame
+    from tokenfuse.faces.analyse import AlignOptions, faces_for_frame
     from tokenfuse.faces.select import Selection
 
     sel, align = Selection(order="left-right"), AlignOptions()

@@ -25,7 +25,7 @@ def _model_choices() -> list[str]:
 
 def _load(path: str) -> tuple[Any, Any]:
     """(Restorer, ModelPatcher or None) for a model file, on the compute device."""
-    from ..faces.enhance import load_restorer
+    from ..fusion.restore import load_restorer
 
     st = os.stat(path)
     key = (os.path.realpath(path), st.st_mtime_ns, st.st_size)
@@ -108,7 +108,7 @@ class GFPGANEnhance:
         import numpy as np
         import torch
 
-        from ..faces.enhance import align_crop, mix_visibility, restore_crop
+        from ..fusion.restore import align_crop, mix_visibility, restore_crop
         from ..faces.types import FaceSet
 
         if not isinstance(faces, FaceSet):

@@ -205,7 +205,7 @@ class FaceDetect:
 
         from ..faces.draw import draw_faces, face_mask_image
         from ..faces.images import as_rgb_float, to_uint8
-        from ..faces.pipeline import AlignOptions, detect_batch, load_backend
+        from ..faces.analyse import AlignOptions, detect_batch, load_backend
         from ..faces.select import Selection, parse_indices
         from ..faces.types import FaceSet
 
@@ -375,7 +375,7 @@ class PatchTokenize:
         import torch
 
         from ..faces.images import as_rgb_float, to_uint8
-        from ..faces.tokenize import PlanOptions, build_plan, plan_preview
+        from ..faces.importance import PlanOptions, build_plan, plan_preview
 
         frames = as_rgb_float(image)
         b, h, w = frames.shape[:3]

@@ -14,7 +14,7 @@ import logging
 import os
 from typing import Any, get_args
 
-from ..faces.fallback import PRESET_ORDER, FallbackMode
+from ..fusion.fallback import PRESET_ORDER, FallbackMode
 from . import comfy_glue
 
 log = logging.getLogger(__name__)
@@ -275,12 +275,12 @@ class ScheduledFusion:
         source_faces: Any = None,
         backend: Any = None,
     ) -> tuple[Any, Any, str]:
-        """backend: a faces.fusion_run.FusionBackend to use instead of ComfyUI's (tests)."""
+        """backend: a fusion.run.FusionBackend to use instead of ComfyUI's (tests)."""
         import numpy as np
         import torch
 
-        from ..faces.fallback import FaceReport, FallbackConfig, format_report
-        from ..faces.fusion_run import FusionSettings, run_fusion
+        from ..fusion.fallback import FaceReport, FallbackConfig, format_report
+        from ..fusion.run import FusionSettings, run_fusion
         from ..faces.types import FaceSet
 
         if not isinstance(faces, FaceSet):
@@ -351,7 +351,7 @@ class ScheduledFusion:
         denoise: float,
         total: int,
     ) -> Any:
-        from ..faces.fusion_run import FusionBackend
+        from ..fusion.run import FusionBackend
 
         comfy_glue.require_comfy("ScheduledFusion")
         comfy_glue.fusion_induce_oom(int(os.environ.get(comfy_glue.FUSION_OOM_ENV, "0") or 0))
@@ -402,7 +402,7 @@ class ScheduledFusion:
     @staticmethod
     def _setup_swap(backend: Any, swap_model: str, arcface_model: str, source_image: Any, source_faces: Any) -> str:
         """Attach the identity pre-swap (and the identity check's embedder) to the backend; returns a report note."""
-        from ..faces.swap import ArcFaceOnnx, InSwapper, swap_in_crop
+        from ..fusion.swap import ArcFaceOnnx, InSwapper, swap_in_crop
 
         embedder = None
         if arcface_model and arcface_model != "none":
@@ -442,7 +442,7 @@ def _detect_source(source_image: Any) -> Any:
 
     from ..faces.images import as_rgb_float, to_uint8
     from ..faces.models import ModelFileError
-    from ..faces.pipeline import detect_batch, load_backend
+    from ..faces.analyse import detect_batch, load_backend
     from ..faces.select import Selection
 
     frame = as_rgb_float(source_image[:1])
@@ -459,7 +459,7 @@ def _detect_source(source_image: Any) -> Any:
 
 
 def _resize(img: Any, size: int) -> Any:
-    from ..faces.fusion_batch import resize_square
+    from ..fusion.crops import resize_square
 
     return resize_square(img, size)
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
-from tokenfuse.faces.enhance import (
+from tokenfuse.fusion.restore import (
     RestorerLoadError,
     align_crop,
     load_restorer,
@@ -265,7 +265,7 @@ class _FidelityEcho(torch.nn.Module):
 def test_fidelity_reaches_models_that_take_it() -> None:
     from types import SimpleNamespace
 
-    from tokenfuse.faces.enhance import Restorer, _fidelity_param
+    from tokenfuse.fusion.restore import Restorer, _fidelity_param
 
     module = _FidelityEcho()
     assert _fidelity_param(module) == "weight"
@@ -281,8 +281,8 @@ def test_out_of_memory_on_one_face_passes_it_through(
     """A face that runs out of memory keeps its input crop; the other faces and frames are still restored."""
     from types import SimpleNamespace
 
-    from tokenfuse.faces import enhance
-    from tokenfuse.faces.enhance import Restorer
+    from tokenfuse.fusion import restore as enhance
+    from tokenfuse.fusion.restore import Restorer
 
     restorer = Restorer(SimpleNamespace(model=_FidelityEcho()), arch="CodeFormer", name="cf", takes_fidelity=True)
     monkeypatch.setattr(enhance_node, "_load", lambda path: (restorer, None))

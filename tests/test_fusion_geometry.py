@@ -9,7 +9,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 import pytest
-from tokenfuse.faces.fusion_batch import (
+from tokenfuse.fusion.crops import (
     aligned_crop,
     context_affine,
     context_transform,

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_fusion_geometry import astronaut_faceset
-from tokenfuse.faces.fusion_run import FusionBackend
+from tokenfuse.fusion.run import FusionBackend
 from tokenfuse.faces.types import FaceSet
 from tokenfuse.nodes.fusion_node import DISABLED_KEY, ScheduledFusion, strip_tokenfuse
 

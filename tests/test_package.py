@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACK_DIRS = ("nodes", "scheduling", "faces")
-PURE_DIRS = ("scheduling", "faces")
+PACK_DIRS = ("nodes", "scheduling", "faces", "fusion")
+PURE_DIRS = ("scheduling", "faces", "fusion")
 COMFY_ROOTS = {
     "comfy",
     "comfy_extras",

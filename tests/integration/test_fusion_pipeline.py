@@ -170,7 +170,8 @@ def test_cancel_propagates_instead_of_passing_the_face_through(stack: SimpleName
 def test_scheduling_off_reaches_the_patches(stack: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     """An output the artifact check rejects is rerun with tokenfuse_disabled=True and without TokenFuse's own attn1
     patches (the recording patch, not ours, stays)."""
-    from tokenfuse.faces import artifacts, fusion_run
+    from tokenfuse.fusion import artifacts
+    from tokenfuse.fusion import run as fusion_run
     from tokenfuse.nodes.fusion_node import strip_tokenfuse
     from tokenfuse.nodes.scheduler_node import TokenSchedulerController
 

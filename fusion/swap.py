@@ -19,8 +19,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from .embed import ArcFaceEmbedder, arcface_affine
-from .models import ModelFileError
+from ..faces.embed import ArcFaceEmbedder, arcface_affine
+from ..faces.models import ModelFileError
 
 SWAP_SIZE = 128  # inswapper works on the ArcFace template (faces/embed.py ARCFACE_112) scaled to 128 px
 

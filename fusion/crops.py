@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..scheduling.plan import LEVEL_FACTORS, TokenPlan
-from .types import Face
+from ..faces.types import Face
 
 
 def context_transform(
