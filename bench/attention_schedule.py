@@ -185,7 +185,7 @@ def sampling_options(patcher: Any, sigma: torch.Tensor, sample_sigmas: torch.Ten
 def make_variants(patcher: Any, family: str, presets: list[str], tome_ratio: float, pack: Any) -> list[Variant]:
     from comfy_extras.nodes_tomesd import TomePatchModel
 
-    glue = pack.nodes.comfy_glue
+    glue = sys.modules["tokenfuse.nodes.comfy.patcher"]
     node = sys.modules["tokenfuse.nodes.scheduler_node"]
     fam = glue.detect_family(patcher)
     variants = [

@@ -96,8 +96,8 @@ def main() -> None:
     cv2.setNumThreads(args.cores)
     load_pack()
     from tokenfuse.faces.align import warp_face
-    from tokenfuse.faces.paste import paste_frame
     from tokenfuse.faces.analyse import AlignOptions, faces_for_frame
+    from tokenfuse.faces.paste import paste_frame
     from tokenfuse.faces.select import Selection
 
     sel, align = Selection(order="left-right"), AlignOptions()

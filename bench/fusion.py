@@ -180,11 +180,11 @@ def timed(meter: Meter, fn: Callable[[], Any]) -> tuple[Any, float, int | None, 
 
 
 def naive(model: Any, vae: Any, frame: np.ndarray, args: argparse.Namespace, cond: Any) -> Any:
-    from tokenfuse.nodes import comfy_glue as glue
+    from tokenfuse.nodes.comfy import sampling
 
     px = torch.from_numpy(frame)[None]
-    lat = glue.fusion_vae_encode(vae, px, False)
-    out = glue.fusion_sample(
+    lat = sampling.vae_encode(vae, px, False)
+    out = sampling.sample(
         model,
         lat,
         None,
@@ -198,7 +198,7 @@ def naive(model: Any, vae: Any, frame: np.ndarray, args: argparse.Namespace, con
         negative=cond[1],
         denoise=args.denoise,
     )
-    return glue.fusion_vae_decode(vae, out, False)
+    return sampling.vae_decode(vae, out, False)
 
 
 def crop(

@@ -7,7 +7,8 @@ import os
 import time
 from typing import Any
 
-from . import comfy_glue
+from .comfy import env, paths
+from .comfy import patcher as comfy_patcher
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +21,7 @@ _CACHE: dict[tuple[str, int, int], tuple[Any, Any]] = {}
 
 
 def _model_choices() -> list[str]:
-    return comfy_glue.list_facerestore_models(MODEL_EXTENSIONS) or [NO_MODEL]
+    return paths.list_facerestore_models(MODEL_EXTENSIONS) or [NO_MODEL]
 
 
 def _load(path: str) -> tuple[Any, Any]:
@@ -32,11 +33,13 @@ def _load(path: str) -> tuple[Any, Any]:
     if key not in _CACHE:
         _CACHE.clear()
         restorer = load_restorer(path)
-        patcher, _dtype = comfy_glue.manage_module(restorer.module, restorer.supports_half, restorer.supports_bfloat16)
+        patcher, _dtype = comfy_patcher.manage_module(
+            restorer.module, restorer.supports_half, restorer.supports_bfloat16
+        )
         _CACHE[key] = (restorer, patcher)
     restorer, patcher = _CACHE[key]
     if patcher is not None:
-        comfy_glue.load_managed(patcher)
+        comfy_patcher.load_managed(patcher)
     return restorer, patcher
 
 
@@ -108,8 +111,8 @@ class GFPGANEnhance:
         import numpy as np
         import torch
 
-        from ..fusion.restore import align_crop, mix_visibility, restore_crop
         from ..faces.types import FaceSet
+        from ..fusion.restore import align_crop, mix_visibility, restore_crop
 
         if not isinstance(faces, FaceSet):
             raise TypeError(f"faces must be FACES from FaceDetect, got {type(faces).__name__}")
@@ -124,8 +127,8 @@ class GFPGANEnhance:
 
         restorer = None
         if visibility > 0:
-            restorer, _patcher = _load(comfy_glue.facerestore_model_path(model_name))
-        pbar = comfy_glue.progress_bar(faces.count)
+            restorer, _patcher = _load(paths.facerestore_model_path(model_name))
+        pbar = env.progress_bar(faces.count)
         frames = image.detach().cpu().float().numpy()
         out_faces: list[tuple[Any, ...]] = []
         crops: list[np.ndarray] = []
@@ -143,7 +146,7 @@ class GFPGANEnhance:
                     try:
                         crop = mix_visibility(restore_crop(restorer, original, fidelity), original, visibility)
                     except (FloatingPointError, *_oom_types()) as exc:  # one bad face never sinks the batch
-                        if not (isinstance(exc, FloatingPointError) or comfy_glue.fusion_is_oom(exc)):
+                        if not (isinstance(exc, FloatingPointError) or env.is_oom(exc)):
                             raise
                         failed.append(f"frame {b} face {len(restored_faces)}: {type(exc).__name__}")
                         log.warning("GFPGANEnhance: %s; that face passes through unrestored (%s)", failed[-1], exc)
@@ -173,7 +176,7 @@ class GFPGANEnhance:
 
 def _oom_types() -> tuple[type[BaseException], ...]:
     """Exception types that mean "out of memory" here (ComfyUI's OOM_EXCEPTION inside ComfyUI, else MemoryError)."""
-    return tuple({MemoryError, comfy_glue.fusion_oom_exception()})
+    return tuple({MemoryError, env.oom_exception()})
 
 
 def _resize(crop: Any, size: int) -> Any:

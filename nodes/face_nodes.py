@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from ..faces.types import DetectorBackend, FaceOrder
-from . import comfy_glue
+from .comfy import env, paths, ui
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def _folders(backend: str, model_name: str) -> tuple[list[Path], str]:
     if model_name and Path(model_name).is_absolute():
         return [Path(model_name).parent], Path(model_name).name
     kind = "insightface" if backend == "insightface" else "facedetection"
-    return [Path(p) for p in comfy_glue.face_model_dirs(kind)], model_name
+    return [Path(p) for p in paths.face_model_dirs(kind)], model_name
 
 
 def _reference_embedding(reference: Any) -> Any:
@@ -203,9 +203,9 @@ class FaceDetect:
         import numpy as np
         import torch
 
+        from ..faces.analyse import AlignOptions, detect_batch, load_backend
         from ..faces.draw import draw_faces, face_mask_image
         from ..faces.images import as_rgb_float, to_uint8
-        from ..faces.analyse import AlignOptions, detect_batch, load_backend
         from ..faces.select import Selection, parse_indices
         from ..faces.types import FaceSet
 
@@ -231,7 +231,7 @@ class FaceDetect:
                 "pack that has a recognition model (w600k_*.onnx)."
             )
         u8 = np.stack([to_uint8(f) for f in frames])
-        bar = comfy_glue.progress_bar(b)
+        bar = env.progress_bar(b)
         faceset = detect_batch(
             u8,
             detector,
@@ -391,7 +391,7 @@ class PatchTokenize:
         plan = build_plan(faces, latent, opts)
         if b == 0:
             return {"ui": {"images": []}, "result": (plan, image)}
-        bar = comfy_glue.progress_bar(b)
+        bar = env.progress_bar(b)
         previews = []
         for i in range(b):
             previews.append(plan_preview(to_uint8(frames[i]), plan, i, latent, int(preview_level), opts))
@@ -403,7 +403,7 @@ class PatchTokenize:
         )
         preview = torch.from_numpy(np.stack(previews)).float() / 255
         # ui.images: the editor shows the plan inside the node (web/tokenfuse_preview.js sizes the node for it)
-        return {"ui": {"images": comfy_glue.save_temp_previews(preview, "tokenfuse_plan")}, "result": (plan, preview)}
+        return {"ui": {"images": ui.save_temp_previews(preview, "tokenfuse_plan")}, "result": (plan, preview)}
 
 
 class Blend:
@@ -471,7 +471,7 @@ class Blend:
             )
             return (image,)
         opts = BlendOptions(strength=strength, color_transfer=color_transfer, seamless=seamless)
-        bar = comfy_glue.progress_bar(b)
+        bar = env.progress_bar(b)
         out_frames = []
         for i in range(b):
             out_frames.append(paste_frame(frames[i], faces.faces[i], opts))

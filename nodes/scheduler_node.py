@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any, Literal, get_args
 
 from ..scheduling.schedule import Preset, Schedule, parse_schedule_text, preset_schedule
-from . import comfy_glue
+from .comfy import patcher, ui
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +107,13 @@ def remove_scheduling(m: Any) -> bool:
             to.pop("optimized_attention_override")
         else:
             to["optimized_attention_override"] = previous
-    if not found and not comfy_glue.has_wrapper(m, "OUTER_SAMPLE", WRAPPER_KEY):
+    if not found and not patcher.has_wrapper(m, "OUTER_SAMPLE", WRAPPER_KEY):
         return False
     if "patches" in to:
         to["patches"] = patches
     m.model_options = {**m.model_options, "transformer_options": to}
     for kind in ("OUTER_SAMPLE", "PREDICT_NOISE"):
-        comfy_glue.remove_wrapper(m, kind, WRAPPER_KEY)
+        patcher.remove_wrapper(m, kind, WRAPPER_KEY)
     return True
 
 
@@ -221,8 +221,8 @@ def _make_run_wrapper(
                     "other node replaces self-attention of this model",
                     label,
                 )
-            if live.step and comfy_glue.stats_listener_present():
-                comfy_glue.send_stats(STATS_EVENT, live.payload(telemetry, None, final=True, summary=line))
+            if live.step and ui.stats_listener_present():
+                ui.send_stats(STATS_EVENT, live.payload(telemetry, None, final=True, summary=line))
             if schedule.telemetry_jsonl:
                 try:
                     telemetry.write_jsonl(schedule.telemetry_jsonl)
@@ -236,12 +236,12 @@ def _make_step_wrapper(telemetry: Any, live: _LiveStats) -> Callable[..., Any]:
     """PREDICT_NOISE wrapper (once per model evaluation): live stats to the frontend, only when a server listens."""
 
     def tokenfuse_step_stats(executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if not comfy_glue.stats_listener_present():
+        if not ui.stats_listener_present():
             return executor(*args, **kwargs)
         t0 = time.perf_counter()
         out = executor(*args, **kwargs)
         live.position(args, kwargs)
-        comfy_glue.send_stats(STATS_EVENT, live.payload(telemetry, time.perf_counter() - t0))
+        ui.send_stats(STATS_EVENT, live.payload(telemetry, time.perf_counter() - t0))
         return out
 
     return tokenfuse_step_stats
@@ -259,7 +259,7 @@ def _check_model(model: Any) -> None:
 def schedule_model(
     model: Any,
     schedule: Schedule,
-    family: comfy_glue.ModelFamily,
+    family: patcher.ModelFamily,
     plan: Any = None,
     node_id: str | None = None,
     preset: str = "",
@@ -284,16 +284,16 @@ def schedule_model(
     elif family.route == "override":
         previous = m.model_options.get("transformer_options", {}).get("optimized_attention_override")
         ours = build_attention_override(schedule, telemetry)
-        comfy_glue.set_transformer_option(m, "optimized_attention_override", chain_attention_override(ours, previous))
+        patcher.set_transformer_option(m, "optimized_attention_override", chain_attention_override(ours, previous))
     if plan is not None:
-        comfy_glue.set_transformer_option(m, "tokenfuse_plan", plan)
+        patcher.set_transformer_option(m, "tokenfuse_plan", plan)
     if preset:
-        comfy_glue.set_transformer_option(m, PRESET_KEY, preset)  # lets ScheduledFusion's OOM fallback go stronger
+        patcher.set_transformer_option(m, PRESET_KEY, preset)  # lets ScheduledFusion's OOM fallback go stronger
     label = f"{family.name} ({family.family})"
     live = _LiveStats(node_id)
     device = getattr(m, "load_device", None)
-    comfy_glue.add_outer_sample_wrapper(m, WRAPPER_KEY, _make_run_wrapper(telemetry, schedule, device, label, live))
-    comfy_glue.add_wrapper(m, "PREDICT_NOISE", WRAPPER_KEY, _make_step_wrapper(telemetry, live))
+    patcher.add_outer_sample_wrapper(m, WRAPPER_KEY, _make_run_wrapper(telemetry, schedule, device, label, live))
+    patcher.add_wrapper(m, "PREDICT_NOISE", WRAPPER_KEY, _make_step_wrapper(telemetry, live))
     return m, telemetry
 
 
@@ -384,7 +384,7 @@ class TokenSchedulerController:
         unique_id: str | None = None,
     ) -> tuple[Any, str]:
         _check_model(model)
-        family = comfy_glue.detect_family(model)
+        family = patcher.detect_family(model)
         if family.route == "none":
             msg = (
                 f"TokenFuse: model {family.name} has no attention entry point TokenFuse can patch (supported: "

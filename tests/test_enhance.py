@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
+from tokenfuse.faces.types import Face, FaceSet
 from tokenfuse.fusion.restore import (
     RestorerLoadError,
     align_crop,
@@ -23,7 +24,6 @@ from tokenfuse.fusion.restore import (
     mix_visibility,
     restore_crop,
 )
-from tokenfuse.faces.types import Face, FaceSet
 from tokenfuse.nodes import enhance_node
 from tokenfuse.nodes.enhance_node import NO_MODEL, GFPGANEnhance
 
@@ -286,7 +286,7 @@ def test_out_of_memory_on_one_face_passes_it_through(
 
     restorer = Restorer(SimpleNamespace(model=_FidelityEcho()), arch="CodeFormer", name="cf", takes_fidelity=True)
     monkeypatch.setattr(enhance_node, "_load", lambda path: (restorer, None))
-    monkeypatch.setattr(enhance_node.comfy_glue, "facerestore_model_path", lambda name: name)
+    monkeypatch.setattr(enhance_node.paths, "facerestore_model_path", lambda name: name)
     real, calls = enhance.restore_crop, []
 
     def flaky(*args: object, **kw: object) -> np.ndarray:

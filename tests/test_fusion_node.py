@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_fusion_geometry import astronaut_faceset
-from tokenfuse.fusion.run import FusionBackend
 from tokenfuse.faces.types import FaceSet
+from tokenfuse.fusion.run import FusionBackend
 from tokenfuse.nodes.fusion_node import DISABLED_KEY, ScheduledFusion, strip_tokenfuse
 
 
@@ -458,11 +458,11 @@ def test_mismatched_inputs_raise_actionable_errors() -> None:
 
 def test_without_comfyui_the_node_says_so() -> None:
     images, fs = astronaut_faceset(1, 1)
-    from tokenfuse.nodes import comfy_glue
+    from tokenfuse.nodes.comfy import env
 
-    if comfy_glue.comfy_available():
+    if env.comfy_available():
         pytest.skip("ComfyUI is importable here")
-    with pytest.raises(comfy_glue.ComfyUnavailableError, match="ComfyUI"):
+    with pytest.raises(env.ComfyUnavailableError, match="ComfyUI"):
         ScheduledFusion().fuse(
             "M",
             "V",

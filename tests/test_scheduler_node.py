@@ -15,7 +15,7 @@ from typing import get_args
 
 import pytest
 import torch
-from tokenfuse.nodes import comfy_glue
+from tokenfuse.nodes.comfy import env, patcher, ui
 from tokenfuse.nodes.scheduler_node import (
     TokenSchedulerController,
     chain_attention_override,
@@ -220,10 +220,10 @@ def test_outer_sample_wrapper_resets_and_logs_one_line_even_on_error(caplog: pyt
 
 
 def test_glue_fallbacks_without_a_server() -> None:
-    assert comfy_glue.send_stats("tokenfuse.stats", {"calls": 0}) is False
-    bar = comfy_glue.progress_bar(3)
+    assert ui.send_stats("tokenfuse.stats", {"calls": 0}) is False
+    bar = env.progress_bar(3)
     bar.update(1)
-    comfy_glue.throw_if_interrupted()
+    env.throw_if_interrupted()
 
 
 def test_schedule_widget_replace_keeps_frozen_dataclass() -> None:
@@ -313,11 +313,11 @@ def test_family_detection_by_comfyui_class_names() -> None:
 
     svd = BaseModel(SVD_img2vid())
     svd.diffusion_model = VideoUNet()
-    assert comfy_glue.detect_family(FakeModelPatcher(svd)) == comfy_glue.ModelFamily("sd15", "unet", "SVD_img2vid")
-    assert comfy_glue.detect_family(FakeModelPatcher(BaseModel(SDXL()))).family == "sdxl"
-    assert comfy_glue.detect_family(FakeModelPatcher(WAN22())).route == "override"
-    assert comfy_glue.detect_family(FakeModelPatcher(SD3())).route == "none"
-    assert comfy_glue.detect_family(object()).route == "none"
+    assert patcher.detect_family(FakeModelPatcher(svd)) == patcher.ModelFamily("sd15", "unet", "SVD_img2vid")
+    assert patcher.detect_family(FakeModelPatcher(BaseModel(SDXL()))).family == "sdxl"
+    assert patcher.detect_family(FakeModelPatcher(WAN22())).route == "override"
+    assert patcher.detect_family(FakeModelPatcher(SD3())).route == "none"
+    assert patcher.detect_family(object()).route == "none"
 
 
 def test_strategy_choices_follow_the_core_literal() -> None:

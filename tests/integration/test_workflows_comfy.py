@@ -119,11 +119,13 @@ def runtime(comfy: SimpleNamespace, random_model: Any, tmp_path_factory: pytest.
     """ComfyUI's node registry with our nodes + the test loader, model files and input photos in temp folders."""
     import cv2
     import folder_paths
-    import fusion as fusion_bench  # bench/fusion.py (bench/ is on sys.path via the comfy fixture)
     import torch
     from skimage import data
     from test_swap import make_arcface, make_inswapper
-    from tokenfuse.nodes import NODE_CLASS_MAPPINGS, comfy_glue
+    from tokenfuse.nodes import NODE_CLASS_MAPPINGS
+    from tokenfuse.nodes.comfy import paths
+
+    import fusion as fusion_bench  # bench/fusion.py (bench/ is on sys.path via the comfy fixture)
 
     root = tmp_path_factory.mktemp("wf_run")
     for sub in ("in", "out", "temp", "facerestore", "insightface"):
@@ -144,9 +146,9 @@ def runtime(comfy: SimpleNamespace, random_model: Any, tmp_path_factory: pytest.
     )
     make_inswapper(root / "insightface" / "inswapper_128.onnx")
     make_arcface(root / "insightface" / "w600k_r50.onnx")
-    comfy_glue.facerestore_dirs()
-    comfy_glue.insightface_dirs()
-    folder_paths.add_model_folder_path(comfy_glue.FACERESTORE_FOLDER, str(root / "facerestore"))
+    paths.facerestore_dirs()
+    paths.insightface_dirs()
+    folder_paths.add_model_folder_path(paths.FACERESTORE_FOLDER, str(root / "facerestore"))
     folder_paths.add_model_folder_path("insightface", str(root / "insightface"))
     saved_dirs = (
         folder_paths.get_input_directory(),
