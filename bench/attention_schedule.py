@@ -187,6 +187,7 @@ def make_variants(patcher: Any, family: str, presets: list[str], tome_ratio: flo
 
     glue = sys.modules["tokenfuse.nodes.comfy.patcher"]
     node = sys.modules["tokenfuse.nodes.scheduler_node"]
+    patching = sys.modules["tokenfuse.nodes.model_patching"]
     fam = glue.detect_family(patcher)
     variants = [
         Variant("baseline", patcher),
@@ -195,7 +196,7 @@ def make_variants(patcher: Any, family: str, presets: list[str], tome_ratio: flo
     for item in presets:
         preset, _, strategy = item.partition("/")
         schedule = node.schedule_from_widgets(preset, strategy or "preset", 0.0, fam.family)
-        m, telemetry = node.schedule_model(patcher, schedule, fam)
+        m, telemetry = patching.schedule_model(patcher, schedule, fam)
         variants.append(Variant(f"ours {item}", m, telemetry, schedule))
     return variants
 

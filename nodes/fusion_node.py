@@ -15,53 +15,16 @@ import os
 from typing import Any, get_args
 
 from ..fusion.fallback import PRESET_ORDER, FallbackMode
-from .comfy import env, patcher, paths, sampling
+from .comfy import env, paths, sampling
+from .model_patching import PLAN_KEY, PRESET_KEY, _transformer_option, repatch_with_preset, strip_tokenfuse
 
 log = logging.getLogger(__name__)
-
-DISABLED_KEY = "tokenfuse_disabled"
-PRESET_KEY = "tokenfuse_preset"
-PLAN_KEY = "tokenfuse_plan"
-
-
-def _transformer_option(model: Any, key: str) -> Any:
-    opts = getattr(model, "model_options", None)
-    return opts.get("transformer_options", {}).get(key) if isinstance(opts, dict) else None
-
-
-def strip_tokenfuse(model: Any) -> Any:
-    """A clone of `model` with TokenFuse scheduling off: our patches, override and wrappers removed and the flag set
-    for any patch that survives (e.g. one wrapped by another pack). Other packs' patches stay; the input is untouched.
-    """
-    from .scheduler_node import remove_scheduling
-
-    m = model.clone()
-    remove_scheduling(m)
-    patcher.set_transformer_option(m, DISABLED_KEY, True)
-    return m
-
-
-def repatch_with_preset(model: Any, preset: str) -> tuple[Any, str]:
-    """(model re-scheduled with `preset`, note). Uses the scheduler API (nodes/scheduler_node.schedule_model on a
-    stripped clone); when it is unavailable the model is returned as is and the note says the step was skipped."""
-    try:
-        from ..scheduling.schedule import preset_schedule
-        from .scheduler_node import schedule_model
-    except ImportError as exc:
-        return model, f"stronger preset {preset} skipped (scheduler API unavailable: {exc})"
-    family = patcher.detect_family(model)
-    if family.route == "none":
-        return model, f"stronger preset {preset} skipped (model family not schedulable)"
-    base = strip_tokenfuse(model)
-    patcher.set_transformer_option(base, DISABLED_KEY, False)
-    patched, _ = schedule_model(base, preset_schedule(preset, family.family), family)
-    return patched, ""
 
 
 def _stronger_presets() -> tuple[str, ...]:
     try:
         from ..scheduling.schedule import Preset
-        from .scheduler_node import schedule_model  # noqa: F401 - availability check
+        from .model_patching import schedule_model  # noqa: F401 - availability check
     except ImportError:
         return ()
     return tuple(p for p in PRESET_ORDER if p in get_args(Preset) and p != "off")

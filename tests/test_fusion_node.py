@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from test_fusion_geometry import astronaut_faceset
 from tokenfuse.faces.types import FaceSet
 from tokenfuse.fusion.run import FusionBackend
-from tokenfuse.nodes.fusion_node import DISABLED_KEY, ScheduledFusion, strip_tokenfuse
+from tokenfuse.nodes.fusion_node import ScheduledFusion
+from tokenfuse.nodes.model_patching import DISABLED_KEY, strip_tokenfuse
 
 
 class FakeStack:
@@ -532,7 +533,7 @@ def test_strip_tokenfuse_removes_only_our_patches_and_never_touches_the_input() 
 
 
 def test_strip_tokenfuse_unwraps_the_dit_attention_override() -> None:
-    from tokenfuse.nodes.scheduler_node import chain_attention_override
+    from tokenfuse.nodes.model_patching import chain_attention_override
 
     def ours(func: Any, *a: Any, **kw: Any) -> Any:
         return func(*a, **kw)

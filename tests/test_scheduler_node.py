@@ -16,11 +16,8 @@ from typing import get_args
 import pytest
 import torch
 from tokenfuse.nodes.comfy import env, patcher, ui
-from tokenfuse.nodes.scheduler_node import (
-    TokenSchedulerController,
-    chain_attention_override,
-    schedule_from_widgets,
-)
+from tokenfuse.nodes.model_patching import chain_attention_override
+from tokenfuse.nodes.scheduler_node import TokenSchedulerController, schedule_from_widgets
 from tokenfuse.scheduling.plan import TokenPlan
 from tokenfuse.scheduling.schedule import ScheduleError, preset_schedule
 
@@ -350,7 +347,7 @@ def test_scheduling_twice_replaces_the_first_and_keeps_other_patches() -> None:
 def test_cuda_peak_never_resets_the_allocator_peak(monkeypatch: pytest.MonkeyPatch) -> None:
     """ScheduledFusion and the benches measure their own spans with max_memory_allocated: the run line must not reset
     it, and still reports this run's peak when the run set a new one."""
-    from tokenfuse.nodes.scheduler_node import _peak_memory_start
+    from tokenfuse.nodes.model_patching import _peak_memory_start
 
     peaks = iter([1024 * 2**20, 3072 * 2**20, 3072 * 2**20])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -172,7 +172,7 @@ def test_scheduling_off_reaches_the_patches(stack: SimpleNamespace, monkeypatch:
     patches (the recording patch, not ours, stays)."""
     from tokenfuse.fusion import artifacts
     from tokenfuse.fusion import run as fusion_run
-    from tokenfuse.nodes.fusion_node import strip_tokenfuse
+    from tokenfuse.nodes.model_patching import strip_tokenfuse
     from tokenfuse.nodes.scheduler_node import TokenSchedulerController
 
     scheduled, _ = TokenSchedulerController().apply(stack.model, "balanced", "preset", 0.0)

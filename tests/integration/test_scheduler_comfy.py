@@ -14,7 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 from tokenfuse.nodes.comfy import patcher
-from tokenfuse.nodes.scheduler_node import TokenSchedulerController, schedule_from_widgets, schedule_model
+from tokenfuse.nodes.model_patching import schedule_model
+from tokenfuse.nodes.scheduler_node import TokenSchedulerController, schedule_from_widgets
 
 pytestmark = pytest.mark.integration
 NODE = TokenSchedulerController()
