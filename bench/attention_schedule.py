@@ -38,11 +38,9 @@ from typing import Any
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import comfy_models  # noqa: E402  (bench/ sibling module)
-
-sys.path.insert(0, str(REPO / "tools"))
-from pack_loader import load_pack  # noqa: E402  (tools/pack_loader.py)
+sys.path.insert(0, str(REPO / "devkit"))
+import comfy_models  # noqa: E402  (devkit/comfy_models.py)
+from pack_loader import load_pack  # noqa: E402  (devkit/pack_loader.py)
 
 DEFAULT_SIZES = {"sd15": [512, 768], "sdxl": [768]}
 PRESETS = "balanced,lowvram_8gb,lowvram_6gb,lowvram_4gb"

@@ -23,16 +23,15 @@ GUIDE = 64  # small crops keep a CPU run to seconds; the path is the same at 512
 def stack(comfy: SimpleNamespace, random_model: Any) -> Iterator[SimpleNamespace]:
     import importlib
 
-    import fusion as fusion_bench  # bench/fusion.py (bench/ is on sys.path via the comfy fixture)
+    from tokenfuse.devkit import astronaut, comfy_models
 
     utils = importlib.import_module("comfy.utils")
     was = utils.PROGRESS_BAR_ENABLED
     utils.PROGRESS_BAR_ENABLED = False  # no tqdm bars in the test log
-    fusion_bench.load_pack()
     model = random_model("sd15")
-    vae = fusion_bench.build_vae(ch=32, seed=0)
-    frame = fusion_bench.astronaut_frame(512)
-    faces = fusion_bench.astronaut_faces(512, crop_size=128)
+    vae = comfy_models.build_vae(ch=32, seed=0)
+    frame = astronaut.astronaut_frame(512)
+    faces = astronaut.astronaut_faces(512, crop_size=128)
     cond = comfy.models.conditioning("sd15", seed=1), comfy.models.conditioning("sd15", seed=2)
     yield SimpleNamespace(model=model, vae=vae, image=torch.from_numpy(frame)[None], faces=faces, cond=cond)
     utils.PROGRESS_BAR_ENABLED = was
