@@ -21,7 +21,17 @@ _CACHE: dict[tuple[str, int, int], tuple[Any, Any]] = {}
 
 
 def _model_choices() -> list[str]:
-    return paths.list_facerestore_models(MODEL_EXTENSIONS) or [NO_MODEL]
+    return paths.list_models(paths.FACERESTORE_FOLDER, MODEL_EXTENSIONS) or [NO_MODEL]
+
+
+def _model_file(name: str) -> str:
+    """Path of the face-restoration model named in the prompt, inside the facerestore folders (ModelPathError
+    naming the folders otherwise)."""
+    fix = (
+        "To fix: download e.g. GFPGANv1.4 (.safetensors preferred) into models/facerestore_models, then press R in "
+        "ComfyUI to refresh the list."
+    )
+    return str(paths.model_path(paths.FACERESTORE_FOLDER, name, "face-restoration model", fix=fix))
 
 
 def _load(path: str) -> tuple[Any, Any]:
@@ -127,7 +137,7 @@ class GFPGANEnhance:
 
         restorer = None
         if visibility > 0:
-            restorer, _patcher = _load(paths.facerestore_model_path(model_name))
+            restorer, _patcher = _load(_model_file(model_name))
         pbar = env.progress_bar(faces.count)
         frames = image.detach().cpu().float().numpy()
         out_faces: list[tuple[Any, ...]] = []

@@ -27,11 +27,25 @@ _BACKEND_TIP = (
 
 
 def _folders(backend: str, model_name: str) -> tuple[list[Path], str]:
-    """Model folders for a backend; an absolute model_name points at its own folder."""
-    if model_name and Path(model_name).is_absolute():
-        return [Path(model_name).parent], Path(model_name).name
-    kind = "insightface" if backend == "insightface" else "facedetection"
-    return [Path(p) for p in paths.face_model_dirs(kind)], model_name
+    """(model folders, name) for a backend. A model_name from the prompt is resolved inside the backend's model
+    folders first (faces/model_paths.py: no `..`, no symlink out, absolute paths only when the operator allows them),
+    then handed on as (its folder, its name)."""
+    if backend == "insightface":
+        if not model_name:
+            return paths.model_dirs("insightface"), model_name
+        pack = paths.model_path(
+            "insightface",
+            model_name,
+            "insightface pack",
+            want="dir",
+            candidates=lambda n: (f"models/{n}", n),
+            fix="Put the pack's ONNX files (e.g. det_10g.onnx, w600k_r50.onnx) in models/insightface/models/<name>/.",
+        )
+        return [pack.parent], pack.name
+    if not model_name or backend != "yunet":
+        return paths.model_dirs("facedetection"), model_name
+    path = paths.model_path("facedetection", model_name, "YuNet model", candidates=lambda n: (n, f"{n}.onnx"))
+    return [path.parent], path.name
 
 
 def _reference_embedding(reference: Any) -> Any:
@@ -158,8 +172,8 @@ class FaceDetect:
                     {
                         "default": "",
                         "tooltip": "yunet: ONNX file in models/facedetection; "
-                        "insightface: pack name (default buffalo_l); a "
-                        "full path also works. Empty = default.",
+                        "insightface: pack name (default buffalo_l). "
+                        "Names resolve inside the model folders only. Empty = default.",
                     },
                 ),
                 "reference_faces": (

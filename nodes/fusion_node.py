@@ -54,7 +54,7 @@ class ScheduledFusion:
     @classmethod
     def INPUT_TYPES(cls) -> dict[str, dict[str, tuple]]:
         samplers, schedulers = sampling.sampler_choices()
-        onnx = paths.list_insightface_onnx()
+        onnx = paths.list_models("insightface", (".onnx",))
         return {
             "required": {
                 "model": ("MODEL", {"tooltip": "The diffusion model, usually from TokenSchedulerController."}),
@@ -369,7 +369,7 @@ class ScheduledFusion:
 
         embedder = None
         if arcface_model and arcface_model != "none":
-            embedder = ArcFaceOnnx(paths.insightface_model_path(arcface_model))
+            embedder = ArcFaceOnnx(_insightface_model(arcface_model, "ArcFace model"))
             backend.embed = embedder.embed
         if not swap_model or swap_model == "none":
             return ""
@@ -391,11 +391,19 @@ class ScheduledFusion:
             frame_idx = next(i for i, frame in enumerate(source_faces.faces) if frame)
             rgb = source_image[frame_idx, ..., :3].detach().float().cpu().numpy()
             emb = embedder.embed(rgb, src.landmarks)
-        swapper = InSwapper(paths.insightface_model_path(swap_model))
+        swapper = InSwapper(_insightface_model(swap_model, "swap model"))
         latent = swapper.source_latent(emb)
         backend.pre_swap = lambda crop, lm: swap_in_crop(crop, lm, swapper, latent)
         backend.identity_ref = emb
         return f", identity pre-swap {os.path.basename(swap_model)}"
+
+
+def _insightface_model(name: str, what: str) -> str:
+    """Path of an ONNX model named in the prompt, inside models/insightface (ModelPathError otherwise)."""
+    fix = (
+        "Put the ONNX file (e.g. inswapper_128.onnx, w600k_r50.onnx) there and press R in ComfyUI to refresh the list."
+    )
+    return str(paths.model_path("insightface", name, what, fix=fix))
 
 
 def _detect_source(source_image: Any) -> Any:

@@ -32,6 +32,12 @@ def _load_pack() -> None:
 _load_pack()
 
 
+@pytest.fixture
+def allow_absolute_model_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator's opt-in (TOKENFUSE_ALLOW_ABSOLUTE_MODEL_PATHS=1) for tests that name model files by full path."""
+    monkeypatch.setenv("TOKENFUSE_ALLOW_ABSOLUTE_MODEL_PATHS", "1")
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO

@@ -121,6 +121,7 @@ def test_gfpgan_pth_restores_one_aligned_crop(gfpgan_restored: np.ndarray, align
     assert np.abs(gfpgan_restored - aligned).mean() > 0.01
 
 
+@pytest.mark.usefixtures("allow_absolute_model_paths")
 def test_node_safetensors_matches_pth_deterministically(
     models: dict[str, Path], astronaut: torch.Tensor, aligned: np.ndarray, gfpgan_restored: np.ndarray
 ) -> None:
@@ -172,6 +173,7 @@ class _Evil:
         return (self.fn, (self.arg,))
 
 
+@pytest.mark.usefixtures("allow_absolute_model_paths")
 @pytest.mark.parametrize("how", ["os.system", "open"])
 def test_malicious_pickle_is_refused(tmp_path: Path, how: str) -> None:
     marker = tmp_path / "pwned"
@@ -286,7 +288,7 @@ def test_out_of_memory_on_one_face_passes_it_through(
 
     restorer = Restorer(SimpleNamespace(model=_FidelityEcho()), arch="CodeFormer", name="cf", takes_fidelity=True)
     monkeypatch.setattr(enhance_node, "_load", lambda path: (restorer, None))
-    monkeypatch.setattr(enhance_node.paths, "facerestore_model_path", lambda name: name)
+    monkeypatch.setattr(enhance_node, "_model_file", lambda name: name)
     real, calls = enhance.restore_crop, []
 
     def flaky(*args: object, **kw: object) -> np.ndarray:

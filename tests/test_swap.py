@@ -139,6 +139,7 @@ def test_wrong_models_are_rejected_with_the_fix(models: dict[str, Path], tmp_pat
         ArcFaceOnnx(models["swap"])
 
 
+@pytest.mark.usefixtures("allow_absolute_model_paths")
 def test_node_pre_swaps_before_sampling(models: dict[str, Path]) -> None:
     """With swap_model set, the crop that reaches the VAE is the swapped one, and the report says so."""
     from tokenfuse.nodes.fusion_node import ScheduledFusion
@@ -201,6 +202,7 @@ def test_node_pre_swaps_before_sampling(models: dict[str, Path]) -> None:
         )
 
 
+@pytest.mark.usefixtures("allow_absolute_model_paths")
 def test_source_face_is_detected_from_source_image(models: dict[str, Path]) -> None:
     """Without source_faces, the source image's largest face is found with FaceDetect's default detector."""
     import importlib.util

@@ -39,7 +39,7 @@ def model_dir(comfy: SimpleNamespace, tmp_path_factory: pytest.TempPathFactory) 
     torch.manual_seed(0)
     save_file({k: v.contiguous() for k, v in GFPGAN(different_w=True, sft_half=True).state_dict().items()},
               str(root / MODEL))  # fmt: skip
-    paths.facerestore_dirs()  # registers ComfyUI's own models/facerestore_models first
+    paths.model_dirs(paths.FACERESTORE_FOLDER)  # registers ComfyUI's own models/facerestore_models first
     folder_paths.add_model_folder_path(paths.FACERESTORE_FOLDER, str(root))
     yield root
     enhance_node._CACHE.clear()
@@ -48,12 +48,14 @@ def model_dir(comfy: SimpleNamespace, tmp_path_factory: pytest.TempPathFactory) 
 def test_model_folder_lookup(model_dir: Path) -> None:
     import folder_paths
 
-    dirs = paths.facerestore_dirs()
-    assert dirs[0] == str(Path(folder_paths.models_dir) / "facerestore_models") and str(model_dir) in dirs
+    dirs = paths.model_dirs(paths.FACERESTORE_FOLDER)
+    assert dirs[0] == Path(folder_paths.models_dir) / "facerestore_models" and model_dir in dirs
     assert MODEL in GFPGANEnhance.INPUT_TYPES()["required"]["model_name"][0]
-    assert paths.facerestore_model_path(MODEL) == str(model_dir / MODEL)
-    with pytest.raises(FileNotFoundError, match=f"not found in .*{model_dir}.*press R"):
-        paths.facerestore_model_path("GFPGANv1.3.pth")
+    assert enhance_node._model_file(MODEL) == str((model_dir / MODEL).resolve())
+    with pytest.raises(
+        FileNotFoundError, match=f"not a readable file in the model folders searched .*{model_dir}.*press R"
+    ):
+        enhance_node._model_file("GFPGANv1.3.pth")
 
 
 def test_model_patcher_path_and_progress(model_dir: Path) -> None:

@@ -195,6 +195,7 @@ def test_scheduling_off_reaches_the_patches(stack: SimpleNamespace, monkeypatch:
     assert faces.faces[0][0].crop is not None or "passthrough" in report
 
 
+@pytest.mark.usefixtures("allow_absolute_model_paths")
 def test_full_chain_in_process(stack: SimpleNamespace, shared_assets: Any) -> None:
     """FaceDetect (YuNet) -> PatchTokenize -> TokenSchedulerController -> ScheduledFusion -> GFPGANEnhance
     (visibility 0: no weights needed) -> Blend, node classes called as ComfyUI's executor would (inference mode)."""

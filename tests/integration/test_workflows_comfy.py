@@ -144,8 +144,8 @@ def runtime(comfy: SimpleNamespace, random_model: Any, tmp_path_factory: pytest.
     )
     make_inswapper(root / "insightface" / "inswapper_128.onnx")
     make_arcface(root / "insightface" / "w600k_r50.onnx")
-    paths.facerestore_dirs()
-    paths.insightface_dirs()
+    paths.model_dirs(paths.FACERESTORE_FOLDER)
+    paths.model_dirs("insightface")
     folder_paths.add_model_folder_path(paths.FACERESTORE_FOLDER, str(root / "facerestore"))
     folder_paths.add_model_folder_path("insightface", str(root / "insightface"))
     saved_dirs = (
