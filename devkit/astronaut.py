@@ -42,12 +42,12 @@ def astronaut_faces(size: int, crop_size: int = 512) -> Any:
     lm = ASTRONAUT_LM * s
     dst = FFHQ_512 * (crop_size / 512.0)
     affine, _ = cv2.estimateAffinePartial2D(lm.astype(np.float64), dst, method=cv2.LMEDS)
-    mask = np.zeros((crop_size, crop_size), np.float32)
+    mask: np.ndarray = np.zeros((crop_size, crop_size), np.float32)
     c = crop_size / 512.0
     cv2.ellipse(mask, (int(256 * c), int(290 * c)), (int(150 * c), int(190 * c)), 0, 0, 360, 1.0, -1)
     mask = cv2.GaussianBlur(mask, (0, 0), sigmaX=8 * c)
     face = Face(
-        bbox=tuple(v * s for v in ASTRONAUT_BOX),
+        bbox=(ASTRONAUT_BOX[0] * s, ASTRONAUT_BOX[1] * s, ASTRONAUT_BOX[2] * s, ASTRONAUT_BOX[3] * s),
         score=0.9,
         landmarks=lm,
         affine=affine,

@@ -203,7 +203,7 @@ def conditioning(family: str, batch: int = 1, tokens: int = 77, seed: int = 1, t
     if family == "sdxl":
         pooled = torch.randn(batch, 1280, generator=gen)
         return [[torch.randn(batch, tokens, 2048, generator=gen), {"pooled_output": pooled}]]
-    flux = _FLUX_TINY if tiny else _FLUX_FULL
+    flux: dict[str, Any] = _FLUX_TINY if tiny else _FLUX_FULL
     return [
         [
             torch.randn(batch, tokens, flux["context_in_dim"], generator=gen),

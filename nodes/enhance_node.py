@@ -144,8 +144,9 @@ class GFPGANEnhance:
         crops: list[np.ndarray] = []
         failed: list[str] = []
         t0 = time.perf_counter()
+        recoverable: tuple[type[BaseException], ...] = (FloatingPointError, *_oom_types())
         for b, frame_faces in enumerate(faces.faces):
-            restored_faces = []
+            restored_faces: list[Any] = []
             for face in frame_faces:
                 if face.crop is not None:
                     original = np.asarray(face.crop, dtype=np.float32)
@@ -155,7 +156,7 @@ class GFPGANEnhance:
                 if restorer is not None:
                     try:
                         crop = mix_visibility(restore_crop(restorer, original, fidelity), original, visibility)
-                    except (FloatingPointError, *_oom_types()) as exc:  # one bad face never sinks the batch
+                    except recoverable as exc:  # one bad face never sinks the batch
                         if not (isinstance(exc, FloatingPointError) or env.is_oom(exc)):
                             raise
                         failed.append(f"frame {b} face {len(restored_faces)}: {type(exc).__name__}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 from ..faces.types import DetectorBackend, FaceOrder
 from .comfy import env, paths, ui
@@ -226,7 +226,7 @@ class FaceDetect:
         frames = as_rgb_float(image)
         b, h, w = frames.shape[:3]
         sel = Selection(
-            order=order,
+            order=cast(FaceOrder, order),
             indices=None if (idx := parse_indices(indices)) is None else tuple(idx),
             max_faces=max_faces,
             min_size=float(min_face_size),
@@ -238,7 +238,7 @@ class FaceDetect:
             log.warning("FaceDetect got an empty batch: nothing to detect")
             return FaceSet(image_size=(h, w), faces=()), image, torch.zeros((0, h, w))
         folders, name = _folders(backend, model_name.strip())
-        detector, embedder = load_backend(backend, folders, name, device)
+        detector, embedder = load_backend(cast(DetectorBackend, backend), folders, name, cast(DetectDevice, device))
         if sel.reference is not None and embedder is None:
             raise ValueError(
                 "reference_faces need embeddings on this side too: use the insightface backend with a "
@@ -384,7 +384,7 @@ class PatchTokenize:
         min_keep: float,
         protect_threshold: float,
         preview_level: str,
-    ) -> tuple:
+    ) -> dict[str, Any]:
         import numpy as np
         import torch
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, get_args
+from pathlib import Path
+from typing import Any, cast, get_args
 
 from ..fusion.fallback import PRESET_ORDER, FallbackMode
 from .comfy import env, paths, sampling
@@ -173,16 +174,16 @@ class ScheduledFusion:
                 "token_plan": (
                     "TOKEN_PLAN",
                     {
-                        "tooltip": "When connected (or given to TokenSchedulerController), a crop-space plan built from "
-                        "each face mask protects face tokens (this plan's protect threshold is used)."
+                        "tooltip": "When connected (or given to TokenSchedulerController), a crop-space plan built "
+                        "from each face mask protects face tokens (this plan's protect threshold is used)."
                     },
                 ),
                 "swap_model": (
                     ["none", *onnx],
                     {
                         "default": "none",
-                        "tooltip": "Identity pre-swap: an inswapper_128-style ONNX in models/insightface. The 128-px swap "
-                        "is re-detailed by the diffusion pass. Needs source_faces (and an ArcFace model when "
+                        "tooltip": "Identity pre-swap: an inswapper_128-style ONNX in models/insightface. The 128-px "
+                        "swap is re-detailed by the diffusion pass. Needs source_faces (and an ArcFace model when "
                         "they carry no embedding).",
                     },
                 ),
@@ -274,8 +275,8 @@ class ScheduledFusion:
             use_plan=source_plan is not None,
             protect_threshold=protect,
             fallback=FallbackConfig(
-                mode=fallback,
-                stronger_presets=_stronger_presets(),  # type: ignore[arg-type]
+                mode=cast(FallbackMode, fallback),
+                stronger_presets=_stronger_presets(),
                 incoming_preset=str(_transformer_option(model, PRESET_KEY) or ""),
                 min_guide=max(64, min(256, int(guide_size) // 2)),
             ),
@@ -398,12 +399,12 @@ class ScheduledFusion:
         return f", identity pre-swap {os.path.basename(swap_model)}"
 
 
-def _insightface_model(name: str, what: str) -> str:
+def _insightface_model(name: str, what: str) -> Path:
     """Path of an ONNX model named in the prompt, inside models/insightface (ModelPathError otherwise)."""
     fix = (
         "Put the ONNX file (e.g. inswapper_128.onnx, w600k_r50.onnx) there and press R in ComfyUI to refresh the list."
     )
-    return str(paths.model_path("insightface", name, what, fix=fix))
+    return paths.model_path("insightface", name, what, fix=fix)
 
 
 def _detect_source(source_image: Any) -> Any:

@@ -74,7 +74,7 @@ def chain_attention_override(ours: Callable[..., Any], previous: Callable[..., A
 
         return ours(inner, *args, **kwargs)
 
-    chained.tokenfuse_previous = previous  # type: ignore[attr-defined]  (lets a later scheduler unwrap ours)
+    chained.tokenfuse_previous = previous  # type: ignore[attr-defined]  # lets a later scheduler unwrap ours
     return chained
 
 
@@ -166,7 +166,7 @@ class _LiveStats:
         timestep = args[1] if len(args) > 1 else kwargs.get("timestep")
         try:
             values = [float(v) for v in sample_sigmas.reshape(-1).tolist()]
-            sigma = float(timestep.reshape(-1)[0])
+            sigma = float(timestep.reshape(-1)[0])  # type: ignore[union-attr]  # None: caught below
             self.steps = len(values) - 1
             self.step = min(range(len(values)), key=lambda i: abs(values[i] - sigma)) + 1
         except (AttributeError, TypeError, ValueError, IndexError):

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
-from ..scheduling.schedule import Preset, Schedule, parse_schedule_text, preset_schedule
+from ..scheduling.schedule import Preset, Schedule, Strategy, parse_schedule_text, preset_schedule
 from .comfy import patcher
 from .model_patching import _check_model, schedule_model
 
@@ -29,7 +29,7 @@ def schedule_from_widgets(preset: str, strategy: str, ratio: float, family: str,
     """
     schedule = preset_schedule(preset, family)
     if strategy != "preset" and family != "dit":
-        schedule = replace(schedule, strategy=strategy)
+        schedule = replace(schedule, strategy=cast(Strategy, strategy))
     if ratio > 0.0 and preset != "off":
         if family == "dit":
             schedule = replace(schedule, dit_ratio=float(ratio))
@@ -75,7 +75,7 @@ class TokenSchedulerController:
     )
 
     @classmethod
-    def INPUT_TYPES(cls) -> dict[str, dict[str, tuple]]:
+    def INPUT_TYPES(cls) -> dict[str, dict[str, Any]]:
         return {
             "required": {
                 "model": ("MODEL", {"tooltip": "The diffusion model to schedule (SD1.x/2.x, SDXL, Flux, Wan, ...)."}),

@@ -138,5 +138,5 @@ def test_no_print_no_eval_no_unsafe_loading() -> None:
 
 def test_no_subprocess_in_pack() -> None:
     for path in _pack_files():
-        for level, module, lineno in _imports(path):
+        for _level, module, lineno in _imports(path):
             assert module.split(".")[0] not in {"subprocess", "pickle"}, f"{path}:{lineno} imports {module}"
