@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, cast, get_args
 
 from ..fusion.fallback import PRESET_ORDER, FallbackMode
+from ..scheduling.keys import PLAN_KEY, PRESET_KEY
 from .comfy import env, paths, sampling
-from .model_patching import PLAN_KEY, PRESET_KEY, _transformer_option, repatch_with_preset, strip_tokenfuse
+from .model_patching import _transformer_option, repatch_with_preset, strip_tokenfuse
 
 log = logging.getLogger(__name__)
 

@@ -16,17 +16,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..scheduling.keys import DISABLED_KEY, OVERRIDE_KEY, PLAN_KEY, PRESET_KEY, WRAPPER_KEY
 from ..scheduling.schedule import Schedule
 from .comfy import patcher, ui
 
 log = logging.getLogger(__name__)
 
-WRAPPER_KEY = "tokenfuse"
 STATS_EVENT = "tokenfuse.stats"
 _MODEL_METHODS = ("clone", "set_model_attn1_patch", "set_model_attn1_output_patch", "add_wrapper_with_key")
-DISABLED_KEY = "tokenfuse_disabled"
-PRESET_KEY = "tokenfuse_preset"  # transformer_options: the preset in force (read by the fallback)
-PLAN_KEY = "tokenfuse_plan"
 
 
 def _transformer_option(model: Any, key: str) -> Any:
@@ -98,14 +95,14 @@ def remove_scheduling(m: Any) -> bool:
             kept = [p for p in patches[name] if not _is_ours(p)]
             found |= len(kept) != len(patches[name])
             patches[name] = kept
-    override = to.get("optimized_attention_override")
+    override = to.get(OVERRIDE_KEY)
     if override is not None and _is_ours(override):
         found = True
         previous = getattr(override, "tokenfuse_previous", None)
         if previous is None:
-            to.pop("optimized_attention_override")
+            to.pop(OVERRIDE_KEY)
         else:
-            to["optimized_attention_override"] = previous
+            to[OVERRIDE_KEY] = previous
     if not found and not patcher.has_wrapper(m, "OUTER_SAMPLE", WRAPPER_KEY):
         return False
     if "patches" in to:
@@ -281,11 +278,11 @@ def schedule_model(
         m.set_model_attn1_patch(attn1)
         m.set_model_attn1_output_patch(attn1_out)
     elif family.route == "override":
-        previous = m.model_options.get("transformer_options", {}).get("optimized_attention_override")
+        previous = m.model_options.get("transformer_options", {}).get(OVERRIDE_KEY)
         ours = build_attention_override(schedule, telemetry)
-        patcher.set_transformer_option(m, "optimized_attention_override", chain_attention_override(ours, previous))
+        patcher.set_transformer_option(m, OVERRIDE_KEY, chain_attention_override(ours, previous))
     if plan is not None:
-        patcher.set_transformer_option(m, "tokenfuse_plan", plan)
+        patcher.set_transformer_option(m, PLAN_KEY, plan)
     if preset:
         patcher.set_transformer_option(m, PRESET_KEY, preset)  # lets ScheduledFusion's OOM fallback go stronger
     label = f"{family.name} ({family.family})"

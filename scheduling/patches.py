@@ -28,6 +28,7 @@ import torch
 
 from .adaptive import adapt_ratio, token_complexity
 from .downsample import kernel_for_ratio, kv_downsample_functions, protected_cell_tokens
+from .keys import DISABLED_KEY, PLAN_KEY, UNMERGE_KEY
 from .merge import bipartite_soft_matching_2d, do_nothing, max_merge_count, random_partition
 from .schedule import MAX_RATIO, Schedule
 from .telemetry import RunTelemetry
@@ -35,10 +36,6 @@ from .topk import gather_tokens, keep_count, topk_indices, topk_kv_functions
 
 log = logging.getLogger(__name__)
 
-UNMERGE_KEY = "tokenfuse_unmerge"
-PLAN_KEY = "tokenfuse_plan"
-# transformer_options flag: ScheduledFusion's "scheduling off" rerun sets it; every patch then passes through.
-DISABLED_KEY = "tokenfuse_disabled"
 TOME_MAX_RATIO = 0.75  # a 2x2 stride leaves 3/4 of tokens as src: more cannot be merged
 MIN_DIT_TOKENS = 64
 

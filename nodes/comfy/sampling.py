@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...scheduling.keys import PLAN_KEY
 from .env import comfy_available, oom_exception, require_comfy, throw_if_interrupted
 from .patcher import set_transformer_option
 
@@ -65,7 +66,7 @@ def sample(
     m = model
     if plan is not None:
         m = model.clone()
-        set_transformer_option(m, "tokenfuse_plan", plan)
+        set_transformer_option(m, PLAN_KEY, plan)
     quiet = not comfy.utils.PROGRESS_BAR_ENABLED
 
     def cancel_point(step: int, x0: Any, x: Any, total: int) -> None:  # every step: cancel works mid-face
