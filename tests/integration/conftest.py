@@ -1,7 +1,7 @@
 """Shared fixtures for integration tests against a real ComfyUI checkout (skipped without COMFYUI_PATH).
 
 Generic on purpose: ComfyUI sys.path setup + in-process import, the random-weight model builder that the bench
-scripts use too (bench/comfy_models.py), and a real ComfyUI server with this pack loaded. Run with ComfyUI's venv:
+scripts use too (devkit/comfy_models.py), and a real ComfyUI server with this pack loaded. Run with ComfyUI's venv:
     COMFYUI_PATH=/path/to/ComfyUI /path/to/comfy-venv/bin/python -m pytest tests/integration
 """
 

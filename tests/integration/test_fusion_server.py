@@ -8,7 +8,7 @@ No real weights exist here, so a test-only custom node package is written into t
 (never into the repo) and whitelisted next to this pack:
 - TokenFuseTestRandomCheckpoint -> (MODEL, CLIP, VAE): a seeded random-weight SD1.5-architecture U-Net (width 32,
   devkit/comfy_models.build_model, as the other integration tests), a random SD VAE of the real layout (ch 32,
-  bench/fusion.build_vae) and a CLIP stand-in whose encode gives seeded random [1, 77, 768] conditioning, so the
+  devkit/comfy_models.build_vae) and a CLIP stand-in whose encode gives seeded random [1, 77, 768] conditioning, so the
   real CLIPTextEncode nodes run.
 - TokenFuseTestShowText: an output node returning the report as {"ui": {"text": [...]}}, which /history lists.
 GFPGANv1.4.pth is spandrel's GFPGAN architecture with seeded random weights, in the server's
@@ -36,7 +36,7 @@ from comfy_http import http_json, wait_history
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 TEST_PACK = "tokenfuse_server_test_nodes"
-FACE_BOX = (178, 63, 268, 176)  # x0, y0, x1, y1 of the astronaut's face (bench/fusion.ASTRONAUT_BOX)
+FACE_BOX = (178, 63, 268, 176)  # x0, y0, x1, y1 of the astronaut's face (devkit/astronaut.ASTRONAUT_BOX)
 MARGIN = 130  # the aligned 128-px crop (crop_factor 1) spans ~190 px of this photo around the face
 
 TEST_NODES = '''"""Test-only nodes for tests/integration/test_fusion_server.py (in a temp custom_nodes folder)."""
