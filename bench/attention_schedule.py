@@ -38,11 +38,9 @@ from typing import Any
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import comfy_models  # noqa: E402  (bench/ sibling module)
-
-sys.path.insert(0, str(REPO / "tools"))
-from pack_loader import load_pack  # noqa: E402  (tools/pack_loader.py)
+sys.path.insert(0, str(REPO / "devkit"))
+import comfy_models  # noqa: E402  (devkit/comfy_models.py)
+from pack_loader import load_pack  # noqa: E402  (devkit/pack_loader.py)
 
 DEFAULT_SIZES = {"sd15": [512, 768], "sdxl": [768]}
 PRESETS = "balanced,lowvram_8gb,lowvram_6gb,lowvram_4gb"
@@ -185,8 +183,9 @@ def sampling_options(patcher: Any, sigma: torch.Tensor, sample_sigmas: torch.Ten
 def make_variants(patcher: Any, family: str, presets: list[str], tome_ratio: float, pack: Any) -> list[Variant]:
     from comfy_extras.nodes_tomesd import TomePatchModel
 
-    glue = pack.nodes.comfy_glue
+    glue = sys.modules["tokenfuse.nodes.comfy.patcher"]
     node = sys.modules["tokenfuse.nodes.scheduler_node"]
+    patching = sys.modules["tokenfuse.nodes.model_patching"]
     fam = glue.detect_family(patcher)
     variants = [
         Variant("baseline", patcher),
@@ -195,7 +194,7 @@ def make_variants(patcher: Any, family: str, presets: list[str], tome_ratio: flo
     for item in presets:
         preset, _, strategy = item.partition("/")
         schedule = node.schedule_from_widgets(preset, strategy or "preset", 0.0, fam.family)
-        m, telemetry = node.schedule_model(patcher, schedule, fam)
+        m, telemetry = patching.schedule_model(patcher, schedule, fam)
         variants.append(Variant(f"ours {item}", m, telemetry, schedule))
     return variants
 

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
-from pack_loader import load_pack  # noqa: E402  (tools/pack_loader.py)
+sys.path.insert(0, str(REPO / "devkit"))
+from pack_loader import load_pack  # noqa: E402  (devkit/pack_loader.py)
 
 load_pack()
 from tokenfuse.scheduling.patches import build_unet_patches  # noqa: E402

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
-from pack_loader import load_pack  # noqa: E402  (tools/pack_loader.py)
+sys.path.insert(0, str(REPO / "devkit"))
+from pack_loader import load_pack  # noqa: E402  (devkit/pack_loader.py)
 
 SIZES = {"720p": (720, 1280), "1080p": (1080, 1920)}
 
@@ -50,7 +50,7 @@ def _frame(h: int, w: int, photo: str):
 
 
 def _backends(names: list[str], assets: Path, tmp: Path) -> dict:
-    from tokenfuse.faces.pipeline import load_backend
+    from tokenfuse.faces.analyse import load_backend
 
     out = {}
     for name in names:
@@ -96,8 +96,8 @@ def main() -> None:
     cv2.setNumThreads(args.cores)
     load_pack()
     from tokenfuse.faces.align import warp_face
+    from tokenfuse.faces.analyse import AlignOptions, faces_for_frame
     from tokenfuse.faces.paste import paste_frame
-    from tokenfuse.faces.pipeline import AlignOptions, faces_for_frame
     from tokenfuse.faces.select import Selection
 
     sel, align = Selection(order="left-right"), AlignOptions()
@@ -122,15 +122,11 @@ def main() -> None:
                 )
                 faces = faces_for_frame(rgb, det, None, sel, align, args.detect_size)
                 crops = []
-                t_align = _time_ms(
-                    lambda: crops.__setitem__(
-                        slice(None),
-                        [  # noqa: B023
-                            f.with_crop(warp_face(frame, f.affine, f.crop_size)) for f in faces
-                        ],
-                    ),
-                    args.repeats,
-                )  # noqa: B023
+
+                def align_all(frame=frame, faces=faces, crops=crops):  # bound now, not at loop end
+                    crops[:] = [f.with_crop(warp_face(frame, f.affine, f.crop_size)) for f in faces]
+
+                t_align = _time_ms(align_all, args.repeats)
                 t_paste = _time_ms(lambda: paste_frame(frame, tuple(crops)), args.repeats)  # noqa: B023
                 tf, to = full + t_align + t_paste, ours + t_align + t_paste
                 print(

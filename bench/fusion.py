@@ -33,93 +33,10 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
-from pack_loader import load_pack  # noqa: E402  (tools/pack_loader.py)
-
-FFHQ_512 = np.array(
-    [
-        [192.98138, 239.94708],
-        [318.90277, 240.1936],
-        [256.63416, 314.01935],
-        [201.26117, 371.41043],
-        [313.08905, 371.15118],
-    ],
-    dtype=np.float64,
-)
-# YuNet landmarks on skimage.data.astronaut() (512 px); scaled with the frame.
-ASTRONAUT_LM = np.array([[200.1, 101.8], [247.1, 102.6], [220.4, 124.5], [198.6, 142.8], [239.7, 143.6]], np.float32)
-ASTRONAUT_BOX = (178.2, 62.9, 268.1, 176.2)
-SD_VAE_DDCONFIG = {
-    "double_z": True,
-    "z_channels": 4,
-    "resolution": 256,
-    "in_channels": 3,
-    "out_ch": 3,
-    "ch": 128,
-    "ch_mult": [1, 2, 4, 4],
-    "num_res_blocks": 2,
-    "attn_resolutions": [],
-    "dropout": 0.0,
-}
-
-
-def comfy_models() -> Any:
-    bench = str(REPO / "bench")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
-    import comfy_models as cm
-
-    return cm
-
-
-def build_vae(ch: int = 128, seed: int = 0, dtype: torch.dtype | None = None) -> Any:
-    """comfy.sd.VAE of the SD (AutoencoderKL, /8, 4 latent channels) architecture with seeded random weights.
-
-    ch=128 is the real SD VAE; tests use 32 (same layout, 16x fewer FLOPs). The state dict goes through
-    comfy.sd.VAE's own loading (config path for a shrunk ch, key detection for the real one).
-    """
-    from comfy.ldm.models.autoencoder import AutoencoderKL
-    from comfy.sd import VAE
-
-    ddconfig = {**SD_VAE_DDCONFIG, "ch": ch}
-    model = AutoencoderKL(ddconfig=ddconfig, embed_dim=4)
-    comfy_models().init_random_weights(model, seed)
-    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    config = None if ch == 128 else {"params": {"ddconfig": ddconfig, "embed_dim": 4}}
-    return VAE(sd=sd, config=config, dtype=dtype)
-
-
-def astronaut_frame(size: int) -> np.ndarray:
-    import cv2
-    from skimage import data
-
-    img = data.astronaut().astype(np.float32) / 255.0
-    return cv2.resize(img, (size, size), interpolation=cv2.INTER_CUBIC if size > 512 else cv2.INTER_AREA).clip(0, 1)
-
-
-def astronaut_faces(size: int, crop_size: int = 512) -> Any:
-    """FACES for the astronaut frame at `size` px, built by hand (landmarks scaled; mask: soft ellipse)."""
-    import cv2
-    from tokenfuse.faces.types import Face, FaceSet
-
-    s = size / 512.0
-    lm = ASTRONAUT_LM * s
-    dst = FFHQ_512 * (crop_size / 512.0)
-    affine, _ = cv2.estimateAffinePartial2D(lm.astype(np.float64), dst, method=cv2.LMEDS)
-    mask = np.zeros((crop_size, crop_size), np.float32)
-    c = crop_size / 512.0
-    cv2.ellipse(mask, (int(256 * c), int(290 * c)), (int(150 * c), int(190 * c)), 0, 0, 360, 1.0, -1)
-    mask = cv2.GaussianBlur(mask, (0, 0), sigmaX=8 * c)
-    face = Face(
-        bbox=tuple(v * s for v in ASTRONAUT_BOX),
-        score=0.9,
-        landmarks=lm,
-        affine=affine,
-        inverse=cv2.invertAffineTransform(affine),
-        crop_size=crop_size,
-        mask=mask,
-    )
-    return FaceSet(image_size=(size, size), faces=((face,),))
+sys.path.insert(0, str(REPO / "devkit"))
+import comfy_models as cm  # noqa: E402  (devkit/comfy_models.py)
+from astronaut import astronaut_faces, astronaut_frame  # noqa: E402  (devkit/astronaut.py)
+from pack_loader import load_pack  # noqa: E402  (devkit/pack_loader.py)
 
 
 class Meter:
@@ -180,11 +97,11 @@ def timed(meter: Meter, fn: Callable[[], Any]) -> tuple[Any, float, int | None, 
 
 
 def naive(model: Any, vae: Any, frame: np.ndarray, args: argparse.Namespace, cond: Any) -> Any:
-    from tokenfuse.nodes import comfy_glue as glue
+    from tokenfuse.nodes.comfy import sampling
 
     px = torch.from_numpy(frame)[None]
-    lat = glue.fusion_vae_encode(vae, px, False)
-    out = glue.fusion_sample(
+    lat = sampling.vae_encode(vae, px, False)
+    out = sampling.sample(
         model,
         lat,
         None,
@@ -198,7 +115,7 @@ def naive(model: Any, vae: Any, frame: np.ndarray, args: argparse.Namespace, con
         negative=cond[1],
         denoise=args.denoise,
     )
-    return glue.fusion_vae_decode(vae, out, False)
+    return sampling.vae_decode(vae, out, False)
 
 
 def crop(
@@ -252,7 +169,6 @@ def main() -> None:
         args.steps = min(args.steps, 2)
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
 
-    cm = comfy_models()
     cm.setup_comfy(args.comfyui, cpu=args.device == "cpu", sdpa=True)
     load_pack()
     import comfy.model_management as mm
@@ -264,7 +180,7 @@ def main() -> None:
 
     device = mm.get_torch_device()
     model = cm.build_model("sd15", model_channels=32 if args.quick else 320, tiny=args.quick, dtype=dtype)
-    vae = build_vae(32 if args.quick else 128, dtype=dtype if args.device == "cuda" else None)
+    vae = cm.build_vae(32 if args.quick else 128, dtype=dtype if args.device == "cuda" else None)
     cond = (cm.conditioning("sd15", seed=1), cm.conditioning("sd15", seed=2))
     plan = TokenPlan(importance=torch.ones(1, 8, 8), image_size=(8, 8))  # presence switches crop-space plans on
     ours_model, sched_report = TokenSchedulerController().apply(model, args.preset, "preset", 0.0, plan)

@@ -63,4 +63,5 @@ def warp_face(image: np.ndarray, affine: np.ndarray, crop_size: int) -> np.ndarr
 
 def transform_points(points: np.ndarray, affine: np.ndarray) -> np.ndarray:
     """Apply a [2, 3] affine to points [N, 2]."""
-    return np.asarray(points, np.float64) @ affine[:, :2].T + affine[:, 2]
+    out: np.ndarray = np.asarray(points, np.float64) @ affine[:, :2].T + affine[:, 2]
+    return out

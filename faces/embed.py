@@ -1,7 +1,7 @@
 """ArcFace identity embeddings (insightface recognition models, e.g. buffalo_l/w600k_r50.onnx) via onnxruntime.
 
 The one ArcFace implementation of the pack: FaceDetect embeds detections with it (uint8 frames), ScheduledFusion's
-identity pre-swap and identity check embed float 0..1 crops with it (faces/swap.py).
+identity pre-swap and identity check embed float 0..1 crops with it (fusion/swap.py).
 """
 
 from __future__ import annotations

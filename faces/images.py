@@ -18,17 +18,18 @@ def as_rgb_float(image: torch.Tensor) -> np.ndarray:
     arr = image.detach().cpu()
     if not arr.is_floating_point():
         arr = arr.float() / float(torch.iinfo(image.dtype).max)
-    arr = arr.float().numpy()
-    c = arr.shape[-1]
+    rgb: np.ndarray = arr.float().numpy()
+    c = rgb.shape[-1]
     if c in (1, 2):
-        arr = np.repeat(arr[..., :1], 3, axis=-1)
+        rgb = np.repeat(rgb[..., :1], 3, axis=-1)
     elif c >= 3:
-        arr = arr[..., :3]
+        rgb = rgb[..., :3]
     else:
         raise ValueError(f"IMAGE has {c} channels: expected 1 (gray), 3 (RGB) or 4 (RGBA)")
-    return np.ascontiguousarray(arr, dtype=np.float32)
+    return np.ascontiguousarray(rgb, dtype=np.float32)
 
 
 def to_uint8(frame: np.ndarray) -> np.ndarray:
     """[H, W, 3] float 0..1 -> uint8 (non-finite values become 0)."""
-    return (np.clip(np.nan_to_num(frame), 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+    u8: np.ndarray = (np.clip(np.nan_to_num(frame), 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+    return u8

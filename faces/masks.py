@@ -32,7 +32,7 @@ def crop_mask(landmarks_crop: np.ndarray, crop_size: int, feather: float = 0.08)
     k_scale = work / crop_size
     (cx, cy), (ax, ay), ang = face_ellipse(np.asarray(landmarks_crop, np.float64) * k_scale)
     f = max(1.0, feather * work)
-    mask = np.zeros((work, work), np.float32)
+    mask: np.ndarray = np.zeros((work, work), np.float32)
     axes = (max(1, int(round(ax - f))), max(1, int(round(ay - f))))
     cv2.ellipse(mask, (int(round(cx)), int(round(cy))), axes, ang, 0, 360, 1.0, -1, cv2.LINE_AA)
     border = int(np.ceil(f)) + 2

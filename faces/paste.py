@@ -46,7 +46,8 @@ def color_transfer(crop: np.ndarray, reference: np.ndarray, mask: np.ndarray) ->
     mc, sc = lab_c[sel].mean(0), lab_c[sel].std(0) + 1e-6
     mr, sr = lab_r[sel].mean(0), lab_r[sel].std(0)
     out = (lab_c - mc) * (sr / sc) + mr
-    return np.clip(cv2.cvtColor(out.astype(np.float32), cv2.COLOR_LAB2RGB), 0.0, 1.0)
+    rgb: np.ndarray = np.clip(cv2.cvtColor(out.astype(np.float32), cv2.COLOR_LAB2RGB), 0.0, 1.0)
+    return rgb
 
 
 def paste_face(frame: np.ndarray, face: Face, opts: BlendOptions = BlendOptions()) -> np.ndarray:
@@ -81,7 +82,7 @@ def paste_face(frame: np.ndarray, face: Face, opts: BlendOptions = BlendOptions(
         warped = _seamless(warped, dst, alpha)
     a = alpha[..., None]
     blended = dst * (1.0 - a) + np.clip(warped, 0.0, 1.0) * a
-    out = frame.copy()
+    out: np.ndarray = frame.copy()
     out[y0:y1, x0:x1] = np.where(a > 0, blended, dst)
     return out
 
@@ -95,7 +96,11 @@ def _seamless(src: np.ndarray, dst: np.ndarray, alpha: np.ndarray) -> np.ndarray
     m[[0, -1], :] = 0
     m[:, [0, -1]] = 0
     center = (int((xs.min() + xs.max() + 1) // 2), int((ys.min() + ys.max() + 1) // 2))
-    to8 = lambda x: (np.clip(x, 0, 1) * 255 + 0.5).astype(np.uint8)  # noqa: E731
+
+    def to8(x: np.ndarray) -> np.ndarray:
+        u8: np.ndarray = (np.clip(x, 0, 1) * 255 + 0.5).astype(np.uint8)
+        return u8
+
     try:
         out = cv2.seamlessClone(to8(src), to8(dst), m, center, cv2.NORMAL_CLONE)
     except cv2.error as exc:

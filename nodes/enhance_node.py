@@ -7,8 +7,9 @@ import os
 import time
 from typing import Any
 
-from . import comfy_glue
 from .checks import checked_inputs
+from .comfy import env, paths
+from .comfy import patcher as comfy_patcher
 
 log = logging.getLogger(__name__)
 
@@ -21,23 +22,35 @@ _CACHE: dict[tuple[str, int, int], tuple[Any, Any]] = {}
 
 
 def _model_choices() -> list[str]:
-    return comfy_glue.list_facerestore_models(MODEL_EXTENSIONS) or [NO_MODEL]
+    return paths.list_models(paths.FACERESTORE_FOLDER, MODEL_EXTENSIONS) or [NO_MODEL]
+
+
+def _model_file(name: str) -> str:
+    """Path of the face-restoration model named in the prompt, inside the facerestore folders (ModelPathError
+    naming the folders otherwise)."""
+    fix = (
+        "To fix: download e.g. GFPGANv1.4 (.safetensors preferred) into models/facerestore_models, then press R in "
+        "ComfyUI to refresh the list."
+    )
+    return str(paths.model_path(paths.FACERESTORE_FOLDER, name, "face-restoration model", fix=fix))
 
 
 def _load(path: str) -> tuple[Any, Any]:
     """(Restorer, ModelPatcher or None) for a model file, on the compute device."""
-    from ..faces.enhance import load_restorer
+    from ..fusion.restore import load_restorer
 
     st = os.stat(path)
     key = (os.path.realpath(path), st.st_mtime_ns, st.st_size)
     if key not in _CACHE:
         _CACHE.clear()
         restorer = load_restorer(path)
-        patcher, _dtype = comfy_glue.manage_module(restorer.module, restorer.supports_half, restorer.supports_bfloat16)
+        patcher, _dtype = comfy_patcher.manage_module(
+            restorer.module, restorer.supports_half, restorer.supports_bfloat16
+        )
         _CACHE[key] = (restorer, patcher)
     restorer, patcher = _CACHE[key]
     if patcher is not None:
-        comfy_glue.load_managed(patcher)
+        comfy_patcher.load_managed(patcher)
     return restorer, patcher
 
 
@@ -110,8 +123,8 @@ class GFPGANEnhance:
         import numpy as np
         import torch
 
-        from ..faces.enhance import align_crop, mix_visibility, restore_crop
         from ..faces.types import FaceSet
+        from ..fusion.restore import align_crop, mix_visibility, restore_crop
 
         if not isinstance(faces, FaceSet):
             raise TypeError(f"faces must be FACES from FaceDetect, got {type(faces).__name__}")
@@ -126,15 +139,16 @@ class GFPGANEnhance:
 
         restorer = None
         if visibility > 0:
-            restorer, _patcher = _load(comfy_glue.facerestore_model_path(model_name))
-        pbar = comfy_glue.progress_bar(faces.count)
+            restorer, _patcher = _load(_model_file(model_name))
+        pbar = env.progress_bar(faces.count)
         frames = image.detach().cpu().float().numpy()
         out_faces: list[tuple[Any, ...]] = []
         crops: list[np.ndarray] = []
         failed: list[str] = []
         t0 = time.perf_counter()
+        recoverable: tuple[type[BaseException], ...] = (FloatingPointError, *_oom_types())
         for b, frame_faces in enumerate(faces.faces):
-            restored_faces = []
+            restored_faces: list[Any] = []
             for face in frame_faces:
                 if face.crop is not None:
                     original = np.asarray(face.crop, dtype=np.float32)
@@ -144,8 +158,8 @@ class GFPGANEnhance:
                 if restorer is not None:
                     try:
                         crop = mix_visibility(restore_crop(restorer, original, fidelity), original, visibility)
-                    except (FloatingPointError, *_oom_types()) as exc:  # one bad face never sinks the batch
-                        if not (isinstance(exc, FloatingPointError) or comfy_glue.fusion_is_oom(exc)):
+                    except recoverable as exc:  # one bad face never sinks the batch
+                        if not (isinstance(exc, FloatingPointError) or env.is_oom(exc)):
                             raise
                         failed.append(f"frame {b} face {len(restored_faces)}: {type(exc).__name__}")
                         log.warning("GFPGANEnhance: %s; that face passes through unrestored (%s)", failed[-1], exc)
@@ -175,7 +189,7 @@ class GFPGANEnhance:
 
 def _oom_types() -> tuple[type[BaseException], ...]:
     """Exception types that mean "out of memory" here (ComfyUI's OOM_EXCEPTION inside ComfyUI, else MemoryError)."""
-    return tuple({MemoryError, comfy_glue.fusion_oom_exception()})
+    return tuple({MemoryError, env.oom_exception()})
 
 
 def _resize(crop: Any, size: int) -> Any:

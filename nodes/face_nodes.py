@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 from ..faces.types import DetectorBackend, FaceOrder
-from . import comfy_glue
 from .checks import checked_inputs
+from .comfy import env, paths, ui
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +28,27 @@ _BACKEND_TIP = (
 
 
 def _folders(backend: str, model_name: str) -> tuple[list[Path], str]:
-    """Model folders for a backend; an absolute model_name points at its own folder."""
-    if model_name and Path(model_name).is_absolute():
-        return [Path(model_name).parent], Path(model_name).name
-    kind = "insightface" if backend == "insightface" else "facedetection"
-    return [Path(p) for p in comfy_glue.face_model_dirs(kind)], model_name
+    """(model folders, name) for a backend. A model_name from the prompt is resolved inside the backend's model
+    folders first (faces/model_paths.py: no `..`, no symlink out, absolute paths only when the operator allows them),
+    then handed on as (its folder, its name)."""
+    if backend == "insightface":
+        if not model_name:
+            return paths.model_dirs("insightface"), model_name
+        pack = paths.model_path(
+            "insightface",
+            model_name,
+            "insightface pack",
+            want="dir",
+            candidates=lambda n: (f"models/{n}", n),
+            fix="Put the pack's ONNX files (e.g. det_10g.onnx, w600k_r50.onnx) in models/insightface/models/<name>/.",
+        )
+        return [pack.parent], pack.name
+    if model_name and backend != "yunet":
+        log.warning("FaceDetect: model_name is used by the yunet and insightface backends only; ignored")
+    if not model_name or backend != "yunet":
+        return paths.model_dirs("facedetection"), model_name
+    path = paths.model_path("facedetection", model_name, "YuNet model", candidates=lambda n: (n, f"{n}.onnx"))
+    return [path.parent], path.name
 
 
 def _reference_embedding(reference: Any) -> Any:
@@ -159,8 +175,8 @@ class FaceDetect:
                     {
                         "default": "",
                         "tooltip": "yunet: ONNX file in models/facedetection; "
-                        "insightface: pack name (default buffalo_l); a "
-                        "full path also works. Empty = default.",
+                        "insightface: pack name (default buffalo_l). "
+                        "Names resolve inside the model folders only. Empty = default.",
                     },
                 ),
                 "reference_faces": (
@@ -205,16 +221,16 @@ class FaceDetect:
         import numpy as np
         import torch
 
+        from ..faces.analyse import AlignOptions, detect_batch, load_backend
         from ..faces.draw import draw_faces, face_mask_image
         from ..faces.images import as_rgb_float, to_uint8
-        from ..faces.pipeline import AlignOptions, detect_batch, load_backend
         from ..faces.select import Selection, parse_indices
         from ..faces.types import FaceSet
 
         frames = as_rgb_float(image)
         b, h, w = frames.shape[:3]
         sel = Selection(
-            order=order,
+            order=cast(FaceOrder, order),
             indices=None if (idx := parse_indices(indices)) is None else tuple(idx),
             max_faces=max_faces,
             min_size=float(min_face_size),
@@ -225,17 +241,15 @@ class FaceDetect:
         if b == 0:
             log.warning("FaceDetect got an empty batch: nothing to detect")
             return FaceSet(image_size=(h, w), faces=()), image, torch.zeros((0, h, w))
-        if model_name.strip() and backend not in ("yunet", "insightface"):
-            log.warning("FaceDetect: model_name is used by the yunet and insightface backends only; ignored")
         folders, name = _folders(backend, model_name.strip())
-        detector, embedder = load_backend(backend, folders, name, device)
+        detector, embedder = load_backend(cast(DetectorBackend, backend), folders, name, cast(DetectDevice, device))
         if sel.reference is not None and embedder is None:
             raise ValueError(
                 "reference_faces need embeddings on this side too: use the insightface backend with a "
                 "pack that has a recognition model (w600k_*.onnx)."
             )
         u8 = np.stack([to_uint8(f) for f in frames])
-        bar = comfy_glue.progress_bar(b)
+        bar = env.progress_bar(b)
         faceset = detect_batch(
             u8,
             detector,
@@ -375,12 +389,12 @@ class PatchTokenize:
         min_keep: float,
         protect_threshold: float,
         preview_level: str,
-    ) -> tuple:
+    ) -> dict[str, Any]:
         import numpy as np
         import torch
 
         from ..faces.images import as_rgb_float, to_uint8
-        from ..faces.tokenize import PlanOptions, build_plan, plan_preview
+        from ..faces.importance import PlanOptions, build_plan, plan_preview
 
         frames = as_rgb_float(image)
         b, h, w = frames.shape[:3]
@@ -396,7 +410,7 @@ class PatchTokenize:
         plan = build_plan(faces, latent, opts)
         if b == 0:
             return {"ui": {"images": []}, "result": (plan, image)}
-        bar = comfy_glue.progress_bar(b)
+        bar = env.progress_bar(b)
         previews = []
         for i in range(b):
             previews.append(plan_preview(to_uint8(frames[i]), plan, i, latent, int(preview_level), opts))
@@ -408,7 +422,7 @@ class PatchTokenize:
         )
         preview = torch.from_numpy(np.stack(previews)).float() / 255
         # ui.images: the editor shows the plan inside the node (web/tokenfuse_preview.js sizes the node for it)
-        return {"ui": {"images": comfy_glue.save_temp_previews(preview, "tokenfuse_plan")}, "result": (plan, preview)}
+        return {"ui": {"images": ui.save_temp_previews(preview, "tokenfuse_plan")}, "result": (plan, preview)}
 
 
 class Blend:
@@ -477,7 +491,7 @@ class Blend:
             )
             return (image,)
         opts = BlendOptions(strength=strength, color_transfer=color_transfer, seamless=seamless)
-        bar = comfy_glue.progress_bar(b)
+        bar = env.progress_bar(b)
         out_frames = []
         for i in range(b):
             out_frames.append(paste_frame(frames[i], faces.faces[i], opts))

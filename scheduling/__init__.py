@@ -11,4 +11,5 @@ Public API (import the submodule you need; `schedule` is torch-free so UI code c
 - downsample: kv_downsample_functions, pool_tokens, kernel_for_ratio (ToDo K/V pooling).
 - topk:      topk_kv_functions, topk_indices (top-K keys/values).
 - plan:      TokenPlan (the TOKEN_PLAN type: ROI importance per level).
+- keys:      the transformer_options keys shared by the node layer and the patches (PLAN_KEY, DISABLED_KEY, ...).
 """

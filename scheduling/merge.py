@@ -58,7 +58,7 @@ def _reduce_metric(x: torch.Tensor) -> torch.Tensor:
     if c <= METRIC_DIM:
         return x
     if c % METRIC_DIM == 0:
-        return x.unflatten(-1, (METRIC_DIM, c // METRIC_DIM)).mean(-1)
+        return x.reshape(*x.shape[:-1], METRIC_DIM, c // METRIC_DIM).mean(-1)
     return x[..., :METRIC_DIM]
 
 

@@ -28,6 +28,7 @@ import torch
 
 from .adaptive import adapt_ratio, token_complexity
 from .downsample import kernel_for_ratio, kv_downsample_functions, protected_cell_tokens
+from .keys import DISABLED_KEY, PLAN_KEY, UNMERGE_KEY
 from .merge import bipartite_soft_matching_2d, do_nothing, max_merge_count, random_partition
 from .schedule import MAX_RATIO, Schedule
 from .telemetry import RunTelemetry
@@ -35,15 +36,11 @@ from .topk import gather_tokens, keep_count, topk_indices, topk_kv_functions
 
 log = logging.getLogger(__name__)
 
-UNMERGE_KEY = "tokenfuse_unmerge"
-PLAN_KEY = "tokenfuse_plan"
-# transformer_options flag: ScheduledFusion's "scheduling off" rerun sets it; every patch then passes through.
-DISABLED_KEY = "tokenfuse_disabled"
 TOME_MAX_RATIO = 0.75  # a 2x2 stride leaves 3/4 of tokens as src: more cannot be merged
 MIN_DIT_TOKENS = 64
 
-AttnPatch = Callable[[torch.Tensor, Any, Any, dict], tuple[torch.Tensor, Any, Any]]
-OutputPatch = Callable[[torch.Tensor, dict], torch.Tensor]
+AttnPatch = Callable[[torch.Tensor, Any, Any, dict[str, Any]], tuple[torch.Tensor, Any, Any]]
+OutputPatch = Callable[[torch.Tensor, dict[str, Any]], torch.Tensor]
 
 
 def infer_grid(n_tokens: int, original_shape: Any) -> tuple[int, int, int] | None:
@@ -78,7 +75,7 @@ class _StepTracker:
         self._ss_vals: list[float] = []
         self._info = StepInfo(-1, 0, 0.0, float("nan"))
 
-    def __call__(self, options: dict) -> StepInfo:
+    def __call__(self, options: dict[str, Any]) -> StepInfo:
         sig, ss = options.get("sigmas"), options.get("sample_sigmas")
         if sig is None:
             return StepInfo(-1, 0, 0.0, float("nan"))
@@ -97,7 +94,7 @@ class _StepTracker:
         return info
 
 
-class _LRU(OrderedDict):
+class _LRU(OrderedDict[Any, Any]):
     def __init__(self, size: int) -> None:
         super().__init__()
         self.size = size
@@ -123,14 +120,14 @@ class _PlanCache:
         self._plan: Any = None
         self._cache = _LRU(32)
 
-    def get(self, plan: Any, key: tuple, make: Callable[[], Any]) -> Any:
+    def get(self, plan: Any, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
         if plan is not self._plan:
             self._plan = plan
             self._cache.clear()
         return self._cache.get_or(key, make)
 
 
-def _block_label(options: dict) -> str:
+def _block_label(options: dict[str, Any]) -> str:
     block = options.get("block")
     if isinstance(block, (tuple, list)) and len(block) >= 2:
         return f"{block[0]}.{block[1]}.{options.get('block_index', 0)}"
@@ -159,9 +156,10 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
             imp = plan.level_importance(h, w, batch).cpu()
             return imp, imp >= plan.protect_threshold
 
-        return plans.get(plan, ("roi", h, w, batch), make)
+        got: tuple[torch.Tensor, torch.Tensor] = plans.get(plan, ("roi", h, w, batch), make)
+        return got
 
-    def on_device(plan: Any, key: tuple, tensor_fn: Callable[[], Any], device: torch.device) -> Any:
+    def on_device(plan: Any, key: tuple[Any, ...], tensor_fn: Callable[[], Any], device: torch.device) -> Any:
         def make() -> Any:
             value = tensor_fn()
             if isinstance(value, tuple):
@@ -191,7 +189,9 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
 
         return apply(ctx), apply(val)
 
-    def attn1_patch(n: torch.Tensor, ctx: Any, val: Any, extra_options: dict) -> tuple[torch.Tensor, Any, Any]:
+    def attn1_patch(
+        n: torch.Tensor, ctx: Any, val: Any, extra_options: dict[str, Any]
+    ) -> tuple[torch.Tensor, Any, Any]:
         if schedule.is_off or not schedule.ratios or n.ndim != 3 or extra_options.get(DISABLED_KEY):
             return n, ctx, val
         t0 = time.perf_counter() if timing else 0.0
@@ -236,7 +236,15 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
         return out
 
     def _reduce(
-        n: torch.Tensor, ctx: Any, val: Any, options: dict, level: int, h: int, w: int, ratio: float, info: StepInfo
+        n: torch.Tensor,
+        ctx: Any,
+        val: Any,
+        options: dict[str, Any],
+        level: int,
+        h: int,
+        w: int,
+        ratio: float,
+        info: StepInfo,
     ) -> tuple[torch.Tensor, Any, Any]:
         plan = options.get(PLAN_KEY)
         batch, dev = n.shape[0], n.device
@@ -282,7 +290,7 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
         new_ctx, new_val = kv_targets(n, ctx, val, fn)
         return n, new_ctx, new_val
 
-    def attn1_output_patch(n: torch.Tensor, extra_options: dict) -> torch.Tensor:
+    def attn1_output_patch(n: torch.Tensor, extra_options: dict[str, Any]) -> torch.Tensor:
         entry = extra_options.pop(UNMERGE_KEY, None)
         if entry is None:
             return n
@@ -296,7 +304,7 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
             )
             return n
         t0 = time.perf_counter() if timing else 0.0
-        out = unmerge(n)
+        out: torch.Tensor = unmerge(n)
         if timing:
             telemetry.add_seconds(time.perf_counter() - t0)
         return out

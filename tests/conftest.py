@@ -32,6 +32,12 @@ def _load_pack() -> None:
 _load_pack()
 
 
+@pytest.fixture
+def allow_absolute_model_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator's opt-in (TOKENFUSE_ALLOW_ABSOLUTE_MODEL_PATHS=1) for tests that name model files by full path."""
+    monkeypatch.setenv("TOKENFUSE_ALLOW_ABSOLUTE_MODEL_PATHS", "1")
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
@@ -42,12 +48,6 @@ def shared_assets() -> Path:
     if not SHARED_ASSETS.is_dir():
         pytest.skip(f"shared test assets not found at {SHARED_ASSETS} (they sit beside the checkout in CI)")
     return SHARED_ASSETS
-
-
-@pytest.fixture()
-def allow_absolute_model_paths(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Model files by absolute path, as in a script whose operator allowed it (TOKENFUSE_ALLOW_ABSOLUTE_MODEL_PATHS)."""
-    monkeypatch.setenv("TOKENFUSE_ALLOW_ABSOLUTE_MODEL_PATHS", "1")
 
 
 @pytest.fixture(scope="session")

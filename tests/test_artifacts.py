@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from test_fusion_geometry import astronaut_faceset
-from tokenfuse.faces.artifacts import ArtifactThresholds, check_crop, cosine_similarity
-from tokenfuse.faces.fusion_batch import aligned_crop, context_transform, noise_mask_context
+from tokenfuse.fusion.artifacts import ArtifactThresholds, check_crop, cosine_similarity
+from tokenfuse.fusion.crops import aligned_crop, context_transform, noise_mask_context
 
 
 @pytest.fixture(scope="module")

@@ -16,18 +16,17 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
-from tokenfuse.faces.enhance import (
+from tokenfuse.faces.types import Face, FaceSet
+from tokenfuse.fusion.restore import (
     RestorerLoadError,
     align_crop,
     load_restorer,
     mix_visibility,
     restore_crop,
 )
-from tokenfuse.faces.types import Face, FaceSet
 from tokenfuse.nodes import enhance_node
 from tokenfuse.nodes.enhance_node import NO_MODEL, GFPGANEnhance
 
-pytestmark = pytest.mark.usefixtures("allow_absolute_model_paths")  # restorers are loaded by absolute path here
 
 # YuNet landmarks on skimage.data.astronaut() (detected once with the shared YuNet model; fixed here so this test
 # needs no detector): left eye, right eye, nose, mouth left, mouth right.
@@ -123,6 +122,7 @@ def test_gfpgan_pth_restores_one_aligned_crop(gfpgan_restored: np.ndarray, align
     assert np.abs(gfpgan_restored - aligned).mean() > 0.01
 
 
+@pytest.mark.usefixtures("allow_absolute_model_paths")
 def test_node_safetensors_matches_pth_deterministically(
     models: dict[str, Path], astronaut: torch.Tensor, aligned: np.ndarray, gfpgan_restored: np.ndarray
 ) -> None:
@@ -174,6 +174,7 @@ class _Evil:
         return (self.fn, (self.arg,))
 
 
+@pytest.mark.usefixtures("allow_absolute_model_paths")
 @pytest.mark.parametrize("how", ["os.system", "open"])
 def test_malicious_pickle_is_refused(tmp_path: Path, how: str) -> None:
     marker = tmp_path / "pwned"
@@ -267,7 +268,7 @@ class _FidelityEcho(torch.nn.Module):
 def test_fidelity_reaches_models_that_take_it() -> None:
     from types import SimpleNamespace
 
-    from tokenfuse.faces.enhance import Restorer, _fidelity_param
+    from tokenfuse.fusion.restore import Restorer, _fidelity_param
 
     module = _FidelityEcho()
     assert _fidelity_param(module) == "weight"
@@ -283,12 +284,12 @@ def test_out_of_memory_on_one_face_passes_it_through(
     """A face that runs out of memory keeps its input crop; the other faces and frames are still restored."""
     from types import SimpleNamespace
 
-    from tokenfuse.faces import enhance
-    from tokenfuse.faces.enhance import Restorer
+    from tokenfuse.fusion import restore as enhance
+    from tokenfuse.fusion.restore import Restorer
 
     restorer = Restorer(SimpleNamespace(model=_FidelityEcho()), arch="CodeFormer", name="cf", takes_fidelity=True)
     monkeypatch.setattr(enhance_node, "_load", lambda path: (restorer, None))
-    monkeypatch.setattr(enhance_node.comfy_glue, "facerestore_model_path", lambda name: name)
+    monkeypatch.setattr(enhance_node, "_model_file", lambda name: name)
     real, calls = enhance.restore_crop, []
 
     def flaky(*args: object, **kw: object) -> np.ndarray:

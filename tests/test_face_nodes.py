@@ -218,6 +218,7 @@ def test_faces_from_another_image_is_an_error(astronaut, t1) -> None:
         blend(_tensor(astronaut, astronaut), faces)
 
 
+@pytest.mark.usefixtures("allow_absolute_model_paths")
 def test_backends_through_the_node(astronaut, shared_assets: Path, tmp_path: Path) -> None:
     image = _tensor(astronaut)
     yunet = detect(image, backend="yunet", model_name=str(shared_assets / "face_detection_yunet_2026may.onnx"))[0]

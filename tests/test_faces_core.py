@@ -11,13 +11,13 @@ import cv2
 import numpy as np
 import pytest
 from tokenfuse.faces.align import FFHQ_512, align_affine, template, transform_points, warp_face
+from tokenfuse.faces.analyse import detect_batch, load_backend
 from tokenfuse.faces.detect import RetinaFaceDetector
 from tokenfuse.faces.draw import face_mask_image
 from tokenfuse.faces.embed import ARCFACE_112
+from tokenfuse.faces.importance import build_plan, importance_map, plan_preview
 from tokenfuse.faces.paste import BlendOptions, paste_frame
-from tokenfuse.faces.pipeline import detect_batch, load_backend
 from tokenfuse.faces.select import Selection
-from tokenfuse.faces.tokenize import build_plan, importance_map, plan_preview
 from tokenfuse.faces.types import FaceSet
 
 

@@ -78,6 +78,7 @@ def _detect(image: torch.Tensor, pack: Path, **kw):
     return tokenfuse.NODE_CLASS_MAPPINGS["TokenFuseFaceDetect"]().detect(image, **args)[0]
 
 
+@pytest.mark.usefixtures("allow_absolute_model_paths")
 def test_embeddings_and_reference_selection(pack: Path, t1: torch.Tensor) -> None:
     faces = _detect(t1, pack)
     assert faces.count == 6

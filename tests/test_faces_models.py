@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tokenfuse.faces import models
+from tokenfuse.faces.analyse import load_backend
 from tokenfuse.faces.detect import SCRFDDetector, YuNetDetector
 from tokenfuse.faces.embed import insightface_pack
 from tokenfuse.faces.models import ModelFile, ModelFileError, download, ensure_model, sha256_file
-from tokenfuse.faces.pipeline import load_backend
 
 YUNET_ASSET = "face_detection_yunet_2026may.onnx"
 YUNET_SHA = "ebafce4e3c118d6554634be5c27ab333b4c047a9a8c3faf1d7cf93101c22f0f0"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tokenfuse.faces.fallback import (
+from tokenfuse.fusion.fallback import (
     Attempt,
     FaceReport,
     FallbackConfig,

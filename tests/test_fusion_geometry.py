@@ -9,7 +9,8 @@ from __future__ import annotations
 import cv2
 import numpy as np
 import pytest
-from tokenfuse.faces.fusion_batch import (
+from tokenfuse.faces.types import Face, FaceSet
+from tokenfuse.fusion.crops import (
     aligned_crop,
     context_affine,
     context_transform,
@@ -20,7 +21,6 @@ from tokenfuse.faces.fusion_batch import (
     paste_crop,
     top_tokens,
 )
-from tokenfuse.faces.types import Face, FaceSet
 
 # FFHQ-512 five-point template (the one GFPGAN/CodeFormer crops use).
 FFHQ_512 = np.array(

@@ -11,9 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_fusion_geometry import astronaut_faceset
-from tokenfuse.faces.fusion_run import FusionBackend
 from tokenfuse.faces.types import FaceSet
-from tokenfuse.nodes.fusion_node import DISABLED_KEY, ScheduledFusion, strip_tokenfuse
+from tokenfuse.fusion.run import FusionBackend
+from tokenfuse.nodes.fusion_node import ScheduledFusion
+from tokenfuse.nodes.model_patching import DISABLED_KEY, strip_tokenfuse
 
 
 class FakeStack:
@@ -459,11 +460,11 @@ def test_mismatched_inputs_raise_actionable_errors() -> None:
 
 def test_without_comfyui_the_node_says_so() -> None:
     images, fs = astronaut_faceset(1, 1)
-    from tokenfuse.nodes import comfy_glue
+    from tokenfuse.nodes.comfy import env
 
-    if comfy_glue.comfy_available():
+    if env.comfy_available():
         pytest.skip("ComfyUI is importable here")
-    with pytest.raises(comfy_glue.ComfyUnavailableError, match="ComfyUI"):
+    with pytest.raises(env.ComfyUnavailableError, match="ComfyUI"):
         ScheduledFusion().fuse(
             "M",
             "V",
@@ -533,7 +534,7 @@ def test_strip_tokenfuse_removes_only_our_patches_and_never_touches_the_input() 
 
 
 def test_strip_tokenfuse_unwraps_the_dit_attention_override() -> None:
-    from tokenfuse.nodes.scheduler_node import chain_attention_override
+    from tokenfuse.nodes.model_patching import chain_attention_override
 
     def ours(func: Any, *a: Any, **kw: Any) -> Any:
         return func(*a, **kw)

@@ -42,7 +42,7 @@ def test_node_contract(node_id: str) -> None:
     assert callable(getattr(cls, cls.FUNCTION))
     assert len(cls.RETURN_TYPES) == len(cls.RETURN_NAMES) == len(cls.OUTPUT_TOOLTIPS)
     assert all(isinstance(t, str) and t for t in cls.OUTPUT_TOOLTIPS)
-    for section, name, entry in _inputs(cls):
+    for _section, name, entry in _inputs(cls):
         assert isinstance(entry, tuple) and 1 <= len(entry) <= 2, (name, entry)
         opts = entry[1] if len(entry) == 2 else {}
         assert opts.get("tooltip"), f"{node_id}.{name} has no tooltip"

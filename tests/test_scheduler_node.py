@@ -16,12 +16,10 @@ from typing import get_args
 
 import pytest
 import torch
-from tokenfuse.nodes import comfy_glue
-from tokenfuse.nodes.scheduler_node import (
-    TokenSchedulerController,
-    chain_attention_override,
-    schedule_from_widgets,
-)
+from tokenfuse.nodes.comfy import env, patcher, ui
+from tokenfuse.nodes.comfy import paths as comfy_paths
+from tokenfuse.nodes.model_patching import chain_attention_override
+from tokenfuse.nodes.scheduler_node import TokenSchedulerController, schedule_from_widgets
 from tokenfuse.scheduling.plan import TokenPlan
 from tokenfuse.scheduling.schedule import ScheduleError, preset_schedule
 
@@ -221,10 +219,10 @@ def test_outer_sample_wrapper_resets_and_logs_one_line_even_on_error(caplog: pyt
 
 
 def test_glue_fallbacks_without_a_server() -> None:
-    assert comfy_glue.send_stats("tokenfuse.stats", {"calls": 0}) is False
-    bar = comfy_glue.progress_bar(3)
+    assert ui.send_stats("tokenfuse.stats", {"calls": 0}) is False
+    bar = env.progress_bar(3)
     bar.update(1)
-    comfy_glue.throw_if_interrupted()
+    env.throw_if_interrupted()
 
 
 def test_schedule_widget_replace_keeps_frozen_dataclass() -> None:
@@ -314,11 +312,11 @@ def test_family_detection_by_comfyui_class_names() -> None:
 
     svd = BaseModel(SVD_img2vid())
     svd.diffusion_model = VideoUNet()
-    assert comfy_glue.detect_family(FakeModelPatcher(svd)) == comfy_glue.ModelFamily("sd15", "unet", "SVD_img2vid")
-    assert comfy_glue.detect_family(FakeModelPatcher(BaseModel(SDXL()))).family == "sdxl"
-    assert comfy_glue.detect_family(FakeModelPatcher(WAN22())).route == "override"
-    assert comfy_glue.detect_family(FakeModelPatcher(SD3())).route == "none"
-    assert comfy_glue.detect_family(object()).route == "none"
+    assert patcher.detect_family(FakeModelPatcher(svd)) == patcher.ModelFamily("sd15", "unet", "SVD_img2vid")
+    assert patcher.detect_family(FakeModelPatcher(BaseModel(SDXL()))).family == "sdxl"
+    assert patcher.detect_family(FakeModelPatcher(WAN22())).route == "override"
+    assert patcher.detect_family(FakeModelPatcher(SD3())).route == "none"
+    assert patcher.detect_family(object()).route == "none"
 
 
 def test_strategy_choices_follow_the_core_literal() -> None:
@@ -351,7 +349,7 @@ def test_scheduling_twice_replaces_the_first_and_keeps_other_patches() -> None:
 def test_cuda_peak_never_resets_the_allocator_peak(monkeypatch: pytest.MonkeyPatch) -> None:
     """ScheduledFusion and the benches measure their own spans with max_memory_allocated: the run line must not reset
     it, and still reports this run's peak when the run set a new one."""
-    from tokenfuse.nodes.scheduler_node import _peak_memory_start
+    from tokenfuse.nodes.model_patching import _peak_memory_start
 
     peaks = iter([1024 * 2**20, 3072 * 2**20, 3072 * 2**20])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -385,7 +383,7 @@ def test_telemetry_lands_in_the_output_folder_only(
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    monkeypatch.setenv(comfy_glue.OUTPUT_DIR_ENV, str(out / "tokenfuse"))
+    monkeypatch.setenv(comfy_paths.OUTPUT_DIR_ENV, str(out / "tokenfuse"))
     patched, _ = NODE.apply(sd15_model(), "balanced", "preset", 0.0, schedule_text='{"telemetry_jsonl": "run.jsonl"}')
     (wrapper,) = patched.wrappers["outer_sample"]["tokenfuse"]
     wrapper(lambda: None)
@@ -404,11 +402,11 @@ def test_telemetry_lands_in_the_output_folder_only(
 
 
 def test_output_folder_parent_is_never_created(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(comfy_glue.OUTPUT_DIR_ENV, str(tmp_path / "missing" / "tokenfuse"))
-    with pytest.raises(comfy_glue.OutputPathError, match="no parent folder"):
-        comfy_glue.output_file("run.jsonl")
+    monkeypatch.setenv(comfy_paths.OUTPUT_DIR_ENV, str(tmp_path / "missing" / "tokenfuse"))
+    with pytest.raises(comfy_paths.OutputPathError, match="no parent folder"):
+        comfy_paths.output_file("run.jsonl")
     assert not (tmp_path / "missing").exists()
-    monkeypatch.setenv(comfy_glue.OUTPUT_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(comfy_paths.OUTPUT_DIR_ENV, str(tmp_path))
     for bad in ("../x.jsonl", "a/b.jsonl", "..", ""):
-        with pytest.raises(comfy_glue.OutputPathError):
-            comfy_glue.output_file(bad)
+        with pytest.raises(comfy_paths.OutputPathError):
+            comfy_paths.output_file(bad)

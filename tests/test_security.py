@@ -23,7 +23,8 @@ from test_fusion_geometry import astronaut_faceset
 from test_fusion_node import FakeStack
 from test_scheduler_node import sd15_model
 from tokenfuse import NODE_CLASS_MAPPINGS
-from tokenfuse.nodes import comfy_glue
+from tokenfuse.faces import model_paths
+from tokenfuse.nodes.comfy import paths as comfy_paths
 
 SENTINEL = "TOKENFUSE_PWNED"
 HOSTILE_STRINGS: dict[str, str] = {
@@ -104,10 +105,10 @@ def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "root"
     for sub in ("output", "models/facedetection", "models/insightface", "models/facerestore_models", "cwd", "home"):
         (root / sub).mkdir(parents=True)
-    monkeypatch.setenv(comfy_glue.OUTPUT_DIR_ENV, str(root / "output" / "tokenfuse"))
+    monkeypatch.setenv(comfy_paths.OUTPUT_DIR_ENV, str(root / "output" / "tokenfuse"))
     monkeypatch.setenv("TOKENFUSE_MODELS", str(root / "models"))
     monkeypatch.setenv("HOME", str(root / "home"))
-    monkeypatch.delenv(comfy_glue.ALLOW_ABSOLUTE_ENV, raising=False)
+    monkeypatch.delenv(model_paths.ALLOW_ABSOLUTE_ENV, raising=False)
     monkeypatch.chdir(root / "cwd")
     before = set(tmp_path.parent.iterdir())
     yield root
@@ -240,7 +241,7 @@ def test_out_of_range_face_indices_warn_with_the_face_count(caplog: pytest.LogCa
 
 
 def test_malicious_pickle_restorer_is_refused_without_running_code(sandbox: Path) -> None:
-    from tokenfuse.faces.enhance import load_restorer
+    from tokenfuse.fusion.restore import load_restorer
 
     path = sandbox / "models" / "facerestore_models" / "GFPGANv1.4.pth"
     _evil_pickle(path)
@@ -251,7 +252,7 @@ def test_malicious_pickle_restorer_is_refused_without_running_code(sandbox: Path
 
 
 def test_non_onnx_swap_model_gives_the_packs_error(tmp_path: Path) -> None:
-    from tokenfuse.faces.swap import InSwapper, SwapModelError
+    from tokenfuse.fusion.swap import InSwapper, SwapModelError
 
     fake = tmp_path / "inswapper_128.onnx"
     fake.write_bytes(b"this is not a protobuf" * 10)

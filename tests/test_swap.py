@@ -14,10 +14,9 @@ import torch
 from test_fusion_geometry import astronaut_faceset
 from test_fusion_node import FakeStack
 from tokenfuse.faces.embed import arcface_crop
-from tokenfuse.faces.swap import ArcFaceOnnx, InSwapper, SwapModelError, read_emap, swap_in_crop
 from tokenfuse.faces.types import FaceSet
+from tokenfuse.fusion.swap import ArcFaceOnnx, InSwapper, SwapModelError, read_emap, swap_in_crop
 
-pytestmark = pytest.mark.usefixtures("allow_absolute_model_paths")  # ONNX models are loaded by absolute path here
 
 onnx = pytest.importorskip("onnx", reason="building the synthetic swap model needs the onnx package")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
@@ -141,6 +140,7 @@ def test_wrong_models_are_rejected_with_the_fix(models: dict[str, Path], tmp_pat
         ArcFaceOnnx(models["swap"])
 
 
+@pytest.mark.usefixtures("allow_absolute_model_paths")
 def test_node_pre_swaps_before_sampling(models: dict[str, Path]) -> None:
     """With swap_model set, the crop that reaches the VAE is the swapped one, and the report says so."""
     from tokenfuse.nodes.fusion_node import ScheduledFusion
@@ -203,6 +203,7 @@ def test_node_pre_swaps_before_sampling(models: dict[str, Path]) -> None:
         )
 
 
+@pytest.mark.usefixtures("allow_absolute_model_paths")
 def test_source_face_is_detected_from_source_image(models: dict[str, Path]) -> None:
     """Without source_faces, the source image's largest face is found with FaceDetect's default detector."""
     import importlib.util

@@ -19,8 +19,8 @@ from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
-from pack_loader import load_pack  # noqa: E402  (tools/pack_loader.py)
+sys.path.insert(0, str(REPO / "devkit"))
+from pack_loader import load_pack  # noqa: E402  (devkit/pack_loader.py)
 
 NODES_MD = REPO / "NODES.md"
 HEADER = (

@@ -26,8 +26,8 @@ import cv2
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
-from pack_loader import load_pack  # noqa: E402  (tools/pack_loader.py)
+sys.path.insert(0, str(REPO / "devkit"))
+from pack_loader import load_pack  # noqa: E402  (devkit/pack_loader.py)
 
 OUT_DIR = REPO / "docs" / "images"
 LABEL_H = 30

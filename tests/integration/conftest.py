@@ -1,7 +1,7 @@
 """Shared fixtures for integration tests against a real ComfyUI checkout (skipped without COMFYUI_PATH).
 
 Generic on purpose: ComfyUI sys.path setup + in-process import, the random-weight model builder that the bench
-scripts use too (bench/comfy_models.py), and a real ComfyUI server with this pack loaded. Run with ComfyUI's venv:
+scripts use too (devkit/comfy_models.py), and a real ComfyUI server with this pack loaded. Run with ComfyUI's venv:
     COMFYUI_PATH=/path/to/ComfyUI /path/to/comfy-venv/bin/python -m pytest tests/integration
 """
 
@@ -31,13 +31,11 @@ REPO = Path(__file__).resolve().parents[2]
 def comfy(comfyui_path: Path) -> SimpleNamespace:
     """ComfyUI imported in-process on CPU with PyTorch SDPA attention.
 
-    Returns a namespace: models (bench/comfy_models: build_model, conditioning, ...), nodes (ComfyUI's nodes.py),
+    Returns a namespace: models (devkit/comfy_models: build_model, build_vae, conditioning, ...), nodes (ComfyUI's
+    nodes.py),
     path. CLI args are set before comfy.model_management is first imported (DESIGN.md §5).
     """
-    bench = str(REPO / "bench")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
-    import comfy_models
+    from tokenfuse.devkit import comfy_models
 
     comfy_models.setup_comfy(comfyui_path, cpu=True, sdpa=True)
     import utils.extra_config  # noqa: F401  (ComfyUI needs it imported before its nodes module)

@@ -14,7 +14,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from tokenfuse.faces.types import Face, FaceSet
-from tokenfuse.nodes import comfy_glue, enhance_node
+from tokenfuse.nodes import enhance_node
+from tokenfuse.nodes.comfy import paths
 from tokenfuse.nodes.enhance_node import GFPGANEnhance
 
 pytestmark = pytest.mark.integration
@@ -38,8 +39,8 @@ def model_dir(comfy: SimpleNamespace, tmp_path_factory: pytest.TempPathFactory) 
     torch.manual_seed(0)
     save_file({k: v.contiguous() for k, v in GFPGAN(different_w=True, sft_half=True).state_dict().items()},
               str(root / MODEL))  # fmt: skip
-    comfy_glue.facerestore_dirs()  # registers ComfyUI's own models/facerestore_models first
-    folder_paths.add_model_folder_path(comfy_glue.FACERESTORE_FOLDER, str(root))
+    paths.model_dirs(paths.FACERESTORE_FOLDER)  # registers ComfyUI's own models/facerestore_models first
+    folder_paths.add_model_folder_path(paths.FACERESTORE_FOLDER, str(root))
     yield root
     enhance_node._CACHE.clear()
 
@@ -47,12 +48,14 @@ def model_dir(comfy: SimpleNamespace, tmp_path_factory: pytest.TempPathFactory) 
 def test_model_folder_lookup(model_dir: Path) -> None:
     import folder_paths
 
-    dirs = comfy_glue.facerestore_dirs()
-    assert dirs[0] == str(Path(folder_paths.models_dir) / "facerestore_models") and str(model_dir) in dirs
+    dirs = paths.model_dirs(paths.FACERESTORE_FOLDER)
+    assert dirs[0] == Path(folder_paths.models_dir) / "facerestore_models" and model_dir in dirs
     assert MODEL in GFPGANEnhance.INPUT_TYPES()["required"]["model_name"][0]
-    assert comfy_glue.facerestore_model_path(MODEL) == str(model_dir / MODEL)
-    with pytest.raises(FileNotFoundError, match=f"not found in .*{model_dir}.*press R"):
-        comfy_glue.facerestore_model_path("GFPGANv1.3.pth")
+    assert enhance_node._model_file(MODEL) == str((model_dir / MODEL).resolve())
+    with pytest.raises(
+        FileNotFoundError, match=f"not a readable file in the model folders searched .*{model_dir}.*press R"
+    ):
+        enhance_node._model_file("GFPGANv1.3.pth")
 
 
 def test_model_patcher_path_and_progress(model_dir: Path) -> None:

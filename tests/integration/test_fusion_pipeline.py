@@ -23,16 +23,15 @@ GUIDE = 64  # small crops keep a CPU run to seconds; the path is the same at 512
 def stack(comfy: SimpleNamespace, random_model: Any) -> Iterator[SimpleNamespace]:
     import importlib
 
-    import fusion as fusion_bench  # bench/fusion.py (bench/ is on sys.path via the comfy fixture)
+    from tokenfuse.devkit import astronaut, comfy_models
 
     utils = importlib.import_module("comfy.utils")
     was = utils.PROGRESS_BAR_ENABLED
     utils.PROGRESS_BAR_ENABLED = False  # no tqdm bars in the test log
-    fusion_bench.load_pack()
     model = random_model("sd15")
-    vae = fusion_bench.build_vae(ch=32, seed=0)
-    frame = fusion_bench.astronaut_frame(512)
-    faces = fusion_bench.astronaut_faces(512, crop_size=128)
+    vae = comfy_models.build_vae(ch=32, seed=0)
+    frame = astronaut.astronaut_frame(512)
+    faces = astronaut.astronaut_faces(512, crop_size=128)
     cond = comfy.models.conditioning("sd15", seed=1), comfy.models.conditioning("sd15", seed=2)
     yield SimpleNamespace(model=model, vae=vae, image=torch.from_numpy(frame)[None], faces=faces, cond=cond)
     utils.PROGRESS_BAR_ENABLED = was
@@ -141,15 +140,15 @@ def test_a_face_comes_out_the_same_batched_or_alone(stack: SimpleNamespace) -> N
 def test_induced_oom_is_reported_and_the_image_still_comes(
     stack: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tokenfuse.nodes import comfy_glue
+    from tokenfuse.nodes.comfy import sampling
 
-    monkeypatch.setenv(comfy_glue.FUSION_OOM_ENV, "1")
+    monkeypatch.setenv(sampling.FUSION_OOM_ENV, "1")
     crops, faces, report = _fuse(stack, stack.model)
     assert "out of memory" in report and "fallbacks: none" not in report
     assert ("stronger_preset" in report) or ("tiled_vae" in report)
     assert crops.shape == (1, 128, 128, 3) and faces.faces[0][0].crop is not None
     # the whole chain: OOM three times -> stronger preset, tiled VAE, smaller guide, then it fits
-    monkeypatch.setenv(comfy_glue.FUSION_OOM_ENV, "3")
+    monkeypatch.setenv(sampling.FUSION_OOM_ENV, "3")
     crops, faces, report = _fuse(stack, stack.model, guide_size=128)
     line = report.splitlines()[1]
     assert "tiled_vae" in line and "smaller_guide: guide 128 -> 64" in line, report
@@ -170,8 +169,9 @@ def test_cancel_propagates_instead_of_passing_the_face_through(stack: SimpleName
 def test_scheduling_off_reaches_the_patches(stack: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     """An output the artifact check rejects is rerun with tokenfuse_disabled=True and without TokenFuse's own attn1
     patches (the recording patch, not ours, stays)."""
-    from tokenfuse.faces import artifacts, fusion_run
-    from tokenfuse.nodes.fusion_node import strip_tokenfuse
+    from tokenfuse.fusion import artifacts
+    from tokenfuse.fusion import run as fusion_run
+    from tokenfuse.nodes.model_patching import strip_tokenfuse
     from tokenfuse.nodes.scheduler_node import TokenSchedulerController
 
     scheduled, _ = TokenSchedulerController().apply(stack.model, "balanced", "preset", 0.0)
@@ -195,6 +195,7 @@ def test_scheduling_off_reaches_the_patches(stack: SimpleNamespace, monkeypatch:
     assert faces.faces[0][0].crop is not None or "passthrough" in report
 
 
+@pytest.mark.usefixtures("allow_absolute_model_paths")
 def test_full_chain_in_process(stack: SimpleNamespace, shared_assets: Any) -> None:
     """FaceDetect (YuNet) -> PatchTokenize -> TokenSchedulerController -> ScheduledFusion -> GFPGANEnhance
     (visibility 0: no weights needed) -> Blend, node classes called as ComfyUI's executor would (inference mode)."""

@@ -7,8 +7,8 @@ call raises ComfyUI's OOM exception) that the ScheduledFusion report must name w
 No real weights exist here, so a test-only custom node package is written into the server's temp custom_nodes
 (never into the repo) and whitelisted next to this pack:
 - TokenFuseTestRandomCheckpoint -> (MODEL, CLIP, VAE): a seeded random-weight SD1.5-architecture U-Net (width 32,
-  bench/comfy_models.build_model, as the other integration tests), a random SD VAE of the real layout (ch 32,
-  bench/fusion.build_vae) and a CLIP stand-in whose encode gives seeded random [1, 77, 768] conditioning, so the
+  devkit/comfy_models.build_model, as the other integration tests), a random SD VAE of the real layout (ch 32,
+  devkit/comfy_models.build_vae) and a CLIP stand-in whose encode gives seeded random [1, 77, 768] conditioning, so the
   real CLIPTextEncode nodes run.
 - TokenFuseTestShowText: an output node returning the report as {"ui": {"text": [...]}}, which /history lists.
 GFPGANv1.4.pth is spandrel's GFPGAN architecture with seeded random weights, in the server's
@@ -36,15 +36,15 @@ from comfy_http import http_json, wait_history
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 TEST_PACK = "tokenfuse_server_test_nodes"
-FACE_BOX = (178, 63, 268, 176)  # x0, y0, x1, y1 of the astronaut's face (bench/fusion.ASTRONAUT_BOX)
+FACE_BOX = (178, 63, 268, 176)  # x0, y0, x1, y1 of the astronaut's face (devkit/astronaut.ASTRONAUT_BOX)
 MARGIN = 130  # the aligned 128-px crop (crop_factor 1) spans ~190 px of this photo around the face
 
 TEST_NODES = '''"""Test-only nodes for tests/integration/test_fusion_server.py (in a temp custom_nodes folder)."""
 import sys
 
-BENCH = {bench!r}
-if BENCH not in sys.path:
-    sys.path.insert(0, BENCH)
+DEVKIT = {devkit!r}
+if DEVKIT not in sys.path:
+    sys.path.insert(0, DEVKIT)
 _cache = {{}}
 
 
@@ -70,10 +70,9 @@ class RandomCheckpoint:
     def load(self, ckpt_name):
         if "models" not in _cache:
             import comfy_models
-            import fusion
 
             _cache["models"] = (comfy_models.build_model("sd15", model_channels=32, tiny=True, seed=0),
-                                _ClipStandIn(), fusion.build_vae(ch=32, seed=0))
+                                _ClipStandIn(), comfy_models.build_vae(ch=32, seed=0))
         return _cache["models"]
 
 
@@ -108,7 +107,7 @@ def fusion_server(comfy_server_factory, tmp_path_factory: pytest.TempPathFactory
     base = tmp_path_factory.mktemp("fusion_server")
     nodes_dir = tmp_path_factory.mktemp("test_pack") / TEST_PACK
     nodes_dir.mkdir()
-    (nodes_dir / "__init__.py").write_text(TEST_NODES.format(bench=str(REPO / "bench")), encoding="utf-8")
+    (nodes_dir / "__init__.py").write_text(TEST_NODES.format(devkit=str(REPO / "devkit")), encoding="utf-8")
     (base / "models" / "facerestore_models").mkdir(parents=True)
     torch.manual_seed(0)
     torch.save(

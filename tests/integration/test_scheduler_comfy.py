@@ -13,8 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tokenfuse.nodes import comfy_glue
-from tokenfuse.nodes.scheduler_node import TokenSchedulerController, schedule_from_widgets, schedule_model
+from tokenfuse.nodes.comfy import patcher
+from tokenfuse.nodes.model_patching import schedule_model
+from tokenfuse.nodes.scheduler_node import TokenSchedulerController, schedule_from_widgets
 
 pytestmark = pytest.mark.integration
 NODE = TokenSchedulerController()
@@ -44,7 +45,7 @@ def baselines(comfy: SimpleNamespace, random_model) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize(("family", "levels"), [("sd15", {8: 4, 16: 4}), ("sdxl", {16: 4, 32: 2})])
 def test_ksampler_runs_through_the_scheduler(comfy, random_model, baselines, caplog, family, levels) -> None:
     model = random_model(family)
-    assert comfy_glue.detect_family(model).family == family
+    assert patcher.detect_family(model).family == family
     before = repr(model.model_options)
     with caplog.at_level(logging.INFO):
         patched, report = NODE.apply(model, "balanced", "preset", 0.0)
@@ -57,7 +58,7 @@ def test_ksampler_runs_through_the_scheduler(comfy, random_model, baselines, cap
 
     # Telemetry: K/V shrink by the preset's pooling factor at its levels, queries keep their count.
     schedule = schedule_from_widgets("balanced", "preset", 0.0, family)
-    patched2, telemetry = schedule_model(model, schedule, comfy_glue.detect_family(model))
+    patched2, telemetry = schedule_model(model, schedule, patcher.detect_family(model))
     ksample(comfy, patched2, family)
     summary = telemetry.summary()
     assert summary["reduced_calls"] > 0 and summary["kv_tokens_out"] < summary["kv_tokens_in"]
@@ -76,7 +77,7 @@ def test_preset_off_is_bit_identical(comfy, random_model, baselines, family) -> 
 def test_tome_strategy_runs_and_unmerges(comfy, random_model, baselines) -> None:
     schedule = schedule_from_widgets("balanced", "tome", 0.5, "sd15")
     model = random_model("sd15")
-    patched, telemetry = schedule_model(model, schedule, comfy_glue.detect_family(model))
+    patched, telemetry = schedule_model(model, schedule, patcher.detect_family(model))
     out = ksample(comfy, patched, "sd15")
     assert not torch.equal(out, baselines["sd15"])
     assert telemetry.summary()["q_tokens_out"] < telemetry.summary()["q_tokens_in"]
@@ -97,7 +98,7 @@ def test_chains_with_tome_and_an_attn2_replacement(comfy, random_model, baseline
     other = TomePatchModel.execute(model, 0.5).result[0]
     other.set_model_attn2_replace(attn2_replace, "input", 1)
     schedule = schedule_from_widgets("balanced", "preset", 0.0, "sd15")
-    patched, telemetry = schedule_model(other, schedule, comfy_glue.detect_family(other))
+    patched, telemetry = schedule_model(other, schedule, patcher.detect_family(other))
     assert len(patched.model_options["transformer_options"]["patches"]["attn1_patch"]) == 2
     out = ksample(comfy, patched, "sd15")
     assert calls["attn2"] > 0 and telemetry.summary()["reduced_calls"] > 0
@@ -108,7 +109,7 @@ def test_chains_with_tome_and_an_attn2_replacement(comfy, random_model, baseline
 
 def test_flux_attention_override(comfy, random_model, caplog) -> None:
     model = random_model("flux")
-    assert comfy_glue.detect_family(model) == comfy_glue.ModelFamily("dit", "override", "Flux")
+    assert patcher.detect_family(model) == patcher.ModelFamily("dit", "override", "Flux")
     base = ksample(comfy, model, "flux")
     with caplog.at_level(logging.INFO):
         patched, report = NODE.apply(model, "balanced", "preset", 0.0, schedule_text='{"protect_blocks": 0}')
@@ -128,7 +129,7 @@ def test_patches_added_after_ours_keep_working(comfy, random_model) -> None:
 
     model = random_model("sd15")
     schedule = schedule_from_widgets("balanced", "tome", 0.5, "sd15")
-    ours, telemetry = schedule_model(model, schedule, comfy_glue.detect_family(model))
+    ours, telemetry = schedule_model(model, schedule, patcher.detect_family(model))
     both = TomePatchModel.execute(ours, 0.5).result[0]
     ksample(comfy, both, "sd15")
     assert telemetry.summary()["q_tokens_out"] < telemetry.summary()["q_tokens_in"]

@@ -9,7 +9,7 @@ otherwise. Run with ComfyUI's venv:
 What is substituted for execution (no real weights exist here, and a full SD1.5 checkpoint would be ~2 GB):
 - CheckpointLoaderSimple -> TokenFuseTestRandomCheckpoint, a loader registered in this test process only. It
   returns a seeded random-weight U-Net of the checkpoint's family (SD1.5 or SDXL architecture, width 32, built by
-  bench/comfy_models like the other integration tests), a random SD VAE of the real layout (width 32) and a CLIP
+  devkit/comfy_models like the other integration tests), a random SD VAE of the real layout (width 32) and a CLIP
   stand-in whose encode returns seeded random conditioning of the family's shape (SD1.5 [1,77,768]; SDXL
   [1,77,2048] + pooled [1,1280]). Everything downstream is the real node code.
 - Model files named in the workflows are created under those names with seeded random weights of the real
@@ -119,11 +119,11 @@ def runtime(comfy: SimpleNamespace, random_model: Any, tmp_path_factory: pytest.
     """ComfyUI's node registry with our nodes + the test loader, model files and input photos in temp folders."""
     import cv2
     import folder_paths
-    import fusion as fusion_bench  # bench/fusion.py (bench/ is on sys.path via the comfy fixture)
     import torch
     from skimage import data
     from test_swap import make_arcface, make_inswapper
-    from tokenfuse.nodes import NODE_CLASS_MAPPINGS, comfy_glue
+    from tokenfuse.nodes import NODE_CLASS_MAPPINGS
+    from tokenfuse.nodes.comfy import paths
 
     root = tmp_path_factory.mktemp("wf_run")
     for sub in ("in", "out", "temp", "facerestore", "insightface"):
@@ -144,9 +144,9 @@ def runtime(comfy: SimpleNamespace, random_model: Any, tmp_path_factory: pytest.
     )
     make_inswapper(root / "insightface" / "inswapper_128.onnx")
     make_arcface(root / "insightface" / "w600k_r50.onnx")
-    comfy_glue.facerestore_dirs()
-    comfy_glue.insightface_dirs()
-    folder_paths.add_model_folder_path(comfy_glue.FACERESTORE_FOLDER, str(root / "facerestore"))
+    paths.model_dirs(paths.FACERESTORE_FOLDER)
+    paths.model_dirs("insightface")
+    folder_paths.add_model_folder_path(paths.FACERESTORE_FOLDER, str(root / "facerestore"))
     folder_paths.add_model_folder_path("insightface", str(root / "insightface"))
     saved_dirs = (
         folder_paths.get_input_directory(),
@@ -157,7 +157,7 @@ def runtime(comfy: SimpleNamespace, random_model: Any, tmp_path_factory: pytest.
     folder_paths.set_output_directory(str(root / "out"))
     folder_paths.set_temp_directory(str(root / "temp"))
 
-    vae = fusion_bench.build_vae(ch=32, seed=0)
+    vae = comfy.models.build_vae(ch=32, seed=0)
 
     class RandomCheckpoint:
         """Test-only CheckpointLoaderSimple stand-in (module docstring): random weights, the family from the name."""

@@ -96,7 +96,12 @@ def check_crop(
         reasons.append(f"noise (neighbour correlation {corr:.2f})")
     if identity_similarity is not None and identity_similarity < t.min_identity:
         reasons.append(f"identity drop (similarity {identity_similarity:.2f} < {t.min_identity})")
-    stats = (("mean", mean), ("std", std), ("clipped", clipped), ("neighbour_corr", corr))
+    stats: tuple[tuple[str, float], ...] = (
+        ("mean", mean),
+        ("std", std),
+        ("clipped", clipped),
+        ("neighbour_corr", corr),
+    )
     if identity_similarity is not None:
         stats += (("identity", float(identity_similarity)),)
     return ArtifactResult(not reasons, tuple(reasons), stats)

@@ -203,7 +203,7 @@ def conditioning(family: str, batch: int = 1, tokens: int = 77, seed: int = 1, t
     if family == "sdxl":
         pooled = torch.randn(batch, 1280, generator=gen)
         return [[torch.randn(batch, tokens, 2048, generator=gen), {"pooled_output": pooled}]]
-    flux = _FLUX_TINY if tiny else _FLUX_FULL
+    flux: dict[str, Any] = _FLUX_TINY if tiny else _FLUX_FULL
     return [
         [
             torch.randn(batch, tokens, flux["context_in_dim"], generator=gen),
@@ -240,3 +240,34 @@ def model_inputs(
     out = {"x": x.to(device), "t": torch.full((batch,), sigma, device=device)}
     out.update({k: v.to(device) for k, v in kwargs.items()})
     return out
+
+
+SD_VAE_DDCONFIG = {
+    "double_z": True,
+    "z_channels": 4,
+    "resolution": 256,
+    "in_channels": 3,
+    "out_ch": 3,
+    "ch": 128,
+    "ch_mult": [1, 2, 4, 4],
+    "num_res_blocks": 2,
+    "attn_resolutions": [],
+    "dropout": 0.0,
+}
+
+
+def build_vae(ch: int = 128, seed: int = 0, dtype: torch.dtype | None = None) -> Any:
+    """comfy.sd.VAE of the SD (AutoencoderKL, /8, 4 latent channels) architecture with seeded random weights.
+
+    ch=128 is the real SD VAE; tests use 32 (same layout, 16x fewer FLOPs). The state dict goes through
+    comfy.sd.VAE's own loading (config path for a shrunk ch, key detection for the real one).
+    """
+    from comfy.ldm.models.autoencoder import AutoencoderKL
+    from comfy.sd import VAE
+
+    ddconfig = {**SD_VAE_DDCONFIG, "ch": ch}
+    model = AutoencoderKL(ddconfig=ddconfig, embed_dim=4)
+    init_random_weights(model, seed)
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    config = None if ch == 128 else {"params": {"ddconfig": ddconfig, "embed_dim": 4}}
+    return VAE(sd=sd, config=config, dtype=dtype)

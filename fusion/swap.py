@@ -19,8 +19,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from .embed import ArcFaceEmbedder, arcface_affine
-from .models import ModelFileError
+from ..faces.embed import ArcFaceEmbedder, arcface_affine
+from ..faces.models import ModelFileError
 
 SWAP_SIZE = 128  # inswapper works on the ArcFace template (faces/embed.py ARCFACE_112) scaled to 128 px
 
@@ -95,13 +95,15 @@ class InSwapper:
         e = np.asarray(embedding, np.float32).reshape(1, -1)
         e = e / max(float(np.linalg.norm(e)), 1e-12)
         lat = e @ self.emap
-        return (lat / max(float(np.linalg.norm(lat)), 1e-12)).astype(np.float32)
+        unit: np.ndarray = (lat / max(float(np.linalg.norm(lat)), 1e-12)).astype(np.float32)
+        return unit
 
     def swap128(self, target: np.ndarray, latent: np.ndarray) -> np.ndarray:
         """target: [128, 128, 3] float32 RGB 0..1 on the ArcFace-128 template -> [128, 128, 3] float32 0..1."""
         blob = np.ascontiguousarray(target.transpose(2, 0, 1)[None], dtype=np.float32)
         out = self.session.run(None, {"target": blob, "source": latent.astype(np.float32)})[0]
-        return np.clip(np.asarray(out, np.float32)[0].transpose(1, 2, 0), 0.0, 1.0)
+        rgb: np.ndarray = np.clip(np.asarray(out, np.float32)[0].transpose(1, 2, 0), 0.0, 1.0)
+        return rgb
 
 
 def swap_in_crop(
@@ -128,9 +130,10 @@ def swap_in_crop(
     swapped = swapper.swap128(target, latent)
     inv = cv2.invertAffineTransform(m)
     back = cv2.warpAffine(swapped, inv, (side, crop.shape[1]), flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REPLICATE)
-    win = np.zeros((SWAP_SIZE, SWAP_SIZE), np.float32)
+    win: np.ndarray = np.zeros((SWAP_SIZE, SWAP_SIZE), np.float32)
     pad = int(SWAP_SIZE * feather)
     win[pad : -pad or None, pad : -pad or None] = 1.0
     win = cv2.GaussianBlur(win, (0, 0), sigmaX=max(0.5, pad / 2.0))
     alpha = cv2.warpAffine(win, inv, (side, crop.shape[1]), flags=cv2.INTER_LINEAR, borderValue=0.0)[..., None]
-    return np.clip(alpha * back + (1.0 - alpha) * crop, 0.0, 1.0).astype(np.float32)
+    mixed: np.ndarray = np.clip(alpha * back + (1.0 - alpha) * crop, 0.0, 1.0).astype(np.float32)
+    return mixed

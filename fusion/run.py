@@ -1,11 +1,11 @@
 """ScheduledFusion's per-face loop, with the sampler, VAE and model handling injected (pure: never imports ComfyUI).
 
-The node builds a `FusionBackend` from ComfyUI (nodes/comfy_glue.py); tests build one from fakes, so the ordering,
+The node builds a `FusionBackend` from ComfyUI (nodes/comfy/); tests build one from fakes, so the ordering,
 per-face seeds, batching and fallback reporting are exercised without ComfyUI.
 
 Per batch of faces of one frame: context crop at guide size -> optional identity pre-swap -> VAE encode -> sample
 with a noise mask from the face mask (and a crop-space TokenPlan) -> VAE decode -> composite through the mask ->
-artifact check. OOM and artifacts walk the fallback policy (faces/fallback.py); a face that still fails passes
+artifact check. OOM and artifacts walk the fallback policy (fusion/fallback.py); a face that still fails passes
 through unchanged with a warning and the batch goes on.
 """
 
@@ -21,9 +21,9 @@ import cv2
 import numpy as np
 import torch
 
+from ..faces.types import Face, FaceSet
 from .artifacts import ArtifactThresholds, check_crop, cosine_similarity
-from .fallback import Attempt, FaceReport, FallbackConfig, after_artifact, after_oom
-from .fusion_batch import (
+from .crops import (
     context_affine,
     context_transform,
     crop_plan,
@@ -32,7 +32,7 @@ from .fusion_batch import (
     noise_mask_context,
     top_tokens,
 )
-from .types import Face, FaceSet
+from .fallback import Attempt, FaceReport, FallbackConfig, after_artifact, after_oom
 
 log = logging.getLogger(__name__)
 

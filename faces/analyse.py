@@ -81,7 +81,7 @@ def faces_for_frame(
         emb = embedder.embed(rgb, d.landmarks) if embedder is not None else None
         faces.append(
             Face(
-                bbox=tuple(float(v) for v in d.bbox),
+                bbox=(float(d.bbox[0]), float(d.bbox[1]), float(d.bbox[2]), float(d.bbox[3])),
                 score=d.score,
                 landmarks=d.landmarks.astype(np.float32),
                 affine=affine,

@@ -49,7 +49,8 @@ class Restorer:
 
     @property
     def module(self) -> torch.nn.Module:
-        return self.descriptor.model
+        model: torch.nn.Module = self.descriptor.model
+        return model
 
     @property
     def supports_half(self) -> bool:
@@ -150,14 +151,15 @@ def _run_model(restorer: Restorer, x: torch.Tensor, fidelity: float) -> torch.Te
         # spandrel's GFPGAN call passes the image raw, but GFPGAN is trained on [-1, 1] and returns [-1, 1]
         # (GFPGANer normalises with mean = std = 0.5). randomize_noise=False uses the checkpoint's stored StyleGAN
         # noise instead of fresh noise, so the node is deterministic.
-        y = module(x * 2 - 1, return_rgb=False, randomize_noise=False)[0]
+        y: torch.Tensor = module(x * 2 - 1, return_rgb=False, randomize_noise=False)[0]
         return (y + 1) / 2
     if restorer.takes_fidelity:
         # CodeFormer convention: [-1, 1] in and out, w in [0, 1] (0 = most restoration, 1 = most fidelity).
-        y = module(x * 2 - 1, **{_fidelity_param(module) or "w": float(fidelity)})
-        y = y[0] if isinstance(y, (tuple, list)) else y
-        return (y + 1) / 2
-    return restorer.descriptor(x)  # spandrel's call handles the model's own normalisation (RestoreFormer)
+        out = module(x * 2 - 1, **{_fidelity_param(module) or "w": float(fidelity)})
+        yf: torch.Tensor = out[0] if isinstance(out, (tuple, list)) else out
+        return (yf + 1) / 2
+    restored: torch.Tensor = restorer.descriptor(x)
+    return restored  # spandrel's call handles the model's own normalisation (RestoreFormer)
 
 
 def restore_crop(restorer: Restorer, crop: np.ndarray, fidelity: float = 0.5) -> np.ndarray:
@@ -169,7 +171,7 @@ def restore_crop(restorer: Restorer, crop: np.ndarray, fidelity: float = 0.5) ->
     size = crop.shape[0]
     if crop.ndim != 3 or crop.shape[1] != size or crop.shape[2] != 3:
         raise ValueError(f"expected a square RGB crop [S, S, 3], got {tuple(crop.shape)}")
-    x = crop.astype(np.float32, copy=False)
+    x: np.ndarray = crop.astype(np.float32, copy=False)
     if size != MODEL_SIZE:
         interp = cv2.INTER_AREA if size > MODEL_SIZE else cv2.INTER_CUBIC
         x = cv2.resize(x, (MODEL_SIZE, MODEL_SIZE), interpolation=interp)

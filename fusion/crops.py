@@ -14,8 +14,8 @@ import cv2
 import numpy as np
 import torch
 
+from ..faces.types import Face
 from ..scheduling.plan import LEVEL_FACTORS, TokenPlan
-from .types import Face
 
 
 def context_transform(

@@ -1,0 +1,9 @@
+"""What tests, benches and tools share (never imported by the pack at run time).
+
+- pack_loader: load this checkout as package `tokenfuse` from a script (tests/conftest.py does it for pytest)
+- comfy_models: random-weight ComfyUI U-Nets and SD VAE from ComfyUI's own classes (setup_comfy, build_model, build_vae)
+- astronaut: the astronaut photo with hand-built FACES
+
+Scripts put devkit/ on sys.path and import these modules by name (`import comfy_models`); tests import them as
+`tokenfuse.devkit.<module>`.
+"""

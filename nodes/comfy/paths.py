@@ -1,0 +1,112 @@
+"""Model folders (ComfyUI's folder_paths, the pack's overrides) and model files by name.
+
+One `model_dirs(kind)` for every model the pack reads, honouring the same overrides everywhere; names from prompts
+resolve inside those folders only (faces/model_paths.resolve_model).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Literal
+
+from ...faces.model_paths import MODELS_ENV, Want, resolve_model
+from .env import comfy_available
+
+ModelKind = Literal["facedetection", "insightface", "facerestore_models"]
+FACERESTORE_FOLDER: ModelKind = "facerestore_models"
+
+
+def model_dirs(kind: ModelKind) -> list[Path]:
+    """Folders searched for models of `kind`, in order: ComfyUI's models/<kind> (registered with folder_paths on
+    first use, as other face packs do) and its extra_model_paths entries, then $TOKENFUSE_MODELS/<kind> when that
+    variable is set (the only folder outside ComfyUI). Folders that do not exist are listed too (the download
+    target, the error message)."""
+    dirs: list[Path] = []
+    if comfy_available():
+        try:
+            import folder_paths
+
+            if kind not in folder_paths.folder_names_and_paths:
+                folder_paths.add_model_folder_path(kind, os.path.join(folder_paths.models_dir, kind))
+            dirs = [Path(p) for p in folder_paths.get_folder_paths(kind)]
+        except ImportError:
+            pass
+    root = os.environ.get(MODELS_ENV)
+    if root:
+        extra = Path(root) / kind
+        if extra not in dirs:
+            dirs.append(extra)
+    return dirs
+
+
+def list_models(kind: ModelKind, extensions: tuple[str, ...]) -> list[str]:
+    """Names (relative to their folder, "/"-separated) of the files with one of `extensions` in model_dirs(kind) that
+    resolve_model accepts; sorted, without duplicates; [] when there are none."""
+    out: set[str] = set()
+    for root in model_dirs(kind):
+        if not root.is_dir():
+            continue
+        real_root = root.resolve()
+        for dirpath, _, files in os.walk(root, followlinks=True):
+            for f in files:
+                if not f.lower().endswith(extensions):
+                    continue
+                path = Path(dirpath) / f
+                if path.resolve().is_relative_to(real_root):
+                    out.add(path.relative_to(root).as_posix())
+    return sorted(out)
+
+
+def model_path(
+    kind: ModelKind,
+    name: str,
+    what: str,
+    *,
+    want: Want = "file",
+    candidates: Callable[[str], Sequence[str]] = lambda n: (n,),
+    fix: str = "",
+) -> Path:
+    """The real path of model `name` of `kind` inside model_dirs(kind); ModelPathError (naming the folders searched)
+    otherwise. Absolute names only with TOKENFUSE_ALLOW_ABSOLUTE_MODEL_PATHS=1."""
+    return resolve_model(name, model_dirs(kind), what=what, want=want, candidates=candidates, fix=fix)
+
+
+# ------------------------------------------------------------------------------------------------ files the pack writes
+OUTPUT_DIR_ENV = "TOKENFUSE_OUTPUT_DIR"
+
+
+class OutputPathError(ValueError):
+    """A file the pack was asked to write would land outside its output folder; the message names the rule."""
+
+
+def output_dir() -> Path:
+    """The one folder the pack writes files into (telemetry JSONL): $TOKENFUSE_OUTPUT_DIR when the server operator sets
+    it, else ComfyUI's output folder + `tokenfuse/`. Only this last folder is ever created, never its parents."""
+    configured = os.environ.get(OUTPUT_DIR_ENV)
+    if configured:
+        base = Path(configured)
+    elif comfy_available():
+        base = Path(importlib.import_module("folder_paths").get_output_directory()) / "tokenfuse"
+    else:
+        raise OutputPathError(f"no output folder outside ComfyUI: set {OUTPUT_DIR_ENV} to a folder for TokenFuse files")
+    if not base.parent.is_dir():
+        raise OutputPathError(
+            f"TokenFuse's output folder {base} has no parent folder; create it or set {OUTPUT_DIR_ENV}"
+        )
+    base.mkdir(exist_ok=True)
+    return base
+
+
+def output_file(name: str) -> Path:
+    """Where a file named by a prompt (a bare file name, already validated by its schema) is written: inside
+    output_dir(), never through a symlink or `..`. Raises OutputPathError otherwise."""
+    if not name or os.sep in name or (os.altsep and os.altsep in name) or name in (".", "..") or ".." in name:
+        raise OutputPathError(f"{name[:80]!r} is not a bare file name: TokenFuse only writes inside its output folder")
+    base = output_dir().resolve()
+    target = base / name
+    if target.is_symlink() or target.resolve().parent != base:
+        raise OutputPathError(f"{name[:80]!r} resolves outside TokenFuse's output folder {base}; refusing to write it")
+    return target

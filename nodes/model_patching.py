@@ -1,0 +1,294 @@
+"""Model patching service: attach, remove and re-apply TokenFuse scheduling on ModelPatcher clones.
+
+Used by TokenSchedulerController (schedule_model), ScheduledFusion's fallback chain (strip_tokenfuse,
+repatch_with_preset) and the benches. Per-run telemetry is reset in an OUTER_SAMPLE wrapper, which logs one INFO
+summary line per sampling run; a PREDICT_NOISE wrapper sends live stats when a server listens.
+
+"Scheduling off" (the artifact fallback) = a clone with TokenFuse's attn1 patches, wrappers and attention override
+removed (another pack's override that ours wrapped is put back) and `transformer_options["tokenfuse_disabled"]` set,
+which every TokenFuse patch honours.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..scheduling.keys import DISABLED_KEY, OVERRIDE_KEY, PLAN_KEY, PRESET_KEY, WRAPPER_KEY
+from ..scheduling.schedule import Schedule
+from .comfy import patcher, paths, ui
+
+log = logging.getLogger(__name__)
+
+STATS_EVENT = "tokenfuse.stats"
+_MODEL_METHODS = ("clone", "set_model_attn1_patch", "set_model_attn1_output_patch", "add_wrapper_with_key")
+
+
+def _transformer_option(model: Any, key: str) -> Any:
+    opts = getattr(model, "model_options", None)
+    return opts.get("transformer_options", {}).get(key) if isinstance(opts, dict) else None
+
+
+def strip_tokenfuse(model: Any) -> Any:
+    """A clone of `model` with TokenFuse scheduling off: our patches, override and wrappers removed and the flag set
+    for any patch that survives (e.g. one wrapped by another pack). Other packs' patches stay; the input is untouched.
+    """
+    m = model.clone()
+    remove_scheduling(m)
+    patcher.set_transformer_option(m, DISABLED_KEY, True)
+    return m
+
+
+def repatch_with_preset(model: Any, preset: str) -> tuple[Any, str]:
+    """(model re-scheduled with `preset`, note). Uses the scheduler API (schedule_model on a
+    stripped clone); when it is unavailable the model is returned as is and the note says the step was skipped."""
+    try:
+        from ..scheduling.schedule import preset_schedule
+    except ImportError as exc:
+        return model, f"stronger preset {preset} skipped (scheduler API unavailable: {exc})"
+    family = patcher.detect_family(model)
+    if family.route == "none":
+        return model, f"stronger preset {preset} skipped (model family not schedulable)"
+    base = strip_tokenfuse(model)
+    patcher.set_transformer_option(base, DISABLED_KEY, False)
+    patched, _ = schedule_model(base, preset_schedule(preset, family.family), family)
+    return patched, ""
+
+
+def chain_attention_override(ours: Callable[..., Any], previous: Callable[..., Any] | None) -> Callable[..., Any]:
+    """Stack our optimized_attention_override on one another node set before (theirs runs inside ours).
+
+    ComfyUI calls `override(func, *args, **kwargs)`; we hand ours a `func` that routes through theirs.
+    """
+    if previous is None:
+        return ours
+
+    def chained(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        def inner(*a: Any, **kw: Any) -> Any:
+            return previous(func, *a, **kw)
+
+        return ours(inner, *args, **kwargs)
+
+    chained.tokenfuse_previous = previous  # type: ignore[attr-defined]  # lets a later scheduler unwrap ours
+    return chained
+
+
+def _is_ours(fn: Any) -> bool:
+    mod = getattr(fn, "__module__", "") or ""
+    return mod.endswith(".scheduling.patches") or mod.endswith(".nodes.model_patching")
+
+
+def remove_scheduling(m: Any) -> bool:
+    """Remove TokenFuse's patches, attention override and wrappers from `m` (a clone: it is changed in place).
+
+    Used when an already scheduled model is scheduled again, and by ScheduledFusion's "scheduling off" rerun.
+
+    Other packs' patches stay where they are. Returns True when something was removed.
+    """
+    to = dict(m.model_options.get("transformer_options", {}))
+    patches = {k: list(v) for k, v in to.get("patches", {}).items()}
+    found = False
+    for name in ("attn1_patch", "attn1_output_patch"):
+        if name in patches:
+            kept = [p for p in patches[name] if not _is_ours(p)]
+            found |= len(kept) != len(patches[name])
+            patches[name] = kept
+    override = to.get(OVERRIDE_KEY)
+    if override is not None and _is_ours(override):
+        found = True
+        previous = getattr(override, "tokenfuse_previous", None)
+        if previous is None:
+            to.pop(OVERRIDE_KEY)
+        else:
+            to[OVERRIDE_KEY] = previous
+    if not found and not patcher.has_wrapper(m, "OUTER_SAMPLE", WRAPPER_KEY):
+        return False
+    if "patches" in to:
+        to["patches"] = patches
+    m.model_options = {**m.model_options, "transformer_options": to}
+    for kind in ("OUTER_SAMPLE", "PREDICT_NOISE"):
+        patcher.remove_wrapper(m, kind, WRAPPER_KEY)
+    return True
+
+
+def _peak_memory_start(device: Any) -> tuple[Callable[[], str], Callable[[], float | None]]:
+    """Start measuring peak memory on `device`: (format the peak since now, peak device MiB or None on CPU)."""
+    import torch
+
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda" and torch.cuda.is_available():
+        # Never reset the allocator's peak: callers (ScheduledFusion, benches) measure their own spans with it.
+        # A peak above the one held before the run was set by this run, so it is this run's peak exactly.
+        before = torch.cuda.max_memory_allocated(dev) / 2**20
+
+        def cuda_mib() -> float:
+            return torch.cuda.max_memory_allocated(dev) / 2**20
+
+        def cuda_text() -> str:
+            now = cuda_mib()
+            return f"peak VRAM {now:.0f} MiB" if now > before else f"peak VRAM <= {before:.0f} MiB (earlier peak)"
+
+        return cuda_text, cuda_mib
+    try:
+        import resource
+
+        def rss() -> str:
+            return f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (process)"
+
+        return rss, lambda: None
+    except ImportError:  # Windows
+        return (lambda: "peak memory n/a on CPU"), lambda: None
+
+
+class _LiveStats:
+    """Per-run state of the `tokenfuse.stats` events (web/README.md has the payload); reset by the run wrapper."""
+
+    def __init__(self, node_id: str | None) -> None:
+        self.node_id = node_id
+        self.reset()
+
+    def reset(self) -> None:
+        self.seen = 0  # telemetry records already reported
+        self.step = 0
+        self.steps = 0
+        self.peak_mib: Callable[[], float | None] = lambda: None
+
+    def position(self, args: tuple, kwargs: dict) -> None:
+        """Step (1-based) and step count from predict_noise(x, timestep, model_options) and its sample_sigmas."""
+        self.step += 1
+        options = kwargs.get("model_options", args[2] if len(args) > 2 else None) or {}
+        sample_sigmas = options.get("transformer_options", {}).get("sample_sigmas")
+        timestep = args[1] if len(args) > 1 else kwargs.get("timestep")
+        try:
+            values = [float(v) for v in sample_sigmas.reshape(-1).tolist()]
+            sigma = float(timestep.reshape(-1)[0])  # type: ignore[union-attr]  # None: caught below
+            self.steps = len(values) - 1
+            self.step = min(range(len(values)), key=lambda i: abs(values[i] - sigma)) + 1
+        except (AttributeError, TypeError, ValueError, IndexError):
+            self.steps = max(self.steps, self.step)
+        self.step = max(1, min(self.step, max(self.steps, 1)))
+
+    def payload(
+        self, telemetry: Any, step_time: float | None, final: bool = False, summary: str | None = None
+    ) -> dict[str, Any]:
+        """Per-level K/V tokens per image (means over the attention calls since the last event)."""
+        per_level: dict[int, list[int]] = {}
+        for rec in telemetry.records[self.seen :]:
+            acc = per_level.setdefault(rec.level, [0, 0, 0])
+            acc[0] += rec.kv_in
+            acc[1] += rec.kv_out
+            acc[2] += 1
+        self.seen = len(telemetry.records)
+        levels = [
+            {"level": lv, "tokens_in": a[0] // a[2], "tokens_out": a[1] // a[2]} for lv, a in sorted(per_level.items())
+        ]
+        return {
+            "node": self.node_id,
+            "step": self.step,
+            "steps": max(self.steps, self.step, 1),
+            "step_time_s": step_time,
+            "peak_mem_mb": self.peak_mib(),
+            "levels": levels,
+            "final": final,
+            "summary": summary,
+        }
+
+
+def _make_run_wrapper(
+    telemetry: Any, schedule: Schedule, device: Any, label: str, live: _LiveStats
+) -> Callable[..., Any]:
+    """OUTER_SAMPLE wrapper: reset per-run state, run sampling, log one summary line (also on error/cancel)."""
+
+    def tokenfuse_outer_sample(executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        telemetry.reset()
+        live.reset()
+        peak, live.peak_mib = _peak_memory_start(device)
+        try:
+            return executor(*args, **kwargs)
+        finally:
+            # summary_line: tokens saved, calls reduced, wall time since reset (= this run), patch time
+            line = f"{telemetry.summary_line()}, {peak()} [{label}{', preset off' if schedule.is_off else ''}]"
+            log.info("%s", line)
+            if telemetry.calls == 0 and not schedule.is_off:
+                log.warning(
+                    "TokenFuse: no attention call reached the scheduler in this run (%s); check that no "
+                    "other node replaces self-attention of this model",
+                    label,
+                )
+            if live.step and ui.stats_listener_present():
+                ui.send_stats(STATS_EVENT, live.payload(telemetry, None, final=True, summary=line))
+            if schedule.telemetry_jsonl:
+                try:
+                    path = telemetry.write_jsonl(paths.output_file(schedule.telemetry_jsonl))
+                    log.info("TokenFuse: telemetry written to %s", path)
+                except (OSError, paths.OutputPathError) as exc:
+                    log.warning("TokenFuse: telemetry not written: %s", exc)
+
+    return tokenfuse_outer_sample
+
+
+def _make_step_wrapper(telemetry: Any, live: _LiveStats) -> Callable[..., Any]:
+    """PREDICT_NOISE wrapper (once per model evaluation): live stats to the frontend, only when a server listens."""
+
+    def tokenfuse_step_stats(executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if not ui.stats_listener_present():
+            return executor(*args, **kwargs)
+        t0 = time.perf_counter()
+        out = executor(*args, **kwargs)
+        live.position(args, kwargs)
+        ui.send_stats(STATS_EVENT, live.payload(telemetry, time.perf_counter() - t0))
+        return out
+
+    return tokenfuse_step_stats
+
+
+def _check_model(model: Any) -> None:
+    missing = [m for m in _MODEL_METHODS if not callable(getattr(model, m, None))]
+    if missing or not isinstance(getattr(model, "model_options", None), dict):
+        raise TypeError(
+            f"TokenSchedulerController expects a ComfyUI MODEL (ModelPatcher); got {type(model).__name__} without "
+            f"{missing or ['model_options']}. Connect the MODEL output of a checkpoint loader."
+        )
+
+
+def schedule_model(
+    model: Any,
+    schedule: Schedule,
+    family: patcher.ModelFamily,
+    plan: Any = None,
+    node_id: str | None = None,
+    preset: str = "",
+) -> tuple[Any, Any]:
+    """Return (patched clone, its RunTelemetry); the input model is never touched.
+
+    Bench scripts call this directly to time a model with a given Schedule.
+    """
+    from ..scheduling.patches import build_attention_override, build_unet_patches
+    from ..scheduling.telemetry import RunTelemetry
+
+    telemetry = RunTelemetry()
+    m = model.clone()
+    if remove_scheduling(m):
+        log.info("TokenFuse: the model was already scheduled; the new schedule replaces the earlier one")
+    if schedule.is_off:
+        pass  # identity: attach nothing to the attention path, so the output stays bit-identical at zero cost
+    elif family.route == "unet":
+        attn1, attn1_out = build_unet_patches(schedule, telemetry)
+        m.set_model_attn1_patch(attn1)
+        m.set_model_attn1_output_patch(attn1_out)
+    elif family.route == "override":
+        previous = m.model_options.get("transformer_options", {}).get(OVERRIDE_KEY)
+        ours = build_attention_override(schedule, telemetry)
+        patcher.set_transformer_option(m, OVERRIDE_KEY, chain_attention_override(ours, previous))
+    if plan is not None:
+        patcher.set_transformer_option(m, PLAN_KEY, plan)
+    if preset:
+        patcher.set_transformer_option(m, PRESET_KEY, preset)  # lets ScheduledFusion's OOM fallback go stronger
+    label = f"{family.name} ({family.family})"
+    live = _LiveStats(node_id)
+    device = getattr(m, "load_device", None)
+    patcher.add_outer_sample_wrapper(m, WRAPPER_KEY, _make_run_wrapper(telemetry, schedule, device, label, live))
+    patcher.add_wrapper(m, "PREDICT_NOISE", WRAPPER_KEY, _make_step_wrapper(telemetry, live))
+    return m, telemetry
