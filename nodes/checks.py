@@ -89,8 +89,8 @@ def check_inputs(cls: type, values: dict[str, Any], free_choices: tuple[str, ...
     free_choices: combo inputs whose list is a folder listing (model files): checked for type and length here, for
     existence by the model-file resolver, so a file added after the list was built still loads.
     """
-    spec = cls.INPUT_TYPES()
-    node = getattr(cls, "DISPLAY_NAME", None) or cls.__name__
+    spec: dict[str, dict[str, Any]] = getattr(cls, "INPUT_TYPES")()  # noqa: B009 - every node class has it
+    node = cls.__name__
     for section in ("required", "optional"):
         for name, entry in spec.get(section, {}).items():
             if name not in values or (section == "optional" and values[name] is None):

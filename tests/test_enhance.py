@@ -27,7 +27,6 @@ from tokenfuse.fusion.restore import (
 from tokenfuse.nodes import enhance_node
 from tokenfuse.nodes.enhance_node import NO_MODEL, GFPGANEnhance
 
-
 # YuNet landmarks on skimage.data.astronaut() (detected once with the shared YuNet model; fixed here so this test
 # needs no detector): left eye, right eye, nose, mouth left, mouth right.
 ASTRONAUT_LANDMARKS = np.array(

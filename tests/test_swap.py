@@ -17,7 +17,6 @@ from tokenfuse.faces.embed import arcface_crop
 from tokenfuse.faces.types import FaceSet
 from tokenfuse.fusion.swap import ArcFaceOnnx, InSwapper, SwapModelError, read_emap, swap_in_crop
 
-
 onnx = pytest.importorskip("onnx", reason="building the synthetic swap model needs the onnx package")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
