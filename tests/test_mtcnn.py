@@ -183,3 +183,15 @@ def test_wrong_network_is_refused(mtcnn_copy: Path) -> None:
 def test_blank_and_tiny_frames_give_no_face(mtcnn: MTCNNDetector) -> None:
     assert mtcnn.detect(np.full((480, 640, 3), 128, np.uint8), 0.5) == []
     assert mtcnn.detect(np.zeros((11, 11, 3), np.uint8), 0.5) == []  # under P-Net's 12 px window: no pyramid level
+
+
+def test_scheduled_fusion_source_face_uses_auto(
+    no_retinaface: None, astronaut: np.ndarray, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ScheduledFusion finds the source face of source_image with FaceDetect's default: MTCNN here."""
+    from tokenfuse.nodes.fusion_node import _detect_source
+
+    with caplog.at_level(logging.INFO):
+        faces = _detect_source(torch.from_numpy(astronaut[None].astype(np.float32) / 255))
+    assert faces.count == 1 and faces.image_size == (512, 512)
+    assert any("1 source face(s) found in source_image (mtcnn)" in r.getMessage() for r in caplog.records)
