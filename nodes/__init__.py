@@ -17,3 +17,8 @@ for _name in _MODULES:
     _mod = import_module(f".{_name}", __name__)
     NODE_CLASS_MAPPINGS.update(_mod.NODE_CLASS_MAPPINGS)
     NODE_DISPLAY_NAME_MAPPINGS.update(_mod.NODE_DISPLAY_NAME_MAPPINGS)
+
+# One start-up line naming FaceDetect's default detector (a find_spec, no model load), with the fix when it is not
+# the best one or is missing.
+_detector_choice = import_module("..faces.detector_choice", __name__)
+_detector_choice.log_default_detector_once()

