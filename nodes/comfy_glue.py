@@ -275,8 +275,8 @@ def facerestore_model_path(name: str) -> str:
             return path
     where = ", ".join(dirs) if dirs else "ComfyUI/models/facerestore_models (ComfyUI not running: give a full path)"
     raise FileNotFoundError(
-        f"face-restoration model {name!r} not found in {where}: download e.g. GFPGANv1.4 (.safetensors preferred) "
-        "into models/facerestore_models, then press R in ComfyUI to refresh the list."
+        f"face-restoration model {name!r} not found in {where}: download e.g. GFPGANv1.4.pth (or a converted "
+        ".safetensors) into models/facerestore_models, then press R in ComfyUI to refresh the list."
     )
 
 
