@@ -14,7 +14,7 @@ const LINE = 13;
 const WIDGET = "tokenfuse_report";
 // node type -> lines reserved for its report, and what the panel says before the first run
 const PANELS = {
-  TokenFuseScheduledFusion: { lines: 9, idle: "per-face report (seed, tokens, time, fallbacks) appears here after a run" },
+  TokenFuseScheduledFusion: { lines: 12, idle: "per-face report (seed, tokens, time, fallbacks) appears here after a run" },
   TokenFuseBlend: { lines: 2, idle: "after a run: faces pasted, or a warning when the photo passed through" },
   TokenFusePatchTokenize: { lines: 2, idle: "after a run: the expected token saving of this plan" },
 };

@@ -123,3 +123,13 @@ export function familyFromModelName(name) {
   const base = name.split(/[\\/]/).pop().toLowerCase();
   return /sd_?xl|xl(?![a-z])/.test(base) ? "sdxl" : null;
 }
+
+/**
+ * TokenFuse's example workflows in the template browser's order: by GPU budget, smallest first (the 4 GB one
+ * leads), then the others by name. The server lists them in file-system order.
+ * @param {string[]} names template names (file names without .json)
+ */
+export function orderTemplates(names) {
+  const budget = (n) => Number(/_(\d+)gb$/i.exec(n)?.[1] ?? Infinity);
+  return [...names].sort((a, b) => budget(a) - budget(b) || (a < b ? -1 : a > b ? 1 : 0));
+}

@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  chartHeader, familyFromModelName, isWarning, legendText, percentText, reportLines, strategyText, wrapText,
+  chartHeader, familyFromModelName, isWarning, legendText, orderTemplates, percentText, reportLines, strategyText, wrapText,
 } from "../lib/labels.js";
 import { pyramidSeries, resolveSchedule } from "../lib/pyramid.js";
 
@@ -77,4 +77,13 @@ test("the checkpoint name tells SDXL before any run", () => {
   for (const n of ["v1-5-pruned-emaonly-fp16.safetensors", "pixlart.safetensors", "xlabs_flux.safetensors", "", undefined]) {
     assert.equal(familyFromModelName(n), null, String(n));
   }
+});
+
+test("templates are ordered by GPU budget, 4 GB first", () => {
+  const listed = ["tokenfuse_group_photo_multiface_sd15", "tokenfuse_face_refine_sdxl_8gb", "tokenfuse_face_swap_sd15_6gb", "tokenfuse_face_refine_sd15_4gb"];
+  assert.deepEqual(orderTemplates(listed), [
+    "tokenfuse_face_refine_sd15_4gb", "tokenfuse_face_swap_sd15_6gb", "tokenfuse_face_refine_sdxl_8gb", "tokenfuse_group_photo_multiface_sd15",
+  ]);
+  assert.deepEqual(listed[0], "tokenfuse_group_photo_multiface_sd15"); // input untouched
+  assert.deepEqual(orderTemplates([]), []);
 });
