@@ -184,3 +184,30 @@ def test_nodes_show_what_they_did(after_run: dict[str, Any], path: Path) -> None
 def test_no_page_errors_from_the_pack(after_run: dict[str, Any]) -> None:
     ours = [e for e in after_run["errors"] if "/extensions/" in e or "tokenfuse" in e.lower()]
     assert not ours, ours
+
+
+SEARCHES = {
+    "face swap": "(ScheduledFusion)",
+    "detailer": "(ScheduledFusion)",
+    "refine": "(ScheduledFusion)",
+    "restore": "(GFPGANEnhance)",
+}
+
+
+def test_node_search_finds_the_nodes(browser_tools, editor_server: SimpleNamespace) -> None:
+    """What users type into ComfyUI's node search box finds TokenFuse's nodes (frontend 1.27 searches the node id
+    and display name only; see tests/test_editor_ui.py)."""
+    node, env = browser_tools
+    out = subprocess.run(
+        [node, str(REPO / "tests" / "integration" / "search_check.mjs"), editor_server.url, *SEARCHES],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout)
+    for query, name in SEARCHES.items():
+        assert any(name in r for r in found[query][:3]), (query, found[query])
