@@ -64,7 +64,10 @@ async function build(page, spec) {
         w.value = value;
       }
       if (s.properties) node.properties = { ...(node.properties ?? {}), ...structuredClone(s.properties) };
-      if (s.size) node.size = [Math.max(s.size[0], node.size[0]), Math.max(s.size[1], node.size[1])];
+      if (s.size) {
+        const min = node.computeSize?.() ?? [0, 0];
+        node.size = [Math.max(s.size[0], min[0]), Math.max(s.size[1], min[1])];
+      }
       made[key] = node;
     }
     for (const [from, out, to, inp] of spec.links) {

@@ -21,12 +21,14 @@ const models = (name) => [{ name, ...MODEL_URLS[name] }];
 // measured in the real frontend with `node tools/make_workflows.mjs shots` (no overlap is checked there too).
 const SIZE = {
   photo: [300, 380], // LoadImage with its photo
-  preview: [360, 420], // "Detected faces" PreviewImage: the photo with boxes
-  plan: [360, 640], // PatchTokenize: widgets, saving panel, plan preview
-  fusion: [500, 700], // ScheduledFusion: widgets + 12-line report panel
+  preview: [340, 420], // "Detected faces" PreviewImage: the photo with boxes
+  plan: [340, 640], // PatchTokenize: widgets, saving panel, plan preview
+  fusion: [460, 700], // ScheduledFusion: widgets + 12-line report panel
   blend: [360, 190], // Blend: widgets + status panel
-  save: [440, 480], // SaveImage: the result
-  note: [440, 560],
+  save: [400, 480], // SaveImage: the result
+  note: [400, 560],
+  prompt: [320, 190], // CLIPTextEncode
+  // the whole graph fits a 1600x1000 editor at >= 60 % zoom, where the frontend still draws text (MinFontSizeForLOD)
 };
 
 const LICENCES = {
@@ -50,8 +52,8 @@ const negative = "blurry, deformed, cartoon, painting, extra eyes, watermark";
 function refine({ name, card, ckpt, image, preset, detect, plan = {}, fusion, enhance, blend, note, extraNodes = [], extraLinks = [] }) {
   const nodes = {
     ckpt: { type: "CheckpointLoaderSimple", col: 0, widgets: { ckpt_name: ckpt }, properties: { models: models(ckpt) } },
-    pos: { type: "CLIPTextEncode", col: 1, widgets: { text: positive }, title: "Face prompt" },
-    neg: { type: "CLIPTextEncode", col: 1, widgets: { text: negative }, title: "Negative prompt" },
+    pos: { type: "CLIPTextEncode", col: 1, widgets: { text: positive }, title: "Face prompt", size: SIZE.prompt },
+    neg: { type: "CLIPTextEncode", col: 1, widgets: { text: negative }, title: "Negative prompt", size: SIZE.prompt },
     image: { type: "LoadImage", col: 0, widgets: { image }, size: SIZE.photo },
     detect: { type: "TokenFuseFaceDetect", col: 1, widgets: detect },
     preview: { type: "PreviewImage", col: 2, title: "Detected faces", size: SIZE.preview },
