@@ -31,9 +31,13 @@ try {
   await page.evaluate(() => window.app.graph.clear());
   for (const q of queries) {
     await page.mouse.dblclick(800, 600); // empty canvas: opens the node search box
-    await page.waitForTimeout(800);
+    await page.waitForFunction(() => document.activeElement?.tagName === "INPUT", null, { timeout: 30_000 });
     await page.keyboard.type(q, { delay: 20 });
-    await page.waitForTimeout(1200);
+    // results arrive after a debounce; on a busy machine that can take seconds
+    await page
+      .waitForFunction(() => document.querySelectorAll("[role=option]").length > 0, null, { timeout: 30_000 })
+      .catch(() => {});
+    await page.waitForTimeout(1000);
     out[q] = await page.evaluate(() =>
       [...document.querySelectorAll("[role=option]")]
         .map((e) => e.innerText.replace(/\s+/g, " ").trim())
