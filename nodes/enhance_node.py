@@ -14,7 +14,7 @@ from .comfy import patcher as comfy_patcher
 log = logging.getLogger(__name__)
 
 MODEL_EXTENSIONS = (".safetensors", ".pth", ".pt", ".ckpt", ".bin")
-NO_MODEL = "none found: put GFPGANv1.4.safetensors in models/facerestore_models"
+NO_MODEL = "none found: put GFPGANv1.4.pth in models/facerestore_models"
 
 # One loaded model (ComfyUI re-runs the node for every new frame/seed; reloading 350 MB each time would dominate).
 # ComfyUI's memory manager owns its device placement through the ModelPatcher.
@@ -29,8 +29,8 @@ def _model_file(name: str) -> str:
     """Path of the face-restoration model named in the prompt, inside the facerestore folders (ModelPathError
     naming the folders otherwise)."""
     fix = (
-        "To fix: download e.g. GFPGANv1.4 (.safetensors preferred) into models/facerestore_models, then press R in "
-        "ComfyUI to refresh the list."
+        "To fix: download e.g. GFPGANv1.4.pth (or a converted .safetensors) into models/facerestore_models, then "
+        "press R in ComfyUI to refresh the list."
     )
     return str(paths.model_path(paths.FACERESTORE_FOLDER, name, "face-restoration model", fix=fix))
 
@@ -58,10 +58,8 @@ class GFPGANEnhance:
     """Face restoration on aligned crops; Blend pastes the FACES' crops back into the frame."""
 
     DESCRIPTION = (
-        "Restores every face with a face-restoration model (GFPGAN v1.3/v1.4, RestoreFormer; CodeFormer when "
-        "spandrel_extra_arches is installed) from models/facerestore_models, on the aligned 512 crop: the crop "
-        "ScheduledFusion produced when there is one, else the face aligned from the image. Outputs the restored "
-        "crops and FACES carrying them for Blend. .pth files are read weights-only; .safetensors preferred."
+        "Face restore: sharpens each face with a face-restoration model (GFPGAN, RestoreFormer) from "
+        "models/facerestore_models. Connect its faces output to Blend."
     )
     CATEGORY = "TokenFuse"
     FUNCTION = "enhance"
@@ -86,8 +84,8 @@ class GFPGANEnhance:
                 "model_name": (
                     _model_choices(),
                     {
-                        "tooltip": "Face-restoration model in models/facerestore_models (GFPGANv1.4 is a good default; "
-                        ".safetensors preferred, .pth is read weights-only)."
+                        "tooltip": "Face-restoration model in models/facerestore_models (GFPGANv1.4.pth is a good "
+                        "default; .pth is read weights-only, a converted .safetensors works too)."
                     },
                 ),
                 "visibility": (
@@ -200,4 +198,4 @@ def _resize(crop: Any, size: int) -> Any:
 
 
 NODE_CLASS_MAPPINGS = {"TokenFuseGFPGANEnhance": GFPGANEnhance}
-NODE_DISPLAY_NAME_MAPPINGS = {"TokenFuseGFPGANEnhance": "GFPGANEnhance"}
+NODE_DISPLAY_NAME_MAPPINGS = {"TokenFuseGFPGANEnhance": "Face Restore (GFPGANEnhance)"}  # "restore" is searched for

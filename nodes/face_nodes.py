@@ -66,9 +66,8 @@ def _reference_embedding(reference: Any) -> Any:
 
 class FaceDetect:
     DESCRIPTION = (
-        "Finds faces (box, score, 5 landmarks), selects some, and aligns each to the FFHQ-512 template. Outputs "
-        "FACES for PatchTokenize / ScheduledFusion / Blend, a preview with boxes and landmarks, and the face mask. "
-        "Frames without a face pass through with a warning."
+        "Finds the faces in a photo or video frames, picks which ones to work on, and cuts out an aligned square "
+        "of each. Start every TokenFuse workflow here."
     )
     CATEGORY = "TokenFuse/faces"
     FUNCTION = "detect"
@@ -277,12 +276,13 @@ class FaceDetect:
 
 class PatchTokenize:
     DESCRIPTION = (
-        "Turns FACES into a TOKEN_PLAN: a face-importance map (eyes and mouth 1.0, face hull, smooth falloff, "
-        "background floor) and per-U-Net-level token budgets, with the expected token saving vs uniform "
-        "tokenisation. The preview shows the token grid coloured by kept density (red = kept, blue = merged most)."
+        "Plans where the diffusion model keeps its tokens: the face keeps them, the background is merged. "
+        "Shows the plan and the expected saving in the node."
     )
     CATEGORY = "TokenFuse/faces"
     FUNCTION = "tokenize"
+    # An output node runs (and shows its plan and saving) even when nothing downstream uses its outputs.
+    OUTPUT_NODE = True
     RETURN_TYPES = ("TOKEN_PLAN", "IMAGE")
     RETURN_NAMES = ("token_plan", "preview")
     OUTPUT_TOOLTIPS = (
@@ -413,7 +413,7 @@ class PatchTokenize:
         )
         plan = build_plan(faces, latent, opts)
         if b == 0:
-            return {"ui": {"images": []}, "result": (plan, image)}
+            return {"ui": {"images": [], "text": ["PatchTokenize: empty batch, no plan"]}, "result": (plan, image)}
         bar = env.progress_bar(b)
         previews = []
         for i in range(b):
@@ -425,18 +425,21 @@ class PatchTokenize:
             "PatchTokenize: %d frame(s), expected token reduction %.1f%% vs uniform", b, 100 * plan.expected_reduction()
         )
         preview = torch.from_numpy(np.stack(previews)).float() / 255
-        # ui.images: the editor shows the plan inside the node (web/tokenfuse_preview.js sizes the node for it)
-        return {"ui": {"images": ui.save_temp_previews(preview, "tokenfuse_plan")}, "result": (plan, preview)}
+        # ui: the editor shows the plan and the saving inside the node (web/tokenfuse_preview.js, tokenfuse_report.js)
+        shown = {
+            "images": ui.save_temp_previews(preview, "tokenfuse_plan"),
+            "text": [plan_summary(faces.count, b, plan.expected_reduction(), int(preview_level))],
+        }
+        return {"ui": shown, "result": (plan, preview)}
 
 
 class Blend:
     DESCRIPTION = (
-        "Pastes processed aligned face crops (set by ScheduledFusion / GFPGANEnhance) back into the frames: inverse "
-        "affine, feathered mask, optional LAB colour transfer and Poisson blending. Pixels outside the masks stay "
-        "bit-identical; faces without a crop are left as they are."
+        "Pastes the refined or restored faces back into the photo with a soft edge. Pixels outside the faces stay "
+        "exactly as they were. Shows in the node whether faces were pasted or the photo passed through."
     )
     CATEGORY = "TokenFuse/faces"
-    FUNCTION = "blend"
+    FUNCTION = "blend_and_show"
     RETURN_TYPES = ("IMAGE",)
     RETURN_NAMES = ("image",)
     OUTPUT_TOOLTIPS = ("The frames with the processed faces pasted back.",)
@@ -489,10 +492,7 @@ class Blend:
         faces.check_image(h, w, b, "the image input of Blend")
         with_crop = sum(1 for frame in faces.faces for f in frame if f.crop is not None)
         if with_crop == 0:
-            log.warning(
-                "Blend: no face carries a processed crop (connect ScheduledFusion or GFPGANEnhance before "
-                "Blend); the image passes through unchanged"
-            )
+            log.warning("%s", BLEND_PASSTHROUGH)
             return (image,)
         opts = BlendOptions(strength=strength, color_transfer=color_transfer, seamless=seamless)
         bar = env.progress_bar(b)
@@ -501,11 +501,44 @@ class Blend:
             out_frames.append(paste_frame(frames[i], faces.faces[i], opts))
             bar.update(1)
         result = torch.from_numpy(np.stack(out_frames))
+        log.info("Blend: pasted %d face(s) into %d frame(s)", with_crop, b)
         if image.is_floating_point() and image.ndim == 4 and image.shape[-1] >= 3:
             out = image.clone()
             out[..., :3] = result.to(device=image.device, dtype=image.dtype)
             return (out,)
         return (result,)
+
+    def blend_and_show(
+        self, image: Any, faces: Any, strength: float, color_transfer: bool, seamless: bool
+    ) -> dict[str, Any]:
+        """ComfyUI's entry point: blend(), plus one status line shown in the node (ui.text), so a pass-through is
+        visible in the editor and not only in the server log."""
+        (out,) = self.blend(image, faces, strength, color_transfer, seamless)
+        return {"ui": {"text": [blend_status(faces, out is image)]}, "result": (out,)}
+
+
+BLEND_PASSTHROUGH = (
+    "Blend: no face carries a processed crop (connect ScheduledFusion or GFPGANEnhance before Blend); the image "
+    "passes through unchanged"
+)
+
+
+def blend_status(faces: Any, passed_through: bool) -> str:
+    """The line Blend shows in the editor: what it pasted, or the pass-through warning."""
+    if passed_through:
+        return f"WARNING: {BLEND_PASSTHROUGH}"
+    pasted = sum(1 for frame in faces.faces for f in frame if f.crop is not None)
+    return f"Blend: pasted {pasted} face(s) into {faces.batch_size} frame(s)"
+
+
+def plan_summary(faces: int, frames: int, reduction: float, level: int) -> str:
+    """The line PatchTokenize shows in the editor under its plan preview."""
+    if faces == 0:
+        return f"PatchTokenize: no face in {frames} frame(s): no saving (the whole image is background)"
+    return (
+        f"PatchTokenize: {faces} face(s) in {frames} frame(s): {100 * reduction:.0f} % fewer tokens than uniform "
+        f"tokenisation (preview: the /{level} grid)"
+    )
 
 
 NODE_CLASS_MAPPINGS = {

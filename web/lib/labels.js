@@ -1,0 +1,135 @@
+// Words and text layout of the scheduler chart and the report panels (pure: no canvas, no DOM).
+//
+// One unit everywhere: the share of a level's tokens REMOVED from self-attention, in percent ("−40 %"), on the bars,
+// in the header and in the live rows.
+
+/** Plain names for the strategies (scheduling/schedule.py Strategy); "todo" is ToDo (token downsampling). */
+export const STRATEGY_LABELS = Object.freeze({
+  todo: "ToDo K/V pooling",
+  tome: "ToMe token merging",
+  topk: "top-K keys",
+});
+
+/** Display name of a model family for the chart header. */
+export const FAMILY_LABELS = Object.freeze({ sd15: "SD1.5", sdxl: "SDXL", dit: "DiT" });
+
+/**
+ * The strategy as the chart names it. `widget` is the strategy widget's value ("preset" = the preset's own
+ * strategy), `resolved` the strategy in force.
+ */
+export function strategyText(widget, resolved) {
+  const name = STRATEGY_LABELS[resolved] ?? String(resolved ?? "?");
+  return widget === "preset" || widget === undefined ? `${name} (the preset's)` : name;
+}
+
+/** Percent removed as the bars print it: 0.89 -> "89", 0 -> "0". */
+export function percentText(ratio) {
+  const r = Number.isFinite(ratio) ? ratio : 0;
+  return String(Math.round(Math.max(0, Math.min(1, r)) * 100));
+}
+
+/**
+ * The chart's header line.
+ * @param {{preset: string, strategy: string, ratios?: object}} schedule resolveSchedule()'s result
+ * @param {object} values widget values of the node
+ * @param {string} family "sd15" | "sdxl"
+ * @param {string} familySource where the family came from: "run", "checkpoint" or "default"
+ */
+export function chartHeader(schedule, values, family, familySource) {
+  const fam = FAMILY_LABELS[family] ?? family;
+  const src = familySource === "run" ? "from the last run" : familySource === "checkpoint" ? "from the checkpoint name" : "assumed";
+  const anyOn = Object.values(schedule.ratios ?? {}).some((r) => r > 0);
+  if (!anyOn) return `% of tokens removed per block · ${fam} (${src}) · preset ${schedule.preset}: nothing removed`;
+  const ratio = Number(values?.ratio);
+  const detail = ratio > 0 ? ` · ratio ${ratio.toFixed(2)}` : "";
+  return `% of tokens removed per block · ${fam} (${src}) · ${schedule.preset} · ${strategyText(values?.strategy, schedule.strategy)}${detail}`;
+}
+
+/** The legend: what the /8 … /64 colours mean. */
+export function legendText(levels) {
+  const ls = (levels?.length ? levels : [8, 16, 32, 64]).map((lv) => `/${lv}`);
+  return `colour = U-Net level, latent size vs image: ${ls.join(" ")} (first = finest, most tokens)`;
+}
+
+/**
+ * Split text into lines no wider than maxWidth, by words (a word longer than a line is cut by characters).
+ * @param {string} text may contain "\n"
+ * @param {number} maxWidth in the units of measure()
+ * @param {(s: string) => number} measure width of a string (ctx.measureText(s).width in the browser)
+ * @returns {string[]}
+ */
+export function wrapText(text, maxWidth, measure) {
+  const out = [];
+  const width = (s) => Number(measure(s)) || 0;
+  for (const para of String(text ?? "").split("\n")) {
+    let line = "";
+    for (const word of para.split(/ +/)) {
+      const candidate = line ? `${line} ${word}` : word;
+      if (width(candidate) <= maxWidth || !line) {
+        line = candidate;
+      } else {
+        out.push(line);
+        line = word;
+      }
+      while (width(line) > maxWidth && line.length > 1) {
+        let cut = line.length - 1;
+        while (cut > 1 && width(line.slice(0, cut)) > maxWidth) cut--;
+        out.push(line.slice(0, cut));
+        line = line.slice(cut);
+      }
+    }
+    out.push(line);
+  }
+  return out;
+}
+
+/**
+ * Lines a node shows from its executed message's ui.text (a list of strings; ScheduledFusion sends its multi-line
+ * report as one string). Each line carries whether it is a warning.
+ * @returns {{text: string, warn: boolean}[]}
+ */
+export function reportLines(uiText) {
+  const items = Array.isArray(uiText) ? uiText : typeof uiText === "string" ? [uiText] : [];
+  const lines = [];
+  for (const item of items) {
+    if (typeof item !== "string") continue;
+    for (const ln of item.split("\n")) {
+      if (!ln.trim()) continue;
+      lines.push({ text: ln, warn: isWarning(ln) });
+    }
+  }
+  return lines;
+}
+
+/**
+ * Whether a report line needs the user's attention: a warning, a pass-through, an error, a fallback taken
+ * ("fallbacks: none" is fine), or a summary counting faces with fallbacks / passed through.
+ */
+export function isWarning(line) {
+  const ln = String(line ?? "");
+  return (
+    /WARNING|warnings:|: passthrough|error:/i.test(ln) ||
+    /fallbacks: (?!none)/.test(ln) ||
+    /(^|\D)[1-9]\d* (with fallbacks|passed through)/.test(ln)
+  );
+}
+
+/**
+ * The model family a checkpoint / UNet file name suggests, before any run: "sdxl" for SDXL-family names
+ * (sd_xl_base_1.0, juggernautXL_v9, ponyDiffusionV6XL, RealVisXL), else null (the chart keeps its default).
+ */
+export function familyFromModelName(name) {
+  if (typeof name !== "string" || !name) return null;
+  const base = name.split(/[\\/]/).pop().toLowerCase();
+  return /sd_?xl|xl(?![a-z])/.test(base) ? "sdxl" : null;
+}
+
+/**
+ * TokenFuse's example workflows in the template browser's order: by GPU budget, smallest first (the 4 GB one
+ * leads), then the others by name. The server lists them in file-system order.
+ * @param {string[]} names template names (file names without .json)
+ */
+export function orderTemplates(names) {
+  const budget = (n) => Number(/_(\d+)gb$/i.exec(n)?.[1] ?? Infinity);
+  return [...names].sort((a, b) => budget(a) - budget(b) || (a < b ? -1 : a > b ? 1 : 0));
+}

@@ -1,0 +1,89 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import {
+  chartHeader, familyFromModelName, isWarning, legendText, orderTemplates, percentText, reportLines, strategyText, wrapText,
+} from "../lib/labels.js";
+import { pyramidSeries, resolveSchedule } from "../lib/pyramid.js";
+
+const mono = (s) => s.length; // 1 unit per character
+
+test("strategies have plain names; 'preset' says whose strategy it is", () => {
+  assert.equal(strategyText("preset", "todo"), "ToDo K/V pooling (the preset's)");
+  assert.equal(strategyText("tome", "tome"), "ToMe token merging");
+  assert.equal(strategyText("topk", "topk"), "top-K keys");
+  assert.equal(strategyText("x", "other"), "other");
+});
+
+test("header: one unit (% removed), the family and where it came from, no raw 'todo' or 'strategy: preset'", () => {
+  const values = { preset: "lowvram_4gb", strategy: "preset", ratio: 0 };
+  const h = chartHeader(resolveSchedule(values, "sdxl"), values, "sdxl", "checkpoint");
+  assert.equal(h, "% of tokens removed per block · SDXL (from the checkpoint name) · lowvram_4gb · ToDo K/V pooling (the preset's)");
+  assert.doesNotMatch(h, /\btodo\b|strategy: preset|kept/);
+  const off = chartHeader(resolveSchedule({ preset: "off" }), { preset: "off" }, "sd15", "default");
+  assert.match(off, /SD1\.5 \(assumed\).*nothing removed/);
+  const tome = { preset: "balanced", strategy: "tome", ratio: 0.3 };
+  const r = chartHeader(resolveSchedule(tome, "sd15"), tome, "sd15", "run");
+  assert.match(r, /from the last run\) · balanced · ToMe token merging · ratio 0\.30$/);
+});
+
+test("numbers on bars tell the 8/6/4 GB presets apart", () => {
+  const numbers = (preset) => pyramidSeries(resolveSchedule({ preset }, "sd15"), "sd15").map((b) => percentText(b.ratio)).join(" ");
+  const all = ["lowvram_8gb", "lowvram_6gb", "lowvram_4gb"].map(numbers);
+  assert.equal(new Set(all).size, 3, all.join(" | "));
+  assert.match(all[2], /^89 89 89 89 80 85 60 /); // 4 GB: /8, /16 at 89 %, the /32 blocks ramped from 75 %, /64 60 %
+  assert.equal(percentText(0), "0");
+  assert.equal(percentText(NaN), "0");
+  assert.equal(percentText(0.755), "76");
+});
+
+test("legend explains the /8 … /64 levels", () => {
+  assert.equal(legendText([8, 16, 32, 64]), "colour = U-Net level, latent size vs image: /8 /16 /32 /64 (first = finest, most tokens)");
+  assert.match(legendText([16, 32]), /: \/16 \/32 \(/);
+});
+
+test("wrapText keeps every word, never exceeds the width, cuts only words longer than a line", () => {
+  const s = "SD1.5 512x512: tokens -38% (64/80 blocks scheduled), 1.21x faster, peak 3.05 GiB";
+  const lines = wrapText(s, 30, mono);
+  assert.ok(lines.length >= 3);
+  for (const ln of lines) assert.ok(ln.length <= 30, ln);
+  assert.equal(lines.join(" "), s);
+  assert.deepEqual(wrapText("abcdefghij", 4, mono), ["abcd", "efgh", "ij"]);
+  assert.deepEqual(wrapText("a\nb", 10, mono), ["a", "b"]);
+  assert.deepEqual(wrapText("", 10, mono), [""]);
+});
+
+test("report lines: multi-line ui.text is split, attention lines are flagged", () => {
+  const report = [
+    "ScheduledFusion: 2 face(s) in 1 frame(s), guide 512, steps 20, denoise 0.4, fallback auto, plan on",
+    "frame 0 face 0: ok, seed 42, guide 512, tokens 4096, 1.20 s, peak n/a, fallbacks: none",
+    "frame 0 face 1: passthrough, seed 43, guide 512, tokens 4096, 1.20 s, peak n/a, fallbacks: split_batch (after out of memory)",
+    "2 face(s), 1 with fallbacks, 1 passed through, 2.40 s total",
+  ].join("\n");
+  const lines = reportLines([report]);
+  assert.equal(lines.length, 4);
+  assert.deepEqual(lines.map((l) => l.warn), [false, false, true, true]);
+  assert.equal(reportLines(["2 face(s), 0 with fallbacks, 0 passed through, 1.0 s total"])[0].warn, false);
+  assert.equal(reportLines(["WARNING: Blend: no face carries a processed crop"])[0].warn, true);
+  assert.equal(reportLines(["Blend: pasted 1 face(s) into 1 frame(s)"])[0].warn, false);
+  assert.deepEqual(reportLines(undefined), []);
+  assert.deepEqual(reportLines("one\n\ntwo").map((l) => l.text), ["one", "two"]);
+  assert.equal(isWarning("frame 0 face 0: ok, fallbacks: none | warnings: identity drop"), true);
+});
+
+test("the checkpoint name tells SDXL before any run", () => {
+  for (const n of ["sd_xl_base_1.0.safetensors", "juggernautXL_v9.safetensors", "ponyDiffusionV6XL.safetensors", "SDXL/realvisxl_v4.safetensors", "sdxl_lightning_4step.safetensors"]) {
+    assert.equal(familyFromModelName(n), "sdxl", n);
+  }
+  for (const n of ["v1-5-pruned-emaonly-fp16.safetensors", "pixlart.safetensors", "xlabs_flux.safetensors", "", undefined]) {
+    assert.equal(familyFromModelName(n), null, String(n));
+  }
+});
+
+test("templates are ordered by GPU budget, 4 GB first", () => {
+  const listed = ["tokenfuse_group_photo_multiface_sd15", "tokenfuse_face_refine_sdxl_8gb", "tokenfuse_face_swap_sd15_6gb", "tokenfuse_face_refine_sd15_4gb"];
+  assert.deepEqual(orderTemplates(listed), [
+    "tokenfuse_face_refine_sd15_4gb", "tokenfuse_face_swap_sd15_6gb", "tokenfuse_face_refine_sdxl_8gb", "tokenfuse_group_photo_multiface_sd15",
+  ]);
+  assert.deepEqual(listed[0], "tokenfuse_group_photo_multiface_sd15"); // input untouched
+  assert.deepEqual(orderTemplates([]), []);
+});

@@ -1,0 +1,129 @@
+// What a TokenFuse node says about its run, inside the node: ScheduledFusion's per-face report (fallbacks,
+// warnings), Blend's pasted count or pass-through warning, PatchTokenize's expected token saving.
+//
+// The nodes return {"ui": {"text": [...]}}; ComfyUI sends it to the editor as the node's `executed` message. The
+// panel is a canvas widget (not serialized) of fixed height, reserved when the node is created, so a run never
+// makes the node grow into its neighbours (the example workflows are laid out for these sizes). Lines that need
+// attention are drawn in amber; what does not fit is counted ("… 3 more lines: see the report output").
+
+import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
+import { reportLines, wrapText } from "./lib/labels.js";
+
+const LINE = 13;
+const WIDGET = "tokenfuse_report";
+// node type -> lines reserved for its report, and what the panel says before the first run
+const PANELS = {
+  TokenFuseScheduledFusion: { lines: 12, idle: "per-face report (seed, tokens, time, fallbacks) appears here after a run" },
+  TokenFuseBlend: { lines: 2, idle: "after a run: faces pasted, or a warning when the photo passed through" },
+  TokenFusePatchTokenize: { lines: 2, idle: "after a run: the expected token saving of this plan" },
+};
+const COLORS = { text: "#c8c8c8", warn: "#e0a84f", dim: "#6c6c6c" };
+const lastReport = new WeakMap(); // node -> [{text, warn}]
+
+function panelWidget(node, panel) {
+  return {
+    name: WIDGET,
+    type: WIDGET,
+    value: null,
+    serialize: false,
+    options: { serialize: false },
+    computeSize(width) {
+      return [Number.isFinite(width) ? width : 280, panel.lines * LINE + 10];
+    },
+    draw(ctx, drawNode, width, y) {
+      try {
+        drawPanel(ctx, drawNode ?? node, panel, { x: 10, y: y + 2, w: (Number.isFinite(width) ? width : 280) - 20, h: panel.lines * LINE + 6 });
+      } catch (err) {
+        console.warn("[tokenfuse] report panel skipped:", err);
+      }
+    },
+    mouse() {
+      return false;
+    },
+  };
+}
+
+function drawPanel(ctx, node, panel, rect) {
+  if (node?.flags?.collapsed || !(rect.w > 40)) return;
+  ctx.save();
+  ctx.beginPath();
+  ctx.rect(rect.x - 2, rect.y, rect.w + 4, rect.h);
+  ctx.clip();
+  ctx.fillStyle = "rgba(0,0,0,0.18)";
+  ctx.fillRect(rect.x - 2, rect.y, rect.w + 4, rect.h);
+  ctx.font = "10px sans-serif";
+  ctx.textAlign = "left";
+  const measure = (s) => ctx.measureText(s).width;
+  const report = lastReport.get(node);
+  if (!report?.length) {
+    ctx.fillStyle = COLORS.dim;
+    wrapText(panel.idle, rect.w - 4, measure)
+      .slice(0, panel.lines)
+      .forEach((ln, i) => ctx.fillText(ln, rect.x + 2, rect.y + 11 + i * LINE));
+    ctx.restore();
+    return;
+  }
+  const rows = [];
+  for (const line of report) for (const part of wrapText(line.text, rect.w - 4, measure)) rows.push({ text: part, warn: line.warn });
+  let shown = rows;
+  if (rows.length > panel.lines) {
+    shown = rows.slice(0, panel.lines - 1);
+    shown.push({ text: `… ${rows.length - shown.length} more line(s): see the report output or the server log`, warn: false, dim: true });
+  }
+  shown.forEach((row, i) => {
+    ctx.fillStyle = row.dim ? COLORS.dim : row.warn ? COLORS.warn : COLORS.text;
+    ctx.fillText(row.text, rect.x + 2, rect.y + 11 + i * LINE);
+  });
+  ctx.restore();
+}
+
+function addPanel(node, panel) {
+  if (typeof node.addCustomWidget !== "function" || node.widgets?.some((w) => w?.name === WIDGET)) return;
+  node.addCustomWidget(panelWidget(node, panel));
+  const min = node.computeSize?.();
+  if (min) node.setSize?.([Math.max(node.size?.[0] ?? 0, min[0]), Math.max(node.size?.[1] ?? 0, min[1])]);
+}
+
+app.registerExtension({
+  name: "tokenfuse.report",
+
+  setup() {
+    // a new run starts with empty panels, so an old report is never mistaken for this run's
+    api.addEventListener("execution_start", () => {
+      for (const node of app.graph?.nodes ?? []) {
+        if (PANELS[node?.comfyClass ?? node?.type] && lastReport.delete(node)) node.setDirtyCanvas?.(true, false);
+      }
+    });
+  },
+
+  async beforeRegisterNodeDef(nodeType, nodeData) {
+    const panel = PANELS[nodeData?.name];
+    if (!panel) return;
+    const proto = nodeType.prototype;
+    const onNodeCreated = proto.onNodeCreated;
+    proto.onNodeCreated = function (...args) {
+      const r = onNodeCreated?.apply(this, args);
+      try {
+        addPanel(this, panel);
+      } catch (err) {
+        console.warn("[tokenfuse] report panel skipped:", err);
+      }
+      return r;
+    };
+    const onExecuted = proto.onExecuted;
+    proto.onExecuted = function (message, ...rest) {
+      const r = onExecuted?.apply(this, [message, ...rest]);
+      try {
+        const lines = reportLines(message?.text);
+        if (lines.length) {
+          lastReport.set(this, lines);
+          this.setDirtyCanvas?.(true, false);
+        }
+      } catch (err) {
+        console.warn("[tokenfuse] report panel skipped:", err);
+      }
+      return r;
+    };
+  },
+});
