@@ -15,6 +15,7 @@ from .decode import Source, VideoReader, probe
 from .scenes import CutDetector
 from .smooth import jitter, raw_affines, smooth_track
 from .tracks import DetectFn, FaceObs, LinkOptions, Track, link_tracks, select_tracks
+from .types import Frame
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,12 @@ def track_video(
     opts: TrackOptions = TrackOptions(),
     progress: Progress | None = None,
     chunk_frames: int = 32,
+    on_frame: Callable[[Frame], None] | None = None,
 ) -> FaceTracks:
-    """Stream a video once and return its face tracks (see module doc)."""
+    """Stream a video once and return its face tracks (see module doc).
+
+    on_frame: sees every decoded frame (e.g. to keep a few for a preview); must not keep them all.
+    """
     t0 = time.perf_counter()
     info = probe(source)
     total = info.frame_count or 0
@@ -78,6 +83,8 @@ def track_video(
             if cutter.update(frame.rgb):
                 cuts.append(frame.index)
             per_frame.append(detect(frame.rgb))
+            if on_frame is not None:
+                on_frame(frame)
             if progress is not None and (frame.index + 1) % chunk_frames == 0:
                 progress(frame.index + 1, total)
     n = len(per_frame)
