@@ -377,6 +377,7 @@ class VideoFaceFusion:
             opts,
             progress=lambda done, total: bar.update_absolute(done, total or None),
         )
+        self.last_stats = stats  # for bench/video.py
         report = f"VideoFaceFusion ({mode}, guide {size}): {stats.summary()}"
         if notes:
             report += "\n" + "\n".join(sorted(set(notes)))

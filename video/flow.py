@@ -13,6 +13,7 @@ high-frequency motion that a 512 flow would add.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import cv2
@@ -50,9 +51,13 @@ def dis_flow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return _dis().calc(a, b, None)
 
 
+@functools.lru_cache(maxsize=8)
 def _grid(h: int, w: int) -> np.ndarray:
+    """Pixel coordinates [h, w, 2] (x, y), cached per size (read-only)."""
     ys, xs = np.mgrid[0:h, 0:w].astype(np.float32)
-    return np.stack([xs, ys], -1)
+    grid = np.stack([xs, ys], -1)
+    grid.flags.writeable = False
+    return grid
 
 
 def sample(img: np.ndarray, flow: np.ndarray) -> np.ndarray:

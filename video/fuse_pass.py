@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import cv2
 import numpy as np
 
 from ..faces.align import template, warp_face
@@ -212,31 +213,53 @@ class _Fuser:
     def _write(self, pending: _Pending) -> None:
         frame = pending.frame
         if pending.items:
-            faces = []
-            for it in pending.items:
-                tr = self.ft.tracks[it.j]
-                p = it.t - tr.start
-                assert it.change is not None
-                crop = np.clip(it.crop.astype(np.float32) / 255.0 + it.change, 0.0, 1.0)
-                inverse = np.linalg.inv(np.vstack([it.affine, [0, 0, 1]]))[:2]
-                faces.append(
-                    Face(
-                        bbox=tuple(float(v) for v in tr.bboxes[p]),
-                        score=float(tr.scores[p]),
-                        landmarks=tr.landmarks[p],
-                        affine=it.affine,
-                        inverse=inverse,
-                        crop_size=self.opts.crop_size,
-                        mask=self.mask,
-                        crop=crop,
+            rgb = frame.rgb.copy()
+            x0, y0, x1, y1 = self._footprint(pending.items, rgb.shape[0], rgb.shape[1])
+            if x1 > x0 and y1 > y0:
+                # Only the faces' footprint goes through float and paste-back: a 4k frame costs what its faces do.
+                shift = np.array([x0, y0], np.float64)
+                faces = []
+                for it in pending.items:
+                    tr = self.ft.tracks[it.j]
+                    p = it.t - tr.start
+                    assert it.change is not None
+                    crop = np.clip(it.crop.astype(np.float32) / 255.0 + it.change, 0.0, 1.0)
+                    affine = it.affine.copy()
+                    affine[:, 2] += affine[:, :2] @ shift  # frame -> crop becomes ROI -> crop
+                    inverse = cv2.invertAffineTransform(affine)
+                    box = tr.bboxes[p] - np.tile(shift, 2)
+                    faces.append(
+                        Face(
+                            bbox=tuple(float(v) for v in box),
+                            score=float(tr.scores[p]),
+                            landmarks=tr.landmarks[p] - shift.astype(np.float32),
+                            affine=affine,
+                            inverse=inverse,
+                            crop_size=self.opts.crop_size,
+                            mask=self.mask,
+                            crop=crop,
+                        )
                     )
-                )
-            out = paste_frame(frame.rgb.astype(np.float32) / 255.0, tuple(faces), self.opts.blend)
-            rgb = (np.clip(out, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+                roi = rgb[y0:y1, x0:x1].astype(np.float32) / 255.0
+                out = paste_frame(roi, tuple(faces), self.opts.blend)
+                rgb[y0:y1, x0:x1] = (np.clip(out, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
             frame = Frame(frame.index, rgb, frame.pts, frame.time_base)
             self.stats.faces += len(pending.items)
         self.writer.write(frame)
         self.stats.frames += 1
+
+    def _footprint(self, items: list[_Item], h: int, w: int) -> tuple[int, int, int, int]:
+        """(x0, y0, x1, y1): the frame rectangle covering every face's aligned crop (clipped to the frame)."""
+        s = self.opts.crop_size
+        corners = np.array([[0, 0], [s, 0], [0, s], [s, s]], np.float64)
+        pts = np.concatenate([corners @ inv[:, :2].T + inv[:, 2] for inv in (_inverse(it.affine) for it in items)])
+        x0, y0 = np.floor(pts.min(0)).astype(int) - 2
+        x1, y1 = np.ceil(pts.max(0)).astype(int) + 2
+        return max(int(x0), 0), max(int(y0), 0), min(int(x1), w), min(int(y1), h)
+
+
+def _inverse(affine: np.ndarray) -> np.ndarray:
+    return cv2.invertAffineTransform(np.asarray(affine, np.float64))
 
 
 def fuse_video(
