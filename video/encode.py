@@ -142,9 +142,10 @@ class VideoWriter:
                 f"{self.size[0]}x{self.size[1]}"
             )
         pts = frame.pts
-        if pts is None or frame.time_base != self.time_base:
-            t = frame.time if pts is not None else frame.index / float(self.rate)
-            pts = int(round(t / self.time_base))
+        if pts is None:
+            pts = int(round(frame.index / self.rate / self.time_base))
+        elif frame.time_base != self.time_base:
+            pts = int(round(pts * frame.time_base / self.time_base))
         if self._last_pts is not None and pts <= self._last_pts:
             pts = self._last_pts + 1  # a repeated timestamp would be refused by the muxer
         self._last_pts = pts

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import cv2
 import numpy as np
@@ -29,13 +30,14 @@ class FlowOptions:
     min_valid: float = 0.6
 
 
-_DIS: cv2.DISOpticalFlow | None = None
+_DIS: Any = None
 
 
-def _dis() -> cv2.DISOpticalFlow:
+def _dis() -> Any:
+    """One DIS instance (medium preset) per process; creating it costs more than a 128 px flow."""
     global _DIS
     if _DIS is None:
-        _DIS = cv2.DISOpticalFlow_create(cv2.DISOPTICAL_FLOW_PRESET_MEDIUM)
+        _DIS = cv2.DISOpticalFlow_create(cv2.DISOPTICAL_FLOW_PRESET_MEDIUM)  # type: ignore[attr-defined]
     return _DIS
 
 
@@ -48,7 +50,7 @@ def grey(crop: np.ndarray, work_size: int) -> np.ndarray:
 
 def dis_flow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Flow [h, w, 2] float32 from grey a to grey b: a(x) ~ b(x + flow(x))."""
-    return _dis().calc(a, b, None)
+    return np.asarray(_dis().calc(a, b, None), np.float32)
 
 
 @functools.lru_cache(maxsize=8)

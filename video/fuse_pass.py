@@ -230,7 +230,7 @@ class _Fuser:
                     box = tr.bboxes[p] - np.tile(shift, 2)
                     faces.append(
                         Face(
-                            bbox=tuple(float(v) for v in box),
+                            bbox=(float(box[0]), float(box[1]), float(box[2]), float(box[3])),
                             score=float(tr.scores[p]),
                             landmarks=tr.landmarks[p] - shift.astype(np.float32),
                             affine=affine,
