@@ -168,6 +168,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--frames", default="1000,4000", help="clip lengths (frames at 30 fps)")
     p.add_argument("--modes", default="keyframes,per_frame")
+    p.add_argument("--per-frame-up-to", type=int, default=0, help="skip per_frame mode on longer clips (0 = never)")
     p.add_argument("--refine", choices=["fake", "sd15"], default="fake")
     p.add_argument("--comfyui", default="", help="ComfyUI checkout (for --refine sd15)")
     p.add_argument("--device", default="cpu")
@@ -205,6 +206,8 @@ def main() -> None:
         t_track = (time.perf_counter() - t0) / n
         print()
         for mode in args.modes.split(","):
+            if mode == "per_frame" and 0 < args.per_frame_up_to < n:
+                continue
             out = work / f"out_{n}_{mode}.mp4"
             base = peak_rss_reset()
             t0 = time.perf_counter()
