@@ -182,6 +182,9 @@ def runtime(comfy: SimpleNamespace, random_model: Any, tmp_path_factory: pytest.
             return random_model(family), _ClipStandIn(family, comfy.models), vae
 
     mapping = comfy.nodes.NODE_CLASS_MAPPINGS
+    if "LoadVideo" not in mapping:  # core video nodes live in comfy_extras, which the in-process import skips
+        extras = Path(comfy.nodes.__file__).parent / "comfy_extras" / "nodes_video.py"
+        asyncio.run(comfy.nodes.load_custom_node(str(extras), module_parent="comfy_extras"))
     added = {**NODE_CLASS_MAPPINGS, TEST_LOADER: RandomCheckpoint}
     before = {k: mapping.get(k) for k in added}
     mapping.update(added)
