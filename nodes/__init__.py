@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from importlib import import_module
 
-_MODULES: tuple[str, ...] = ("scheduler_node", "face_nodes", "enhance_node", "fusion_node")
+_MODULES: tuple[str, ...] = ("scheduler_node", "face_nodes", "enhance_node", "fusion_node", "video_nodes")
 
 NODE_CLASS_MAPPINGS: dict[str, type] = {}
 NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -27,6 +28,8 @@ _SOURCES = {
     "TOKEN_PLAN": "a TOKEN_PLAN output (PatchTokenize)",
     "IMAGE": "an IMAGE [batch, height, width, channels] (LoadImage, VAE Decode, ...)",
     "MASK": "a MASK [batch, height, width] (FaceDetect, LoadImage, ...)",
+    "VIDEO": "a VIDEO (core Load Video)",
+    "FACE_TRACKS": "FACE_TRACKS (FaceTrack)",
 }
 
 
@@ -47,6 +50,12 @@ def _is_custom(kind: str, value: Any) -> bool:
         from ..scheduling.plan import TokenPlan
 
         return isinstance(value, TokenPlan)
+    if kind == "VIDEO":  # comfy_api VideoInput, or a path / binary file when the runner or a test calls the node
+        return hasattr(value, "get_stream_source") or isinstance(value, (str, os.PathLike)) or hasattr(value, "read")
+    if kind == "FACE_TRACKS":
+        from ..video.track_pass import FaceTracks
+
+        return isinstance(value, FaceTracks)
     import torch
 
     if kind == "IMAGE":

@@ -13,10 +13,12 @@ import logging
 import math
 import os
 import pickle
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from test_fusion_geometry import astronaut_faceset
@@ -25,6 +27,7 @@ from test_scheduler_node import sd15_model
 from tokenfuse import NODE_CLASS_MAPPINGS
 from tokenfuse.faces import model_paths
 from tokenfuse.nodes.comfy import paths as comfy_paths
+from video_clips import encode_clip
 
 SENTINEL = "TOKENFUSE_PWNED"
 HOSTILE_STRINGS: dict[str, str] = {
@@ -72,7 +75,7 @@ class _Hostile:
         self.value = value
 
 
-CUSTOM_TYPES = ("FACES", "TOKEN_PLAN", "MODEL", "VAE", "CONDITIONING", "IMAGE", "MASK")
+CUSTOM_TYPES = ("FACES", "TOKEN_PLAN", "MODEL", "VAE", "CONDITIONING", "IMAGE", "MASK", "VIDEO", "FACE_TRACKS")
 RAW_MARKERS = (
     "object has no attribute",
     "NoneType",
@@ -127,15 +130,21 @@ def _baseline() -> dict[str, Any]:
     plan, _ = NODE_CLASS_MAPPINGS["TokenFusePatchTokenize"]().tokenize(
         image, faces, 0, 0, 0.1, 0.9, 0.35, 0.25, 0.5, "16"
     )
-    return {"IMAGE": image, "FACES": faces, "TOKEN_PLAN": plan, "MODEL": sd15_model(), "VAE": "VAE", "MASK": None}
+    clip = encode_clip(
+        Path(tempfile.mkdtemp(prefix="tf_security_")) / "clip.mp4", [(images[0][::2, ::2] * 255).astype(np.uint8)] * 4
+    )
+    base = {"IMAGE": image, "FACES": faces, "TOKEN_PLAN": plan, "MODEL": sd15_model(), "VAE": "VAE", "MASK": None}
+    base["VIDEO"] = str(clip)
+    base["FACE_TRACKS"] = _call("TokenFuseFaceTrack", {**_defaults("TokenFuseFaceTrack", base)})[0]
+    return base
 
 
-BASE = _baseline()
 SKIP_INPUTS = {("TokenFuseGFPGANEnhance", "model_name")}  # covered by the model-file cases below
 
 
-def _defaults(node_id: str) -> dict[str, Any]:
+def _defaults(node_id: str, base: dict[str, Any] | None = None) -> dict[str, Any]:
     """Valid keyword arguments for a node: custom types from the baseline, widgets at their defaults."""
+    base = BASE if base is None else base
     spec = NODE_CLASS_MAPPINGS[node_id].INPUT_TYPES()
     out: dict[str, Any] = {}
     for section in ("required", "optional"):
@@ -143,15 +152,17 @@ def _defaults(node_id: str) -> dict[str, Any]:
             kind, opts = entry[0], (entry[1] if len(entry) > 1 else {})
             if isinstance(kind, list):
                 out[name] = opts.get("default", kind[0])
-            elif kind in ("FACES", "TOKEN_PLAN", "IMAGE", "MODEL", "VAE"):
+            elif kind in ("FACES", "TOKEN_PLAN", "IMAGE", "MODEL", "VAE", "VIDEO", "FACE_TRACKS"):
                 if section == "required" or kind != "IMAGE":
-                    out[name] = BASE[kind] if section == "required" else None
+                    out[name] = base[kind] if section == "required" else None
             elif kind == "CONDITIONING":
                 out[name] = "cond"
             else:
                 out[name] = opts.get("default")
     if node_id == "TokenFuseScheduledFusion":
         out.update(guide_size=128, steps=2, faces_per_batch=1)
+    if node_id == "TokenFuseVideoFaceFusion":
+        out.update(guide_size=64, steps=1, faces_per_batch=1)
     if node_id == "TokenFuseGFPGANEnhance":
         out.update(visibility=0.0)  # no restorer model in CI: the identity path still checks every input
     return out
@@ -160,9 +171,15 @@ def _defaults(node_id: str) -> dict[str, Any]:
 def _call(node_id: str, kwargs: dict[str, Any]) -> Any:
     node = NODE_CLASS_MAPPINGS[node_id]()
     fn: Callable[..., Any] = getattr(node, node.FUNCTION)
-    if node_id == "TokenFuseScheduledFusion" and not any(isinstance(kwargs[k], _Hostile) for k in COMFY_OBJECTS):
+    fusion = node_id in ("TokenFuseScheduledFusion", "TokenFuseVideoFaceFusion")
+    if fusion and not any(isinstance(kwargs[k], _Hostile) for k in COMFY_OBJECTS):
         kwargs = {**kwargs, "backend": FakeStack().backend()}  # the fake stack stands for MODEL/VAE/CONDITIONING
+    if node_id == "TokenFuseVideoFaceFusion" and os.environ.get(comfy_paths.OUTPUT_DIR_ENV):
+        kwargs["out_path"] = str(comfy_paths.output_dir() / "video.mp4")
     return fn(**{k: v.value if isinstance(v, _Hostile) else v for k, v in kwargs.items()})
+
+
+BASE = _baseline()
 
 
 def _cases() -> list[tuple[str, str, str, Any]]:

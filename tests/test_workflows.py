@@ -24,6 +24,8 @@ MODEL_FILE_INPUTS = {
     ("TokenFuseGFPGANEnhance", "model_name"),
     ("TokenFuseScheduledFusion", "swap_model"),
     ("TokenFuseScheduledFusion", "arcface_model"),
+    ("TokenFuseVideoFaceFusion", "swap_model"),
+    ("TokenFuseVideoFaceFusion", "arcface_model"),
 }
 MODEL_SUFFIXES = (".safetensors", ".pth", ".onnx", ".ckpt")
 
@@ -58,6 +60,7 @@ def test_the_issue_workflows_are_there() -> None:
         "tokenfuse_face_swap_sd15_6gb",
         "tokenfuse_face_refine_sdxl_8gb",
         "tokenfuse_group_photo_multiface_sd15",
+        "tokenfuse_video_face_refine_sd15_6gb",
     } <= names, names
 
 
@@ -203,6 +206,10 @@ def test_each_workflow_targets_its_budget() -> None:
     wf = by["tokenfuse_group_photo_multiface_sd15"]
     detect = _only(wf, "TokenFuseFaceDetect")
     assert detect["max_faces"] == 0 and _only(wf, "TokenFuseScheduledFusion")["faces_per_batch"] > 1
+    wf = by["tokenfuse_video_face_refine_sd15_6gb"]
+    assert _only(wf, "TokenFuseTokenSchedulerController")["preset"] == "lowvram_6gb"
+    video = _only(wf, "TokenFuseVideoFaceFusion")
+    assert video["mode"] == "keyframes" and video["faces_per_batch"] == 2 and video["guide_size"] == 512
 
 
 def test_readme_lists_every_workflow() -> None:

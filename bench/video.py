@@ -1,0 +1,284 @@
+"""Video face fusion: key-frame mode vs per-frame mode on a long 720p talking-head clip, same seed, one process.
+
+The clip is made from a real talking head (comfyui-workflow-templates-media-video `api_kling_avatar2-1.webp`,
+350 px, upscaled into a 1280x720 frame and looped back and forth) at 30 fps, for each length in --frames.
+Pass 1 (FaceTrack: detection at 480 px, tracks, smoothing) runs once per length; pass 2 (VideoFaceFusion) runs
+per mode. Printed per length and mode: frames, key frames, diffusion runs, seconds per frame (pass 2), peak RSS
+of pass 2 (VmHWM, reset per run), added flicker and crop jitter.
+
+- added flicker: inside the face mask of the smoothed aligned crop, the frame-to-frame change left after motion
+  compensation (DIS flow estimated on the input crops, applied to both videos), output / input. 1.0 = no flicker
+  added. Measured over the first --stability-frames frames.
+- crop jitter: mean second difference of the aligned crop's centre, raw landmarks vs smoothed track (px/frame^2).
+
+--refine fake   : the test suite's stand-in sampler (content-dependent detail boost + seeded noise); costs ~nothing,
+                  so seconds per frame show the video path's own overhead (decode, flow, paste, encode).
+--refine sd15   : ComfyUI's sampler on a random-weight SD1.5 U-Net + SD VAE through VideoFaceFusion (needs
+                  --comfyui); random weights: valid for cost and memory, never for quality (flicker numbers on
+                  random weights mean nothing).
+
+    python bench/video.py --frames 1000,4000 --refine fake
+    python bench/video.py --comfyui /path/to/ComfyUI --refine sd15 --device cuda --dtype fp16 --guide 512 --steps 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "devkit"))
+sys.path.insert(0, str(REPO / "tests"))  # the clip helpers and the stand-in sampler the tests use
+from pack_loader import load_pack  # noqa: E402
+from video_clips import fake_refine, webp_frames  # noqa: E402
+
+
+def peak_rss_reset() -> int | None:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := current RSS
+    except OSError:
+        return None
+    return _status("VmRSS")
+
+
+def _status(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def make_clip(path: Path, frames: int, fps: int = 30) -> Path:
+    """A 1280x720 30 fps talking head of `frames` frames (ping-pong loop of the WebP's 56 frames), H.264."""
+    import av
+
+    src, _ = webp_frames("api_kling_avatar2-1.webp")
+    cycle = src + src[-2:0:-1]
+    with av.open(str(path), "w") as out:
+        s = out.add_stream("libx264", rate=fps)
+        s.width, s.height, s.pix_fmt = 1280, 720, "yuv420p"
+        s.options = {"crf": "18", "preset": "ultrafast"}
+        canvas = np.zeros((720, 1280, 3), np.uint8)
+        for i in range(frames):
+            face = cv2.resize(cycle[i % len(cycle)], (720, 720), interpolation=cv2.INTER_CUBIC)
+            canvas[:, 280:1000] = face
+            vf = av.VideoFrame.from_ndarray(canvas, format="rgb24")
+            vf.pts = i
+            for p in s.encode(vf):
+                out.mux(p)
+        for p in s.encode(None):
+            out.mux(p)
+    return path
+
+
+def stability(src: Path, out: Path, tracks: Any, limit: int, size: int = 256) -> float:
+    """Added flicker (see module doc): sum over frames of the motion-compensated change, output / input."""
+    from tokenfuse.faces.align import template, warp_face
+    from tokenfuse.faces.masks import crop_mask
+    from tokenfuse.video.decode import VideoReader
+    from tokenfuse.video.flow import dis_flow, grey, sample
+    from tokenfuse.video.smooth import scale_affine
+
+    mask = crop_mask(template(size, tracks.crop_factor), size)[..., None]
+    num = den = 0.0
+    prev: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    with VideoReader(src) as a, VideoReader(out) as b:
+        for fa, fb in zip(a, b, strict=False):
+            if fa.index >= limit:
+                break
+            cur = {}
+            for j in tracks.tracks_at(fa.index):
+                tr = tracks.tracks[j]
+                aff = scale_affine(tr.affines[fa.index - tr.start], size)
+                ci = warp_face(fa.rgb, aff, size).astype(np.float32)
+                co = warp_face(fb.rgb, aff, size).astype(np.float32)
+                cur[j] = (ci, co)
+                if j in prev:
+                    pi, po = prev[j]
+                    flow = dis_flow(grey(ci.astype(np.uint8), size), grey(pi.astype(np.uint8), size))
+                    den += float((np.abs(ci - sample(pi, flow)) * mask).sum())
+                    num += float((np.abs(co - sample(po, flow)) * mask).sum())
+            prev = cur
+    return num / max(den, 1e-9)
+
+
+def comfy_refine_runner(args: argparse.Namespace) -> Any:
+    """fuse(src, out, tracks, mode) through VideoFaceFusion on a random-weight SD1.5 U-Net + SD VAE."""
+    import torch
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import comfy_models
+
+    import fusion as fusion_bench
+
+    comfy_models.setup_comfy(args.comfyui, cpu=args.device == "cpu", sdpa=True)
+    import comfy.utils
+    import utils.extra_config  # noqa: F401
+
+    comfy.utils.PROGRESS_BAR_ENABLED = False
+    dtype = torch.float16 if args.dtype == "fp16" else torch.float32
+    model = comfy_models.build_model("sd15", model_channels=args.channels, tiny=args.channels < 320, seed=0)
+    vae = fusion_bench.build_vae(ch=128 if args.channels >= 320 else 32, seed=0, dtype=dtype)
+    cond = comfy_models.conditioning("sd15", seed=1), comfy_models.conditioning("sd15", seed=2)
+    from tokenfuse.nodes.video_nodes import VideoFaceFusion
+
+    def run(src: Path, out: Path, tracks: Any, mode: str) -> Any:
+        node = VideoFaceFusion()
+        with torch.inference_mode():
+            node.fuse(
+                str(src),
+                tracks,
+                model,
+                vae,
+                cond[0],
+                cond[1],
+                seed=1,
+                steps=args.steps,
+                cfg=5.0,
+                sampler_name="euler",
+                scheduler="normal",
+                denoise=0.45,
+                guide_size=args.guide,
+                faces_per_batch=args.batch,
+                mode=mode,
+                keyframes_per_second=args.kps,
+                pose_threshold=0.04,
+                strength=1.0,
+                crf=19,
+                preset=args.preset,
+                fallback="oom-only",
+                out_path=str(out),
+            )
+        return node.last_stats
+
+    return run
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--frames", default="1000,4000", help="clip lengths (frames at 30 fps)")
+    p.add_argument("--modes", default="keyframes,per_frame")
+    p.add_argument("--per-frame-up-to", type=int, default=0, help="skip per_frame mode on longer clips (0 = never)")
+    p.add_argument("--refine", choices=["fake", "sd15"], default="fake")
+    p.add_argument("--comfyui", default="", help="ComfyUI checkout (for --refine sd15)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32")
+    p.add_argument("--channels", type=int, default=320, help="U-Net model_channels (320 = real SD1.5 size)")
+    p.add_argument("--guide", type=int, default=512)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--batch", type=int, default=2, help="faces_per_batch")
+    p.add_argument("--kps", type=float, default=2.0, help="key frames per second")
+    p.add_argument("--preset", default="veryfast", help="x264 preset of the output")
+    p.add_argument("--stability-frames", type=int, default=600)
+    p.add_argument("--workdir", default="", help="keep clips and outputs here (default: a temp folder)")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    load_pack()
+    from tokenfuse.faces.detect import RetinaFaceDetector
+    from tokenfuse.video.encode import EncodeOptions
+    from tokenfuse.video.fuse_pass import FuseOptions, fuse_video
+    from tokenfuse.video.keyframes import KeyframeOptions
+    from tokenfuse.video.track_pass import track_video
+    from tokenfuse.video.tracks import make_detect
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="tokenfuse_bench_video_"))
+    work.mkdir(parents=True, exist_ok=True)
+    runner = comfy_refine_runner(args) if args.refine == "sd15" else None
+    detect = make_detect(RetinaFaceDetector(), detect_size=480)
+    rows = []
+    for n in [int(x) for x in args.frames.split(",")]:
+        clip = work / f"head720_{n}.mp4"
+        if not clip.exists():
+            print(f"making {clip.name} ...", flush=True)
+            make_clip(clip, n)
+        t0 = time.perf_counter()
+        tracks = track_video(clip, detect, progress=lambda d, t: print(f"\r  pass 1 {d}/{t}", end="", flush=True))
+        t_track = (time.perf_counter() - t0) / n
+        print()
+        for mode in args.modes.split(","):
+            if mode == "per_frame" and 0 < args.per_frame_up_to < n:
+                continue
+            out = work / f"out_{n}_{mode}.mp4"
+            base = peak_rss_reset()
+            t0 = time.perf_counter()
+            if runner is not None:
+                stats = runner(clip, out, tracks, mode)
+            else:
+                opts = FuseOptions(
+                    crop_size=args.guide,
+                    faces_per_batch=args.batch,
+                    seed=1,
+                    keyframes=KeyframeOptions(per_second=0.0 if mode == "per_frame" else args.kps),
+                    encode=EncodeOptions(crf=19, preset=args.preset),
+                )
+                stats = fuse_video(
+                    clip,
+                    out,
+                    tracks,
+                    fake_refine,
+                    opts,
+                    progress=lambda d, t: print(f"\r  pass 2 {d}/{t}", end="", flush=True),
+                )
+            secs = time.perf_counter() - t0
+            print()
+            peak = _status("VmHWM")
+            flick = stability(clip, out, tracks, args.stability_frames)
+            rows.append(
+                dict(
+                    frames=n,
+                    mode=mode,
+                    keys=stats.key_frames,
+                    fails=stats.flow_failures,
+                    runs=stats.diffusion_runs,
+                    spf=secs / n,
+                    track_spf=t_track,
+                    peak=(peak or 0) / 2**20,
+                    base=(base or 0) / 2**20,
+                    flicker=flick,
+                    jraw=tracks.raw_jitter,
+                    jsm=tracks.smooth_jitter,
+                )
+            )
+    backend = "fake sampler" if runner is None else f"SD1.5 U-Net ch {args.channels}, {args.dtype}, {args.device}"
+    print(
+        f"\nVideo fusion, 1280x720 30 fps talking head, guide {args.guide}, batch {args.batch}, {args.kps} key/s, "
+        f"refine: {backend}; pass 1 (detect 480 px + track) shown separately"
+    )
+    print(
+        "| frames | mode | key frames (+flow fails) | diffusion runs | pass 2 s/frame | pass 1 s/frame | "
+        "peak RSS pass 2 (start) | added flicker | crop jitter raw -> smoothed |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['frames']} | {r['mode']} | {r['keys']} (+{r['fails']}) | {r['runs']} | {r['spf']:.3f} | "
+            f"{r['track_spf']:.3f} | {r['peak']:.0f} MB ({r['base']:.0f}) | {r['flicker']:.2f} | "
+            f"{r['jraw']:.2f} -> {r['jsm']:.2f} |"
+        )
+    by = {(r["frames"], r["mode"]): r for r in rows}
+    for n in sorted({r["frames"] for r in rows}):
+        k, pf = by.get((n, "keyframes")), by.get((n, "per_frame"))
+        if k and pf:
+            print(
+                f"{n} frames: per_frame / keyframes = {pf['runs'] / max(k['runs'], 1):.1f}x diffusion runs, "
+                f"{pf['spf'] / k['spf']:.2f}x time per frame"
+            )
+    ks = sorted((r for r in rows if r["mode"] == "keyframes"), key=lambda r: r["frames"])
+    if len(ks) > 1:
+        ratio = ks[-1]["peak"] / ks[0]["peak"]
+        print(f"peak RSS {ks[-1]['frames']} vs {ks[0]['frames']} frames (keyframes): {ratio:.3f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,441 @@
+"""FaceTrack and VideoFaceFusion: the video path, streamed (thin node classes over video/).
+
+FaceTrack (pass 1) streams the VIDEO once: detection at reduced size, tracks, scene cuts, selection and zero-phase
+smoothing; it returns FACE_TRACKS (small arrays, no pixels). VideoFaceFusion (pass 2) streams it again: key-frame
+crops are refined in batches through ScheduledFusion's own sampler path (the same fallbacks, identity pre-swap and
+model patches), the other frames get the refined change by optical flow, faces are pasted back and the result is
+encoded to H.264 with the input's timestamps and audio packets. Neither node ever holds the whole video.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal, get_args
+
+from ..faces.types import DetectorBackend, FaceOrder
+from ..video.encode import Preset
+from .checks import checked_inputs
+from .comfy import env
+from .comfy import video as video_glue
+from .face_nodes import _BACKEND_TIP, _folders, _reference_embedding
+
+log = logging.getLogger(__name__)
+
+VideoMode = Literal["keyframes", "per_frame"]
+PREVIEW_FRAMES = 6
+
+
+def _float(default: float, lo: float, hi: float, step: float, tip: str) -> tuple[str, dict[str, Any]]:
+    return ("FLOAT", {"default": default, "min": lo, "max": hi, "step": step, "tooltip": tip})
+
+
+def _int(default: int, lo: int, hi: int, tip: str, step: int = 1) -> tuple[str, dict[str, Any]]:
+    return ("INT", {"default": default, "min": lo, "max": hi, "step": step, "tooltip": tip})
+
+
+class FaceTrack:
+    DESCRIPTION = (
+        "Follows faces through a video without loading it into memory: finds them on every frame, links them into "
+        "tracks, fills gaps, finds scene cuts, picks faces like FaceDetect and smooths each track so crops do not "
+        "shake. Connect its tracks and the same video to VideoFaceFusion."
+    )
+    CATEGORY = "TokenFuse/video"
+    FUNCTION = "track"
+    RETURN_TYPES = ("FACE_TRACKS", "IMAGE", "STRING")
+    RETURN_NAMES = ("face_tracks", "preview", "report")
+    OUTPUT_TOOLTIPS = (
+        "The selected, smoothed face tracks of the video (per frame: landmarks, box, aligned-crop transform).",
+        f"Up to {PREVIEW_FRAMES} evenly spaced frames with each track's crop square and landmarks drawn.",
+        "Frames, scene cuts, tracks found and kept, crop jitter raw -> smoothed, time.",
+    )
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict[str, Any]:
+        return {
+            "required": {
+                "video": ("VIDEO", {"tooltip": "The video (core Load Video node); streamed, never decoded whole."}),
+                "backend": (list(get_args(DetectorBackend)), {"default": "retinaface", "tooltip": _BACKEND_TIP}),
+                "score_threshold": _float(0.5, 0.05, 1.0, 0.01, "Minimum detector confidence (0.5 suits most clips)."),
+                "order": (
+                    list(get_args(FaceOrder)),
+                    {"default": "large-small", "tooltip": "Order of each scene's tracks before indices / max_faces."},
+                ),
+                "indices": (
+                    "STRING",
+                    {
+                        "default": "",
+                        "tooltip": "Track positions to keep in each scene after ordering, e.g. '0' (the main face) "
+                        "or '0,1'; empty = all tracks.",
+                    },
+                ),
+                "max_faces": _int(0, 0, 64, "Keep at most this many tracks per scene (0 = no limit)."),
+                "min_face_size": _int(
+                    0, 0, 4096, "Ignore tracks whose median box is smaller (px, shorter side); tiny faces gain little."
+                ),
+                "detect_size": _int(
+                    480,
+                    0,
+                    4096,
+                    "Detect on a copy whose long side is at most this (0 = full size). 480 keeps 1080p/4k fast; "
+                    "raise it for small faces.",
+                    step=32,
+                ),
+                "smoothing": _float(
+                    0.1,
+                    0.0,
+                    1.0,
+                    0.01,
+                    "Zero-phase smoothing of each track's alignment, sigma in seconds: 0.05-0.15 removes landmark "
+                    "jitter; larger values lag behind fast head motion at the edges. 0 = raw landmarks.",
+                ),
+                "cut_threshold": _float(
+                    0.45,
+                    0.05,
+                    1.0,
+                    0.01,
+                    "Scene-cut sensitivity (colour-histogram distance between frames): lower finds more cuts. "
+                    "No track or smoothing crosses a cut.",
+                ),
+                "crop_factor": _float(
+                    1.0, 1.0, 4.0, 0.05, "Zoom out around the face in the aligned crop (1 = FFHQ framing)."
+                ),
+                "device": (
+                    ["cpu", "auto"],
+                    {
+                        "default": "cpu",
+                        "tooltip": "cpu leaves VRAM to diffusion; auto uses onnxruntime-gpu if present.",
+                    },
+                ),
+            },
+            "optional": {
+                "model_name": (
+                    "STRING",
+                    {"default": "", "tooltip": "yunet file / insightface pack name (empty = default), as FaceDetect."},
+                ),
+                "reference_faces": (
+                    "FACES",
+                    {
+                        "tooltip": "Keep only tracks of this person (FaceDetect with insightface embeddings on the "
+                        "reference image; this node then needs the insightface backend too)."
+                    },
+                ),
+                "similarity_threshold": _float(
+                    0.3, -1.0, 1.0, 0.01, "ArcFace similarity to the reference needed (0.3-0.4 = same person)."
+                ),
+            },
+        }
+
+    @checked_inputs()
+    def track(
+        self,
+        video: Any,
+        backend: str,
+        score_threshold: float,
+        order: str,
+        indices: str,
+        max_faces: int,
+        min_face_size: int,
+        detect_size: int,
+        smoothing: float,
+        cut_threshold: float,
+        crop_factor: float,
+        device: str,
+        model_name: str = "",
+        reference_faces: Any = None,
+        similarity_threshold: float = 0.3,
+    ) -> tuple[Any, Any, str]:
+        import numpy as np
+        import torch
+
+        from ..faces.analyse import load_backend
+        from ..faces.select import Selection, parse_indices
+        from ..video.decode import probe
+        from ..video.preview import draw_tracks, fit_width, preview_indices
+        from ..video.track_pass import TrackOptions, track_video
+        from ..video.tracks import make_detect
+
+        source = video_glue.stream_source(video)
+        info = probe(source)
+        sel = Selection(
+            order=order,  # type: ignore[arg-type]
+            indices=None if (idx := parse_indices(indices)) is None else tuple(idx),
+            max_faces=max_faces,
+            min_size=float(min_face_size),
+            score_threshold=score_threshold,
+            reference=None if reference_faces is None else _reference_embedding(reference_faces),
+            similarity_threshold=similarity_threshold,
+        )
+        folders, name = _folders(backend, model_name.strip())
+        detector, embedder = load_backend(backend, folders, name, device)  # type: ignore[arg-type]
+        if sel.reference is not None and embedder is None:
+            raise ValueError(
+                "reference_faces need embeddings on the video too: use the insightface backend with a pack that "
+                "has a recognition model (w600k_*.onnx)."
+            )
+        wanted = set(preview_indices(info.frame_count or 1, PREVIEW_FRAMES))
+        kept: dict[int, Any] = {}
+        bar = env.progress_bar(info.frame_count or 1)
+        opts = TrackOptions(
+            smooth_seconds=smoothing, cut_threshold=cut_threshold, crop_factor=crop_factor, selection=sel
+        )
+        tracks = track_video(
+            source,
+            make_detect(detector, detect_size, score_threshold, embedder),
+            opts,
+            progress=lambda done, total: bar.update_absolute(done, total or None),
+            on_frame=lambda f: kept.__setitem__(f.index, f.rgb) if f.index in wanted else None,
+        )
+        shots = [fit_width(draw_tracks(kept[i], tracks, i)) for i in sorted(kept)]
+        if shots:
+            h, w = shots[0].shape[:2]
+            shots = [s if s.shape[:2] == (h, w) else np.zeros((h, w, 3), np.uint8) for s in shots]
+            preview = torch.from_numpy(np.stack(shots).astype(np.float32) / 255.0)
+        else:
+            preview = torch.zeros((1, 64, 64, 3))
+        report = (
+            f"FaceTrack: {tracks.frame_count} frames at {tracks.fps:.3f} fps, {len(tracks.cuts)} scene cut(s), "
+            f"{tracks.detections} detections, {len(tracks.tracks)} track(s) kept; crop jitter "
+            f"{tracks.raw_jitter:.2f} -> {tracks.smooth_jitter:.2f} px/frame^2; {tracks.seconds:.1f} s"
+        )
+        for i, tr in enumerate(tracks.tracks):
+            report += f"\n  track {i}: frames {tr.start}-{tr.end - 1} ({int(tr.detected.sum())} detected)"
+        if not tracks.tracks:
+            log.warning("FaceTrack: no face track in %s; VideoFaceFusion will copy it through", tracks.name)
+        return tracks, preview, report
+
+
+class VideoFaceFusion:
+    DESCRIPTION = (
+        "Face refine / swap for video: diffuses only key frames of each track (same noise per track, batched across "
+        "frames) and carries the change to the other frames with optical flow. Streams any length to H.264 and "
+        "keeps frame count, timestamps and audio."
+    )
+    CATEGORY = "TokenFuse/video"
+    FUNCTION = "fuse"
+    RETURN_TYPES = ("VIDEO", "STRING")
+    RETURN_NAMES = ("video", "report")
+    OUTPUT_TOOLTIPS = (
+        "The fused video (H.264 yuv420p MP4 in ComfyUI's temp folder; connect Save Video).",
+        "Frames, key frames, flow failures, diffusion runs, time per frame, and ScheduledFusion's warnings.",
+    )
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict[str, Any]:
+        from .fusion_node import ScheduledFusion
+
+        base = ScheduledFusion.INPUT_TYPES()
+        req, opt = base["required"], base["optional"]
+        return {
+            "required": {
+                "video": ("VIDEO", {"tooltip": "The same VIDEO that went into FaceTrack."}),
+                "face_tracks": ("FACE_TRACKS", {"tooltip": "FaceTrack's output for this video."}),
+                "model": req["model"],
+                "vae": req["vae"],
+                "positive": req["positive"],
+                "negative": req["negative"],
+                "seed": (
+                    "INT",
+                    {
+                        "default": 0,
+                        "min": 0,
+                        "max": 0xFFFFFFFFFFFFFFFF,
+                        "control_after_generate": True,
+                        "tooltip": "Track i uses seed + i on every one of its frames (the same noise along a track "
+                        "keeps the refinement steady).",
+                    },
+                ),
+                "steps": req["steps"],
+                "cfg": req["cfg"],
+                "sampler_name": req["sampler_name"],
+                "scheduler": req["scheduler"],
+                "denoise": req["denoise"],
+                "guide_size": req["guide_size"],
+                "faces_per_batch": _int(
+                    2, 1, 16, "Key-frame crops sampled together, across frames (2-3 fit 6-8 GB at 512 with scheduling)."
+                ),
+                "mode": (
+                    list(get_args(VideoMode)),
+                    {
+                        "default": "keyframes",
+                        "tooltip": "keyframes: diffuse key frames, propagate the rest by optical flow (>= 5x fewer "
+                        "diffusion runs at 2/s on 30 fps). per_frame: diffuse every frame.",
+                    },
+                ),
+                "keyframes_per_second": _float(
+                    2.0, 0.25, 30.0, 0.25, "Key frames per second per track (1-3 typical); more = closer to per_frame."
+                ),
+                "pose_threshold": _float(
+                    0.04,
+                    0.0,
+                    0.5,
+                    0.01,
+                    "Extra key frame when landmarks in the aligned crop moved this far (fraction of the crop) since "
+                    "the last key frame: head turns, mouth opening. 0 = off.",
+                ),
+                "strength": _float(1.0, 0.0, 1.0, 0.05, "Paste-back opacity of the refined faces."),
+                "crf": _int(19, 0, 51, "H.264 quality: 17-20 looks lossless, 23 is x264's default, higher = smaller."),
+                "preset": (
+                    list(get_args(Preset)),
+                    {"default": "medium", "tooltip": "x264 speed/size trade-off (faster = bigger file)."},
+                ),
+                "fallback": req["fallback"],
+            },
+            "optional": {k: opt[k] for k in ("swap_model", "arcface_model", "source_image", "source_faces")},
+        }
+
+    @checked_inputs("swap_model", "arcface_model")
+    def fuse(
+        self,
+        video: Any,
+        face_tracks: Any,
+        model: Any,
+        vae: Any,
+        positive: Any,
+        negative: Any,
+        seed: int,
+        steps: int,
+        cfg: float,
+        sampler_name: str,
+        scheduler: str,
+        denoise: float,
+        guide_size: int,
+        faces_per_batch: int,
+        mode: str,
+        keyframes_per_second: float,
+        pose_threshold: float,
+        strength: float,
+        crf: int,
+        preset: str,
+        fallback: str,
+        swap_model: str = "none",
+        arcface_model: str = "none",
+        source_image: Any = None,
+        source_faces: Any = None,
+        backend: Any = None,
+        out_path: str | None = None,
+    ) -> tuple[Any, str]:
+        """backend: a fusion.run.FusionBackend instead of ComfyUI's (tests); out_path: where to write."""
+        from ..faces.paste import BlendOptions
+        from ..video.encode import EncodeOptions
+        from ..video.fuse_pass import FuseOptions, fuse_video
+        from ..video.keyframes import KeyframeOptions
+        from ..video.track_pass import FaceTracks
+        from .fusion_node import ScheduledFusion
+
+        if not isinstance(face_tracks, FaceTracks):
+            raise TypeError(f"face_tracks must be FaceTrack's output, got {type(face_tracks).__name__}")
+        source = video_glue.stream_source(video)
+        size = int(guide_size) // 8 * 8
+        notes: list[str] = []
+        sf_args = dict(
+            model=model,
+            vae=vae,
+            positive=positive,
+            negative=negative,
+            seed=0,  # face k of a call gets seed 0 + k: mapped to its track's seed in the sampler below
+            steps=steps,
+            cfg=cfg,
+            sampler_name=sampler_name,
+            scheduler=scheduler,
+            denoise=denoise,
+            guide_size=size,
+            max_size=size,
+            crop_factor=1.0,  # the tracks' aligned crops already carry their context
+            feather=0.04,
+            fallback=fallback,
+            swap_model=swap_model,
+            arcface_model=arcface_model,
+            source_image=source_image,
+            source_faces=source_faces,
+        )
+        if backend is None and face_tracks.tracks:
+            backend = ScheduledFusion._comfy_backend(
+                model, vae, positive, negative, steps, cfg, sampler_name, scheduler, denoise, 1
+            )
+            backend.progress = env.throw_if_interrupted  # the chunk bar below is the visible one
+        refine = make_refine(sf_args, backend, face_tracks.crop_factor, notes) if face_tracks.tracks else None
+        opts = FuseOptions(
+            crop_size=size,
+            faces_per_batch=int(faces_per_batch),
+            seed=int(seed),
+            keyframes=KeyframeOptions(
+                per_second=0.0 if mode == "per_frame" else float(keyframes_per_second),
+                pose_threshold=float(pose_threshold),
+            ),
+            blend=BlendOptions(strength=float(strength)),
+            encode=EncodeOptions(crf=int(crf), preset=preset),  # type: ignore[arg-type]
+        )
+        bar = env.progress_bar(max(face_tracks.frame_count, 1))
+        path = out_path or video_glue.output_path()
+        stats = fuse_video(
+            source,
+            path,
+            face_tracks,
+            refine or (lambda crops, seeds: crops),
+            opts,
+            progress=lambda done, total: bar.update_absolute(done, total or None),
+        )
+        self.last_stats = stats  # for bench/video.py
+        report = f"VideoFaceFusion ({mode}, guide {size}): {stats.summary()}"
+        if notes:
+            report += "\n" + "\n".join(sorted(set(notes)))
+        log.info("%s", report.splitlines()[0])
+        return video_glue.video_output(path), report
+
+
+def make_refine(sf_args: dict[str, Any], backend: Any, crop_factor: float, notes: list[str]) -> Any:
+    """refine(crops [N, S, S, 3], seeds) through ScheduledFusion.fuse, one sampler batch for all N crops.
+
+    The N aligned crops (from different frames) are laid side by side in one [1, S, N*S, 3] image with one face
+    each whose affine is a plain shift, so ScheduledFusion samples them as one batch of N faces (its fallbacks,
+    pre-swap and artifact checks included). Its per-face seeds (0 + face number) are mapped to the tracks' seeds
+    inside the sampler call.
+    """
+    import numpy as np
+    import torch
+
+    from ..faces.align import template
+    from ..faces.masks import crop_mask
+    from ..faces.types import Face, FaceSet
+    from .fusion_node import ScheduledFusion
+
+    node = ScheduledFusion()
+    inner_sample = backend.sample
+    current: list[int] = []
+
+    def sample(m: Any, latent: Any, mask: Any, seeds: list[int], plan: Any) -> Any:
+        return inner_sample(m, latent, mask, [current[int(s)] for s in seeds], plan)
+
+    backend.sample = sample
+    masks: dict[int, np.ndarray] = {}
+
+    def refine(crops: np.ndarray, seeds: list[int]) -> np.ndarray:
+        n, s = int(crops.shape[0]), int(crops.shape[1])
+        if s not in masks:
+            masks[s] = crop_mask(template(s, crop_factor), s)
+        lm = template(s, crop_factor).astype(np.float32)
+        faces = tuple(
+            Face(
+                bbox=(float(k * s), 0.0, float((k + 1) * s), float(s)),
+                score=1.0,
+                landmarks=lm + np.array([k * s, 0], np.float32),
+                affine=np.array([[1.0, 0.0, -k * s], [0.0, 1.0, 0.0]]),
+                inverse=np.array([[1.0, 0.0, k * s], [0.0, 1.0, 0.0]]),
+                crop_size=s,
+                mask=masks[s],
+            )
+            for k in range(n)
+        )
+        mosaic = torch.from_numpy(np.ascontiguousarray(np.concatenate(list(crops), axis=1))[None])
+        current[:] = [int(x) for x in seeds]
+        out, _, report = node.fuse(
+            image=mosaic, faces=FaceSet((s, n * s), (faces,)), faces_per_batch=n, backend=backend, **sf_args
+        )
+        notes.extend(line.strip() for line in report.splitlines()[1:] if "passthrough" in line or "warn" in line)
+        return out.detach().float().cpu().numpy()
+
+    return refine
+
+
+NODE_CLASS_MAPPINGS = {"TokenFuseFaceTrack": FaceTrack, "TokenFuseVideoFaceFusion": VideoFaceFusion}
+NODE_DISPLAY_NAME_MAPPINGS = {"TokenFuseFaceTrack": "FaceTrack", "TokenFuseVideoFaceFusion": "VideoFaceFusion"}

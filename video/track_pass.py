@@ -1,0 +1,124 @@
+"""Pass 1 over a video: detect faces on every frame (reduced size), find scene cuts, link and select tracks,
+smooth each track's alignment. Streams the input; keeps only detections (a few floats per face and frame)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..faces.select import Selection
+from .decode import Source, VideoReader, probe
+from .scenes import CutDetector
+from .smooth import jitter, raw_affines, smooth_track
+from .tracks import DetectFn, FaceObs, LinkOptions, Track, link_tracks, select_tracks
+from .types import Frame
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]
+"""progress(done, total): called once per chunk of frames; total is 0 when unknown. Raising in it cancels the run
+(ComfyUI's ProgressBar.update raises on user interrupt)."""
+
+
+@dataclass(frozen=True)
+class TrackOptions:
+    """smooth_seconds: sigma of the zero-phase smoothing of each track's alignment (0 = raw landmarks);
+    cut_threshold: scene-cut histogram distance (see scenes.CutDetector); crop_factor: > 1 zooms the aligned crop
+    out (more context); selection: which tracks are kept (FaceDetect's vocabulary, applied per scene)."""
+
+    smooth_seconds: float = 0.1
+    cut_threshold: float = 0.45
+    crop_factor: float = 1.0
+    link: LinkOptions = LinkOptions()
+    selection: Selection = Selection()
+
+
+@dataclass(frozen=True, eq=False)
+class FaceTracks:
+    """The result of pass 1 (the FACE_TRACKS value): the video's frame facts, scene cuts and the selected,
+    smoothed tracks. raw_jitter / smooth_jitter: mean crop-centre second difference over the tracks (px/frame^2)."""
+
+    name: str
+    width: int
+    height: int
+    frame_count: int
+    fps: float
+    cuts: tuple[int, ...]
+    tracks: tuple[Track, ...]
+    crop_factor: float = 1.0
+    detections: int = 0
+    raw_jitter: float = 0.0
+    smooth_jitter: float = 0.0
+    seconds: float = field(default=0.0, compare=False)
+
+    def tracks_at(self, frame: int) -> list[int]:
+        """Indices of the tracks covering a frame."""
+        return [i for i, tr in enumerate(self.tracks) if tr.covers(frame)]
+
+
+def track_video(
+    source: Source,
+    detect: DetectFn,
+    opts: TrackOptions = TrackOptions(),
+    progress: Progress | None = None,
+    chunk_frames: int = 32,
+    on_frame: Callable[[Frame], None] | None = None,
+) -> FaceTracks:
+    """Stream a video once and return its face tracks (see module doc).
+
+    on_frame: sees every decoded frame (e.g. to keep a few for a preview); must not keep them all.
+    """
+    t0 = time.perf_counter()
+    info = probe(source)
+    total = info.frame_count or 0
+    cutter = CutDetector(opts.cut_threshold)
+    per_frame: list[list[FaceObs]] = []
+    cuts: list[int] = []
+    with VideoReader(source) as reader:
+        for frame in reader:
+            if cutter.update(frame.rgb):
+                cuts.append(frame.index)
+            per_frame.append(detect(frame.rgb))
+            if on_frame is not None:
+                on_frame(frame)
+            if progress is not None and (frame.index + 1) % chunk_frames == 0:
+                progress(frame.index + 1, total)
+    n = len(per_frame)
+    if progress is not None:
+        progress(n, n)
+    linked = link_tracks(per_frame, cuts, opts.link)
+    chosen = select_tracks(linked, opts.selection)
+    sigma = opts.smooth_seconds * info.fps
+    smoothed = tuple(smooth_track(tr, sigma, opts.crop_factor) for tr in chosen)
+    raw_j = [jitter(raw_affines(tr.landmarks, crop_factor=opts.crop_factor)) for tr in smoothed]
+    smooth_j = [jitter(tr.affines) for tr in smoothed if tr.affines is not None]
+    result = FaceTracks(
+        name=info.name,
+        width=info.width,
+        height=info.height,
+        frame_count=n,
+        fps=info.fps,
+        cuts=tuple(cuts),
+        tracks=smoothed,
+        crop_factor=opts.crop_factor,
+        detections=sum(len(d) for d in per_frame),
+        raw_jitter=float(np.mean(raw_j)) if raw_j else 0.0,
+        smooth_jitter=float(np.mean(smooth_j)) if smooth_j else 0.0,
+        seconds=time.perf_counter() - t0,
+    )
+    log.info(
+        "tracked %s: %d frames, %d scene cut(s), %d track(s) kept of %d, crop jitter %.2f -> %.2f px/frame^2 (%.1f s)",
+        info.name,
+        n,
+        len(cuts),
+        len(smoothed),
+        len(linked),
+        result.raw_jitter,
+        result.smooth_jitter,
+        result.seconds,
+    )
+    return result

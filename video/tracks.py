@@ -1,0 +1,252 @@
+"""Face tracks: per-frame detections linked into tracks by box overlap (and identity embedding when present),
+gaps filled, one scene per track, and the identity to process chosen with FaceDetect's selection vocabulary.
+
+Pass 1 of the video driver keeps only these small arrays per frame (boxes, 5 landmarks, an optional
+embedding), never pixels, so a long video's tracks fit in a few MB.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..faces.detect import Detector, detect_frame
+from ..faces.embed import ArcFaceEmbedder
+from ..faces.select import Selection
+
+
+@dataclass(frozen=True, eq=False)
+class FaceObs:
+    """One detection: bbox [4] float32 x1, y1, x2, y2; landmarks [5, 2] float32; embedding [D] unit or None."""
+
+    bbox: np.ndarray
+    score: float
+    landmarks: np.ndarray
+    embedding: np.ndarray | None = None
+
+
+DetectFn = Callable[[np.ndarray], list[FaceObs]]
+
+
+def make_detect(
+    detector: Detector,
+    detect_size: int = 480,
+    score_threshold: float = 0.5,
+    embedder: ArcFaceEmbedder | None = None,
+) -> DetectFn:
+    """A per-frame detect function over the pack's detectors: rgb [H, W, 3] uint8 -> detections.
+
+    detect_size: long side the frame is scaled to for detection (faces need far fewer pixels than 1080p).
+    embedder: ArcFace for identity (linking across occlusions and reference selection); None = boxes only.
+    """
+
+    def detect(rgb: np.ndarray) -> list[FaceObs]:
+        dets = detect_frame(detector, rgb, score_threshold, detect_size)
+        return [
+            FaceObs(
+                d.bbox.astype(np.float32),
+                float(d.score),
+                d.landmarks.astype(np.float32),
+                embedder.embed(rgb, d.landmarks) if embedder is not None else None,
+            )
+            for d in dets
+        ]
+
+    return detect
+
+
+@dataclass(frozen=True, eq=False)
+class Track:
+    """One face followed through consecutive frames start .. start + length - 1 of a single scene.
+
+    landmarks: [T, 5, 2] float32 raw detector landmarks (gaps linearly interpolated); bboxes: [T, 4];
+    scores: [T] (0 where filled); detected: [T] bool; embedding: [D] unit mean identity or None;
+    affines: [T, 2, 3] float64 smoothed image -> 512 aligned crop transforms (set by smooth.smooth_track).
+    """
+
+    id: int
+    start: int
+    segment: int
+    landmarks: np.ndarray
+    bboxes: np.ndarray
+    scores: np.ndarray
+    detected: np.ndarray
+    embedding: np.ndarray | None = None
+    affines: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def length(self) -> int:
+        return int(len(self.landmarks))
+
+    @property
+    def end(self) -> int:
+        """One past the last frame."""
+        return self.start + self.length
+
+    def covers(self, frame: int) -> bool:
+        return self.start <= frame < self.end
+
+    def median_box(self) -> np.ndarray:
+        return np.asarray(np.median(self.bboxes[self.detected], axis=0))
+
+
+def box_iou(a: np.ndarray, b: np.ndarray) -> float:
+    """IoU of two boxes [4] x1, y1, x2, y2."""
+    iw = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    ih = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = iw * ih
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return float(inter / union) if union > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class LinkOptions:
+    """iou_min: box overlap to continue a track; embed_min: identity similarity needed when both have embeddings;
+    max_gap: frames a track may miss before it ends (gaps are interpolated); min_hits: detections a track needs
+    unless it spans its whole scene (drops one-frame false positives, keeps a one-frame video's face)."""
+
+    iou_min: float = 0.3
+    embed_min: float = 0.3
+    max_gap: int = 8
+    min_hits: int = 3
+
+
+@dataclass
+class _Open:
+    id: int
+    frames: list[int]
+    obs: list[FaceObs]
+    emb_sum: np.ndarray | None
+
+    def emb(self) -> np.ndarray | None:
+        if self.emb_sum is None:
+            return None
+        return self.emb_sum / max(float(np.linalg.norm(self.emb_sum)), 1e-8)
+
+
+def _finish(o: _Open, segment: int) -> Track:
+    """Fill the gaps of an open track by linear interpolation and freeze it."""
+    frames = np.asarray(o.frames)
+    start, stop = int(frames[0]), int(frames[-1]) + 1
+    t = np.arange(start, stop)
+    lm = np.stack([ob.landmarks for ob in o.obs]).reshape(len(o.obs), -1)
+    bb = np.stack([ob.bbox for ob in o.obs])
+    lm_f = np.stack([np.interp(t, frames, lm[:, j]) for j in range(lm.shape[1])], 1).reshape(-1, 5, 2)
+    bb_f = np.stack([np.interp(t, frames, bb[:, j]) for j in range(4)], 1)
+    detected = np.zeros(len(t), bool)
+    detected[frames - start] = True
+    scores = np.zeros(len(t), np.float32)
+    scores[frames - start] = [ob.score for ob in o.obs]
+    return Track(o.id, start, segment, lm_f.astype(np.float32), bb_f.astype(np.float32), scores, detected, o.emb())
+
+
+def segment_starts(cuts: Sequence[int]) -> list[int]:
+    """Sorted first frames of the scenes after frame 0 (the cut frames)."""
+    return sorted({int(c) for c in cuts if c > 0})
+
+
+def segment_of(frame: int, starts: list[int]) -> int:
+    return bisect.bisect_right(starts, frame)
+
+
+def link_tracks(
+    per_frame: Sequence[Sequence[FaceObs]], cuts: Sequence[int] = (), opts: LinkOptions = LinkOptions()
+) -> list[Track]:
+    """Link detections frame to frame (greedy on IoU + embedding similarity); a cut ends every track.
+
+    per_frame: detections of frames 0 .. N-1. cuts: first frames of new scenes. Returns tracks by start frame.
+    """
+    starts = segment_starts(cuts)
+    seg_bounds = [0, *starts, len(per_frame)]
+    active: list[_Open] = []
+    done: list[tuple[_Open, int]] = []
+    next_id = 0
+    for t, dets in enumerate(per_frame):
+        seg = segment_of(t, starts)
+        still = []
+        for o in active:
+            if segment_of(o.frames[-1], starts) == seg and t - o.frames[-1] <= opts.max_gap:
+                still.append(o)
+            else:
+                done.append((o, segment_of(o.frames[0], starts)))
+        active = still
+        pairs = []
+        for i, o in enumerate(active):
+            e = o.emb()
+            for j, d in enumerate(dets):
+                iou = box_iou(o.obs[-1].bbox, d.bbox)
+                if iou < opts.iou_min:
+                    continue
+                sim = float(np.dot(e, d.embedding)) if e is not None and d.embedding is not None else None
+                if sim is not None and sim < opts.embed_min:
+                    continue
+                pairs.append((iou + (sim or 0.0), i, j))
+        used_o: set[int] = set()
+        used_d: set[int] = set()
+        for _, i, j in sorted(pairs, reverse=True):
+            if i in used_o or j in used_d:
+                continue
+            used_o.add(i)
+            used_d.add(j)
+            o, d = active[i], dets[j]
+            o.frames.append(t)
+            o.obs.append(d)
+            if d.embedding is not None:
+                o.emb_sum = d.embedding.astype(np.float64) + (o.emb_sum if o.emb_sum is not None else 0.0)
+        for j, d in enumerate(dets):
+            if j not in used_d:
+                emb = d.embedding.astype(np.float64) if d.embedding is not None else None
+                active.append(_Open(next_id, [t], [d], emb))
+                next_id += 1
+    done.extend((o, segment_of(o.frames[0], starts)) for o in active)
+    tracks = []
+    for o, seg in done:
+        scene_len = seg_bounds[seg + 1] - seg_bounds[seg]
+        if len(o.frames) < min(opts.min_hits, scene_len):
+            continue
+        tracks.append(_finish(o, seg))
+    tracks.sort(key=lambda tr: (tr.start, tr.id))
+    return tracks
+
+
+_ORDER: dict[str, Callable[[np.ndarray, float], float]] = {
+    "left-right": lambda b, s: (b[0] + b[2]) / 2,
+    "right-left": lambda b, s: -(b[0] + b[2]) / 2,
+    "top-bottom": lambda b, s: (b[1] + b[3]) / 2,
+    "large-small": lambda b, s: -(b[2] - b[0]) * (b[3] - b[1]),
+    "small-large": lambda b, s: (b[2] - b[0]) * (b[3] - b[1]),
+    "best-score": lambda b, s: -s,
+}
+
+
+def select_tracks(tracks: Sequence[Track], sel: Selection) -> list[Track]:
+    """FaceDetect's selection applied to tracks, scene by scene (a cut starts new tracks of the same people).
+
+    Each track is judged by its median box and mean detection score: min_size, score_threshold, reference
+    identity (tracks without embeddings never match a reference), then order, indices and max_faces within
+    each scene. Returns the kept tracks by start frame.
+    """
+    by_scene: dict[int, list[Track]] = {}
+    for tr in tracks:
+        box = tr.median_box()
+        score = float(tr.scores[tr.detected].mean())
+        if min(box[2] - box[0], box[3] - box[1]) < sel.min_size or score < sel.score_threshold:
+            continue
+        if sel.reference is not None:
+            if tr.embedding is None or float(np.dot(tr.embedding, sel.reference)) < sel.similarity_threshold:
+                continue
+        by_scene.setdefault(tr.segment, []).append(tr)
+    kept: list[Track] = []
+    for scene in by_scene.values():
+        scene.sort(key=lambda tr: _ORDER[sel.order](tr.median_box(), float(tr.scores[tr.detected].mean())))
+        if sel.indices is not None:
+            n = len(scene)
+            scene = [scene[i] for i in sel.indices if -n <= i < n]
+        if sel.max_faces > 0:
+            scene = scene[: sel.max_faces]
+        kept.extend(scene)
+    kept.sort(key=lambda tr: (tr.start, tr.id))
+    return kept

@@ -1,0 +1,48 @@
+"""Typed records shared by the video core: stream facts, decoded frames."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """What the container says about its first video stream (sizes after rotation).
+
+    frame_count: from the header; None when the container does not know it (a count of 0 in the header).
+    rate: average frame rate (frames/s) or None; time_base: the video stream's pts unit.
+    rotation: degrees the decoded frames are turned (counter-clockwise, multiple of 90) to display upright.
+    """
+
+    name: str
+    width: int
+    height: int
+    frame_count: int | None
+    rate: Fraction | None
+    time_base: Fraction
+    duration_s: float | None
+    rotation: int
+    codec: str
+    audio_streams: int
+
+    @property
+    def fps(self) -> float:
+        """Frames per second (30.0 when the container gives no rate)."""
+        return float(self.rate) if self.rate else 30.0
+
+
+@dataclass(frozen=True, eq=False)
+class Frame:
+    """One decoded frame: rgb [H, W, 3] uint8 upright, pts in time_base units (None when the stream has none)."""
+
+    index: int
+    rgb: np.ndarray
+    pts: int | None
+    time_base: Fraction
+
+    @property
+    def time(self) -> float | None:
+        return None if self.pts is None else float(self.pts * self.time_base)
