@@ -108,3 +108,17 @@ def build_unet(unet_config: dict[str, Any] | None = None) -> torch.nn.Module:
 
 def count_params(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
+
+
+@torch.no_grad()
+def fold_latent_scale(sd: dict[str, torch.Tensor], mean: torch.Tensor, std: torch.Tensor) -> None:
+    """Rescale quant_conv / post_quant_conv so the encoder's latent mean has per-channel mean 0 and std
+    1/0.18215 (SD1.5's latent format), leaving decode(encode(x)) unchanged. mean/std: [4]."""
+    c = 1.0 / SD15_SCALE / std  # [4]
+    w, b = sd["quant_conv.weight"], sd["quant_conv.bias"]  # [8, 8, 1, 1], [8]: first 4 rows = mean
+    w[:4] *= c.view(4, 1, 1, 1)
+    b[:4] = (b[:4] - mean) * c
+    b[4:] += 2.0 * torch.log(c)  # logvar: the posterior width scales too
+    pw, pb = sd["post_quant_conv.weight"], sd["post_quant_conv.bias"]  # [4, 4, 1, 1]
+    pb += pw[:, :, 0, 0] @ mean
+    pw /= c.view(1, 4, 1, 1)

@@ -172,23 +172,6 @@ def cmd_vae(args: argparse.Namespace) -> None:
     print(f"vae: {step} steps in {time.time() - t0:.0f} s")
 
 
-@torch.no_grad()
-def _fold_latent_scale(sd: dict[str, torch.Tensor], mean: torch.Tensor, std: torch.Tensor) -> None:
-    """Rescale quant_conv / post_quant_conv so the encoder's latent mean has per-channel mean 0 and std
-    1/0.18215 (SD1.5's latent format), leaving decode(encode(x)) unchanged. mean/std: [4]."""
-    from tokenfuse.devkit.face_model.nets import SD15_SCALE
-
-    c = 1.0 / SD15_SCALE / std  # [4]
-    w, b = sd["quant_conv.weight"], sd["quant_conv.bias"]  # [8, 8, 1, 1], [8]: first 4 rows = mean
-    w[:4] *= c.view(4, 1, 1, 1)
-    b[:4] = (b[:4] - mean) * c
-    w[4:] = w[4:]  # logvar: shift by 2 log c so the posterior width scales too
-    b[4:] += 2.0 * torch.log(c)
-    pw, pb = sd["post_quant_conv.weight"], sd["post_quant_conv.bias"]  # [4, 4, 1, 1]
-    pb += pw[:, :, 0, 0] @ mean
-    pw /= c.view(1, 4, 1, 1)
-
-
 # ------------------------------------------------------------------------------------------------------ latents
 def cmd_latents(args: argparse.Namespace) -> None:
     from safetensors.torch import load_file, save_file
@@ -213,7 +196,7 @@ def cmd_latents(args: argparse.Namespace) -> None:
             lats[name] = torch.cat(means)
     ref = lats["small"]
     mean, std = ref.mean(dim=(0, 2, 3)), ref.std(dim=(0, 2, 3))
-    _fold_latent_scale(sd, mean, std)
+    nets.fold_latent_scale(sd, mean, std)
     save_file(sd, str(out / "vae_scaled.safetensors"))
     c = (1.0 / nets.SD15_SCALE / std).view(1, 4, 1, 1)
     # = process_in(latent of the rescaled VAE): what the U-Net sees inside ComfyUI
