@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, list[dict[str, float]]] = {"unscheduled": [], **{v[0]: [] for v in variants}}
     unet_s = dict.fromkeys(rows, 0.0)
     used, skipped = [], []
+    good: list[tuple[np.ndarray, np.ndarray]] = []  # every output, for the artifact-check calibration
     t0 = time.time()
     for i, path in enumerate(paths):
         rgb = q.read_photo(path)
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         in_emb = ident.embed(photo.input_crop) if ident else None
         for name, run in runs.items():
             unet_s[name] += run.unet_s
+            good.append((run.crop, photo.mask))
             row = {
                 "psnr": q.psnr(run.crop, base.crop, photo.mask),
                 "ssim": q.ssim(run.crop, base.crop, photo.mask),
@@ -140,8 +142,15 @@ def main(argv: list[str] | None = None) -> int:
         "U-Net x = unscheduled U-Net time / this variant's. gate: PSNR >= 30, SSIM >= 0.95, id <= unscheduled + "
         "0.05. article: dPSNR <= 1.5 dB and SSIM >= 0.92."
     )
+    artifacts = q.artifact_calibration(good, args.seed)
+    print(
+        f"artifact check (faces/artifacts.py defaults) on {artifacts['good_outputs']} real outputs: "
+        f"{artifacts['false_positives']} false positive(s); injected failures caught: {artifacts['true_positives']}; "
+        f"good-output stat ranges {artifacts['good_stat_range']}"
+    )
     out = {
         "presets": summary,
+        "artifacts": artifacts,
         "faces": len(used),
         "gate": verdict,
         "skipped": skipped,

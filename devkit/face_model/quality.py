@@ -257,3 +257,55 @@ def gate(summary: dict[str, dict[str, Any]], base: str = "unscheduled") -> dict[
         article = s["psnr_in_drop_mean"] <= 1.5 and s["ssim_mean"] >= 0.92
         out[name] = {"gate": project, "article": article, "identity_ok": id_ok}
     return out
+
+
+# ---------------------------------------------------------------------------------------------- artifact check
+def inject(crop: np.ndarray, mask: np.ndarray, kind: str, rng: np.random.Generator) -> np.ndarray:
+    """A broken copy of a good output crop: the face region (mask > 0.5) made NaN / black / blown / noise / flat."""
+    out = crop.copy()
+    sel, _ = face_region(mask)
+    n = int(sel.sum())
+    if kind == "nan":
+        out[sel] = np.nan
+    elif kind == "black":
+        out[sel] = 0.01
+    elif kind == "blown":
+        out[sel] = 1.0
+    elif kind == "noise":
+        out[sel] = rng.random((n, 3), dtype=np.float32)
+    elif kind == "flat":
+        out[sel] = out[sel].mean(axis=0)
+    else:
+        raise ValueError(kind)
+    return out
+
+
+INJECTED = ("nan", "black", "blown", "noise", "flat")
+
+
+def artifact_calibration(good: list[tuple[np.ndarray, np.ndarray]], seed: int = 0) -> dict[str, Any]:
+    """faces/artifacts.check_crop with its default thresholds on the trained model's real outputs.
+
+    good: (crop, mask) of outputs that are not broken. Returns false positives on them, true positives per injected
+    failure kind, and the range of every statistic the check uses on the good outputs (the thresholds' margin).
+    """
+    from tokenfuse.faces.artifacts import ArtifactThresholds, check_crop
+
+    rng = np.random.default_rng(seed)
+    fp, stats = 0, {}
+    for crop, mask in good:
+        res = check_crop(crop, mask)
+        fp += 0 if res.ok else 1
+        for k, v in res.stats:
+            lo, hi = stats.get(k, (v, v))
+            stats[k] = (min(lo, v), max(hi, v))
+    tp = {kind: sum(0 if check_crop(inject(c, m, kind, rng), m).ok else 1 for c, m in good) for kind in INJECTED}
+    return {
+        "thresholds": vars(ArtifactThresholds()),
+        "good_outputs": len(good),
+        "false_positives": fp,
+        "true_positives": {k: f"{v}/{len(good)}" for k, v in tp.items()},
+        "good_stat_range": {k: [round(a, 4), round(b, 4)] for k, (a, b) in stats.items()},
+        "identity": "not calibrated: check_crop's identity test uses ArcFace embeddings (insightface models not "
+        "available offline here)",
+    }

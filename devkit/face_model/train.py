@@ -301,6 +301,22 @@ def cmd_export(args: argparse.Namespace) -> None:
         },
     )
     print(f"export: {dest} ({sum(p.stat().st_size for p in dest.glob('*.safetensors')) / 2**20:.1f} MiB)")
+    table = loss_table(out / "vae_log.csv", "l1") + "\n" + loss_table(out / "unet_log.csv", "loss")
+    (out / "loss_table.md").write_text(table)
+    print(table)
+
+
+def loss_table(log: Path, column: str, rows: int = 8) -> str:
+    """Markdown table of a stage's loss averaged over equal step windows (for MODEL_CARD.md)."""
+    with log.open() as fh:
+        data = [(int(r["step"]), float(r["seconds"]), float(r[column])) for r in csv.DictReader(fh)]
+    size = max(1, len(data) // rows)
+    lines = [f"| {log.stem} steps | minutes | mean {column} |", "|---|---|---|"]
+    for i in range(0, len(data), size):
+        chunk = data[i : i + size]
+        mean = sum(c[2] for c in chunk) / len(chunk)
+        lines.append(f"| {chunk[0][0]}-{chunk[-1][0]} | {chunk[-1][1] / 60:.1f} | {mean:.4f} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
