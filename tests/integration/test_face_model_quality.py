@@ -11,6 +11,7 @@ Run: COMFYUI_PATH=/path/to/ComfyUI /path/to/comfy-venv/bin/python -m pytest test
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -32,15 +33,18 @@ def _t1() -> np.ndarray | None:
 
 
 @pytest.fixture(scope="module")
-def stack(comfy: SimpleNamespace) -> SimpleNamespace:
+def stack(comfy: SimpleNamespace) -> Iterator[SimpleNamespace]:
     import comfy.utils
     import tokenfuse
+    import torch
     from tokenfuse.devkit.face_model import loader
     from tokenfuse.devkit.face_model import quality as q
 
     if not loader.weights_present():
         pytest.skip(f"trained face model weights not found in {loader.WEIGHTS_DIR}")
     comfy.utils.PROGRESS_BAR_ENABLED = False
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # on a shared 2-core box one thread is many times faster than two
     fm = loader.load_face_model()
     photos = []
     astronaut = pytest.importorskip("skimage.data").astronaut().astype(np.float32) / 255.0
@@ -50,13 +54,19 @@ def stack(comfy: SimpleNamespace) -> SimpleNamespace:
         photos += [q.prepare_photo(tokenfuse, f"t1 face {i}", t1, index=i) for i in range(2)]
     photos = [p for p in photos if p is not None]
     assert photos, "no held-out face detected"
-    return SimpleNamespace(pack=tokenfuse, fm=fm, q=q, photos=photos, params=q.FusionParams(**PARAMS))
+    yield SimpleNamespace(pack=tokenfuse, fm=fm, q=q, photos=photos, params=q.FusionParams(**PARAMS), cache={})
+    torch.set_num_threads(threads)
 
 
-def _runs(st: SimpleNamespace, preset: str | None) -> list[Any]:
-    model = st.fm.model if preset is None else st.q.scheduled(st.pack, st.fm.model, preset)
-    cond = st.fm.conditioning()
-    return [st.q.fuse(st.pack, model, st.fm.vae, cond, p, st.params, st.fm.model) for p in st.photos]
+def _runs(st: SimpleNamespace, preset: str | None, photos: int | None = None) -> list[Any]:
+    """ScheduledFusion outputs of the first `photos` held-out faces (all by default), cached per preset."""
+    chosen = st.photos[:photos]
+    key = (preset, len(chosen))
+    if key not in st.cache:
+        model = st.fm.model if preset is None else st.q.scheduled(st.pack, st.fm.model, preset)
+        cond = st.fm.conditioning()
+        st.cache[key] = [st.q.fuse(st.pack, model, st.fm.vae, cond, p, st.params, st.fm.model) for p in chosen]
+    return st.cache[key]
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +94,8 @@ def test_balanced_passes_the_quality_gate(stack: SimpleNamespace, unscheduled: l
 
 
 def test_off_is_bit_identical(stack: SimpleNamespace, unscheduled: list[Any]) -> None:
-    off = _runs(stack, "off")
-    for o, u in zip(off, unscheduled, strict=True):
+    off = _runs(stack, "off", photos=1)
+    for o, u in zip(off, unscheduled[:1], strict=True):
         assert np.array_equal(o.crop, u.crop)
 
 
@@ -93,6 +103,6 @@ def test_aggressive_preset_changes_more_than_balanced(stack: SimpleNamespace, un
     """A trained model must register the strength of the reduction (random weights cannot show this)."""
     q = stack.q
     photo, base = stack.photos[0], unscheduled[0]
-    bal = _runs(SimpleNamespace(**{**vars(stack), "photos": [photo]}), "balanced")[0]
-    low = _runs(SimpleNamespace(**{**vars(stack), "photos": [photo]}), "lowvram_4gb")[0]
+    bal = _runs(stack, "balanced")[0]
+    low = _runs(stack, "lowvram_4gb", photos=1)[0]
     assert q.psnr(low.crop, base.crop, photo.mask) < q.psnr(bal.crop, base.crop, photo.mask)
