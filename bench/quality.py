@@ -30,6 +30,15 @@ REPO = Path(__file__).resolve().parents[1]
 ALL_PRESETS = "off,balanced,lowvram_8gb,lowvram_6gb,lowvram_4gb"
 
 
+def save_strip(path: Path, crops: list[np.ndarray]) -> None:
+    """[S, S, 3] 0..1 crops side by side as one PNG (input, unscheduled, then the variants in order)."""
+    import cv2
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    strip = (np.concatenate(crops, axis=1) * 255).round().clip(0, 255).astype(np.uint8)
+    cv2.imwrite(str(path), np.ascontiguousarray(strip[..., ::-1]))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--faces", required=True, help="folder of face photos (one main face each)")
@@ -43,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=0, help="use only the first N photos (0 = all)")
     ap.add_argument("--comfyui", default=os.environ.get("COMFYUI_PATH", ""), help="ComfyUI checkout")
     ap.add_argument("--weights", default="", help="face model folder (default: the committed weights)")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a busy shared CPU)")
+    ap.add_argument("--save", default="", help="folder for per-photo PNG strips: input | unscheduled | each variant")
     args = ap.parse_args(argv)
     if not args.comfyui:
         ap.error("needs ComfyUI: pass --comfyui PATH or set COMFYUI_PATH")
@@ -99,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, _, _ in variants:
             runs[name] = q.fuse(pack, models[name], fm.vae, cond, photo, params, fm.model)
         in_emb = ident.embed(photo.input_crop) if ident else None
+        if args.save:
+            save_strip(Path(args.save) / f"{path.stem}.png", [photo.input_crop] + [r.crop for r in runs.values()])
         for name, run in runs.items():
             unet_s[name] += run.unet_s
             good.append((run.crop, photo.mask))
