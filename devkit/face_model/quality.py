@@ -98,7 +98,10 @@ def prepare_photo(pack: Any, name: str, rgb: np.ndarray, crop_size: int = 512, i
     if faces.count == 0:
         return None
     face = faces.faces[0][0]
-    crop = cv2.warpAffine(rgb, face.affine, (crop_size, crop_size), flags=cv2.INTER_LINEAR)
+    # borders reflected as ScheduledFusion's own crop does (faces near the frame edge)
+    crop = cv2.warpAffine(
+        rgb, face.affine, (crop_size, crop_size), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT101
+    )
     lm = transform_points(face.landmarks, face.affine).astype(np.float32)
     return Photo(name, image, faces, np.clip(crop, 0, 1), np.asarray(face.mask, np.float32), lm)
 
