@@ -1,0 +1,192 @@
+"""Quality of every TokenFuse preset on the project's trained face model (devkit/face_model), real ScheduledFusion.
+
+    python bench/quality.py --faces DIR --json OUT.json [--presets off,balanced,lowvram_8gb,lowvram_6gb,lowvram_4gb]
+        [--strategies preset] [--steps 20 --denoise 0.45 --guide 512] [--comfyui PATH] [--limit N]
+
+For every photo in DIR (any size; its largest face is used) it runs ScheduledFusion in-process through ComfyUI's
+sampler (masked denoise, seed fixed, cfg 1, euler/normal, fallback off) on the trained model unscheduled, then on
+TokenSchedulerController's clone per preset (x strategy), and compares the aligned face crops:
+PSNR / SSIM vs the unscheduled output (mean, 5th percentile), dlib identity distance of output to input face (mean,
+worst; skipped with a note without dlib-bin + face-recognition-models), the PSNR drop vs the input face compared with
+the unscheduled run, and the U-Net time ratio (unscheduled / preset, wall time inside the U-Net forward).
+JSON: {"presets": {name: {psnr_mean, psnr_p5, ssim_mean, ssim_p5, id_dist_mean, id_dist_max, speed_ratio, ...}},
+"faces": N, ...}. Needs ComfyUI: --comfyui or COMFYUI_PATH. Attention backend: PyTorch SDPA (named in the output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+ALL_PRESETS = "off,balanced,lowvram_8gb,lowvram_6gb,lowvram_4gb"
+
+
+def save_strip(path: Path, crops: list[np.ndarray]) -> None:
+    """[S, S, 3] 0..1 crops side by side as one PNG (input, unscheduled, then the variants in order)."""
+    import cv2
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    strip = (np.concatenate(crops, axis=1) * 255).round().clip(0, 255).astype(np.uint8)
+    cv2.imwrite(str(path), np.ascontiguousarray(strip[..., ::-1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--faces", required=True, help="folder of face photos (one main face each)")
+    ap.add_argument("--json", required=True, help="where to write the results")
+    ap.add_argument("--presets", default=ALL_PRESETS)
+    ap.add_argument("--strategies", default="preset", help="comma list: preset (the preset's own), todo, tome, topk")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--denoise", type=float, default=0.45)
+    ap.add_argument("--guide", type=int, default=512)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--limit", type=int, default=0, help="use only the first N photos (0 = all)")
+    ap.add_argument("--comfyui", default=os.environ.get("COMFYUI_PATH", ""), help="ComfyUI checkout")
+    ap.add_argument("--weights", default="", help="face model folder (default: the committed weights)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a busy shared CPU)")
+    ap.add_argument("--save", default="", help="folder for per-photo PNG strips: input | unscheduled | each variant")
+    args = ap.parse_args(argv)
+    if not args.comfyui:
+        ap.error("needs ComfyUI: pass --comfyui PATH or set COMFYUI_PATH")
+    torch.set_num_threads(args.threads)
+    for p in (str(REPO / "devkit"),):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    import comfy_models
+    from pack_loader import load_pack
+
+    comfy_models.setup_comfy(args.comfyui, cpu=True, sdpa=True)
+    import comfy.utils
+
+    comfy.utils.PROGRESS_BAR_ENABLED = False
+    pack = load_pack()
+    from tokenfuse.devkit.face_model import loader
+    from tokenfuse.devkit.face_model import quality as q
+
+    fm = loader.load_face_model(Path(args.weights) if args.weights else None)
+    cond = fm.conditioning()
+    params = q.FusionParams(steps=args.steps, denoise=args.denoise, guide=args.guide, seed=args.seed)
+    ident, id_note = q.identity_backend()
+    variants: list[tuple[str, str, str]] = []
+    for preset in [s.strip() for s in args.presets.split(",") if s.strip()]:
+        for strat in [s.strip() for s in args.strategies.split(",") if s.strip()]:
+            variants.append((preset if strat == "preset" else f"{preset}/{strat}", preset, strat))
+    models = {name: q.scheduled(pack, fm.model, preset, strat) for name, preset, strat in variants}
+    paths = q.list_photos(Path(args.faces))
+    if args.limit:
+        paths = paths[: args.limit]
+    print(
+        f"quality: {len(paths)} photo(s) in {args.faces}; trained face model ({fm.meta.get('unet_steps')} U-Net "
+        f"steps); guide {args.guide}, steps {args.steps}, denoise {args.denoise}, seed {args.seed}, cfg 1, "
+        f"euler/normal; CPU {platform.processor() or platform.machine()}, {args.threads} threads, attention "
+        f"{comfy_models.attention_backend()}; {id_note}",
+        flush=True,
+    )
+    rows: dict[str, list[dict[str, float]]] = {"unscheduled": [], **{v[0]: [] for v in variants}}
+    unet_s = dict.fromkeys(rows, 0.0)
+    used, skipped = [], []
+    good: list[tuple[np.ndarray, np.ndarray]] = []  # every output, for the artifact-check calibration
+    t0 = time.time()
+    for i, path in enumerate(paths):
+        rgb = q.read_photo(path)
+        photo = q.prepare_photo(pack, path.name, rgb, params.crop_size) if rgb is not None else None
+        if photo is None:
+            skipped.append(path.name)
+            print(f"  [{i + 1}/{len(paths)}] {path.name}: no face, skipped", flush=True)
+            continue
+        used.append(path.name)
+        base = q.fuse(pack, fm.model, fm.vae, cond, photo, params, fm.model)
+        runs = {"unscheduled": base}
+        for name, _, _ in variants:
+            runs[name] = q.fuse(pack, models[name], fm.vae, cond, photo, params, fm.model)
+        in_emb = ident.embed(photo.input_crop) if ident else None
+        if args.save:
+            save_strip(Path(args.save) / f"{path.stem}.png", [photo.input_crop] + [r.crop for r in runs.values()])
+        for name, run in runs.items():
+            unet_s[name] += run.unet_s
+            good.append((run.crop, photo.mask))
+            row = {
+                "psnr": q.psnr(run.crop, base.crop, photo.mask),
+                "ssim": q.ssim(run.crop, base.crop, photo.mask),
+                "psnr_in": q.psnr(run.crop, photo.input_crop, photo.mask),
+                "id_dist": float(np.linalg.norm(ident.embed(run.crop) - in_emb)) if ident else None,
+            }
+            rows[name].append(row)
+        b = rows["balanced"][-1] if "balanced" in rows else None
+        extra = f", balanced PSNR {b['psnr']:.1f} dB SSIM {b['ssim']:.3f}" if b else ""
+        print(f"  [{i + 1}/{len(paths)}] {path.name}{extra} ({time.time() - t0:.0f} s)", flush=True)
+    if not used:
+        print("quality: no photo with a detectable face", file=sys.stderr)
+        return 2
+    summary = {
+        name: q.summarise(r, rows["unscheduled"], unet_s[name], unet_s["unscheduled"]) for name, r in rows.items()
+    }
+    verdict = q.gate(summary)
+    header = (
+        f"{'variant':<22} {'PSNR mean':>9} {'PSNR p5':>8} {'SSIM mean':>9} {'SSIM p5':>8} {'dPSNR(in)':>9} "
+        f"{'id mean':>8} {'id max':>7} {'U-Net x':>8}  gate  article"
+    )
+    print(header)
+    for name, s in summary.items():
+        g = verdict[name]
+
+        def f(v: float | None, fmt: str) -> str:
+            return "n/a" if v is None else format(v, fmt)
+
+        print(
+            f"{name:<22} {s['psnr_mean']:>9.2f} {s['psnr_p5']:>8.2f} {s['ssim_mean']:>9.4f} {s['ssim_p5']:>8.4f} "
+            f"{s['psnr_in_drop_mean']:>9.2f} {f(s['id_dist_mean'], '.3f'):>8} {f(s['id_dist_max'], '.3f'):>7} "
+            f"{f(s['speed_ratio'], '.2f'):>8}  {'pass' if g['gate'] else 'FAIL':<5} "
+            f"{'met' if g['article'] else 'not met'}"
+        )
+    print(
+        "PSNR/SSIM vs the unscheduled output over the face mask (100 dB = identical); dPSNR(in) = PSNR vs the input "
+        "face lost compared with the unscheduled run; id = dlib distance output->input (same person < 0.6); "
+        "U-Net x = unscheduled U-Net time / this variant's. gate: PSNR >= 30, SSIM >= 0.95, id <= unscheduled + "
+        "0.05. article: dPSNR <= 1.5 dB and SSIM >= 0.92."
+    )
+    artifacts = q.artifact_calibration(good, args.seed)
+    print(
+        f"artifact check (faces/artifacts.py defaults) on {artifacts['good_outputs']} real outputs: "
+        f"{artifacts['false_positives']} false positive(s); injected failures caught: {artifacts['true_positives']}; "
+        f"good-output stat ranges {artifacts['good_stat_range']}"
+    )
+    out = {
+        "presets": summary,
+        "artifacts": artifacts,
+        "faces": len(used),
+        "gate": verdict,
+        "skipped": skipped,
+        "identity": id_note,
+        "settings": {
+            "steps": args.steps,
+            "denoise": args.denoise,
+            "guide": args.guide,
+            "seed": args.seed,
+            "cfg": 1.0,
+            "sampler": "euler",
+            "scheduler": "normal",
+            "attention": comfy_models.attention_backend(),
+            "device": "cpu",
+            "threads": args.threads,
+            "model": {k: fm.meta.get(k) for k in ("unet_steps", "vae_steps", "seed")},
+        },
+        "photos": used,
+    }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(out, indent=2))
+    print(f"wrote {args.json} ({time.time() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""The trained face model's fixture code that runs without ComfyUI: held-out split, alignment of training faces,
+the latent rescaling folded into the VAE, and the committed weight files (fp16, size cap, configs in metadata)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from tokenfuse.devkit.face_model import data, loader, nets
+from tokenfuse.faces.align import template
+
+
+def test_held_out_split_is_a_fixed_function_of_the_name() -> None:
+    names = [f"{i}_photo.jpg" for i in range(4000)]
+    held = [n for n in names if data.is_held_out(n)]
+    assert 0.03 < len(held) / len(names) < 0.07  # ~5 %
+    assert held == [n for n in names if data.is_held_out(n)]  # no random state
+    for name in ("t1.jpg", "T1.JPG", "astronaut.png"):  # CI's held-out faces are never trained on
+        assert data.is_held_out(name)
+
+
+def test_training_faces_are_aligned_to_the_ffhq_template() -> None:
+    astronaut = pytest.importorskip("skimage.data").astronaut()
+    from tokenfuse.faces.detect import RetinaFaceDetector, detect_frame
+
+    got = data.main_face(astronaut, RetinaFaceDetector("cpu"), 128)
+    assert got is not None
+    crop, eye_px = got
+    assert crop.shape == (128, 128, 3) and crop.dtype == np.uint8 and 35 < eye_px < 60
+    # detecting again on the aligned crop finds the landmarks where the template puts them
+    det = max(detect_frame(RetinaFaceDetector("cpu"), crop, 0.5, 640), key=lambda d: d.score)
+    assert np.abs(det.landmarks - template(128)).max() < 6.0
+
+
+def test_folding_the_latent_scale_keeps_decoding_and_normalises_latents() -> None:
+    gen = torch.Generator().manual_seed(0)
+    sd = {
+        "quant_conv.weight": torch.randn(8, 8, 1, 1, generator=gen),
+        "quant_conv.bias": torch.randn(8, generator=gen),
+        "post_quant_conv.weight": torch.randn(4, 4, 1, 1, generator=gen),
+        "post_quant_conv.bias": torch.randn(4, generator=gen),
+    }
+    h = torch.randn(64, 8, 4, 4, generator=gen) * 3 + 1
+
+    def run(state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        m = torch.nn.functional.conv2d(h, state["quant_conv.weight"], state["quant_conv.bias"])[:, :4]
+        z = torch.nn.functional.conv2d(m, state["post_quant_conv.weight"], state["post_quant_conv.bias"])
+        return m, z
+
+    m0, z0 = run(sd)
+    mean, std = m0.mean(dim=(0, 2, 3)), m0.std(dim=(0, 2, 3))
+    folded = {k: v.clone() for k, v in sd.items()}
+    nets.fold_latent_scale(folded, mean, std)
+    m1, z1 = run(folded)
+    assert torch.allclose(z1, z0, atol=1e-4)  # the decoder sees the same input
+    scaled = m1 * nets.SD15_SCALE  # what ComfyUI's SD15 latent format feeds the U-Net
+    assert torch.allclose(scaled.mean(dim=(0, 2, 3)), torch.zeros(4), atol=1e-4)
+    assert torch.allclose(scaled.std(dim=(0, 2, 3)), torch.ones(4), atol=1e-4)
+
+
+def test_committed_weights_are_small_fp16_and_self_describing() -> None:
+    if not loader.weights_present():
+        pytest.skip(f"no trained weights in {loader.WEIGHTS_DIR}")
+    files = [loader.WEIGHTS_DIR / loader.UNET_FILE, loader.WEIGHTS_DIR / loader.VAE_FILE]
+    assert sum(f.stat().st_size for f in files) <= 24 * 10**6
+    for f in files:
+        with safe_open(str(f), framework="pt") as fh:
+            meta = json.loads(fh.metadata()["tokenfuse"])
+            dtypes = {fh.get_slice(k).get_dtype() for k in fh.keys()}
+            keys = set(fh.keys())
+        assert dtypes == {"F16"}
+        if meta["kind"] == "unet":
+            assert meta["unet_config"]["channel_mult"] == nets.UNET_CONFIG["channel_mult"]
+            assert meta["unet_steps"] > 0 and loader.CONTEXT_KEY in keys
+            # SD1.5's attention sites: 6 input blocks... every SpatialTransformer has attn1 (self-attention)
+            assert sum(k.endswith("attn1.to_q.weight") for k in keys) == 16
+        else:
+            assert meta["ddconfig"]["z_channels"] == 4 and "post_quant_conv.weight" in keys
