@@ -72,8 +72,16 @@ def block_tensors(size: int) -> dict[int, torch.Tensor]:
     return out
 
 
-def replay(patches: tuple[Any, Any] | None, opts: list[dict[str, Any]], xs: dict[int, torch.Tensor]) -> int:
-    """All attention calls of len(opts) model calls; returns the number of calls."""
+Patches = tuple[Any, Any] | None
+BarePools = dict[int, Any]
+
+
+def replay(patches: Patches | BarePools, opts: list[dict[str, Any]], xs: dict[int, torch.Tensor]) -> int:
+    """All attention calls of len(opts) model calls; returns the number of calls.
+
+    patches: an (attn1_patch, attn1_output_patch) pair, or a dict {level: K/V fn} applied without any patch (the same
+    tensor work as balanced with none of its host work), or None (the floor: the loop and the options dicts alone).
+    """
     calls = 0
     for topts in opts:
         topts = dict(topts)
@@ -83,33 +91,20 @@ def replay(patches: tuple[Any, Any] | None, opts: list[dict[str, Any]], xs: dict
             eo["block_index"] = 0
             eo["transformer_index"] = tidx
             n = xs[level]
-            if patches is None:
-                n2, c2, v2 = n, n, n
-                _ = n2
-            else:
+            if isinstance(patches, tuple):
                 f, g = patches
                 n2, c2, v2 = f(n, n, n, eo)
                 g(n2, eo)
+            elif patches is not None and level in patches:
+                patches[level](n)
             calls += 1
     return calls
-
-
-def time_variant(make: Any, opts: list[dict[str, Any]], xs: dict[int, torch.Tensor], repeats: int) -> float:
-    """Best µs per attention call over `repeats` runs (a fresh patch pair and telemetry per run, like a new run)."""
-    best = float("inf")
-    for _ in range(repeats):
-        patches = make()
-        replay(patches, opts[:1], xs)  # warm the per-shape tables, like the first model call does
-        t0 = time.perf_counter()
-        calls = replay(patches, opts, xs)
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
-    return best
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument(
         "--size", type=int, default=128, help="image size in px (latent = size / 8); small = host cost only"
     )
@@ -118,46 +113,43 @@ def main() -> None:
     torch.set_num_threads(1)
     opts = model_call_options(args.size, args.steps)
     xs = block_tensors(args.size)
+    lat = args.size // 8
+    pools = {level: kv_downsample_functions(s, s, 0.75, "avg") for level, s in ((8, lat), (16, (lat + 1) // 2))}
 
     def schedule_patches(schedule: Schedule) -> Any:
         return lambda: build_unet_patches(schedule, RunTelemetry())
 
     variants: list[tuple[str, Any]] = [
         ("bare loop (no patch)", lambda: None),
+        ("bare loop + balanced's pools", lambda: pools),
         ("off", schedule_patches(preset_schedule("off", "sd15"))),
         ("balanced (todo /8 /16)", schedule_patches(preset_schedule("balanced", "sd15"))),
         ("tome 0.5 /8", schedule_patches(Schedule(strategy="tome", ratios={8: 0.5}, protect_blocks=0))),
     ]
-    rows = []
-    base = None
-    print(f"patch overhead, SD1.5 {args.size} px call pattern, {args.steps} steps x {len(SD15_BLOCKS)} calls, CPU")
-    print(f"{'variant':28s} {'us/call':>8s} {'over bare':>10s}")
-    for name, make in variants:
-        us = time_variant(make, opts, xs, args.repeats)
-        base = us if base is None else base
-        rows.append({"variant": name, "us_per_call": round(us, 2), "over_bare_us": round(us - base, 2)})
-        print(f"{name:28s} {us:8.2f} {us - base:10.2f}")
-    # The tensor work of balanced alone: the same pool ops on the same tensors, outside any patch.
-    lat = args.size // 8
-    pools = {level: kv_downsample_functions(s, s, 0.75, "avg") for level, s in ((8, lat), (16, (lat + 1) // 2))}
-    reduced = [level for _, level in SD15_BLOCKS if level in pools]
-    for _ in range(20):
-        for level in reduced:
-            pools[level](xs[level])
-    best = float("inf")
+    # Round-robin over the variants in every repeat, best of repeats: a busy shared CPU hits them all alike.
+    best = {name: float("inf") for name, _ in variants}
     for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        for _ in range(args.steps):
-            for level in reduced:
-                pools[level](xs[level])
-        best = min(best, (time.perf_counter() - t0) / (args.steps * len(SD15_BLOCKS)) * 1e6)
-    bal = next(r for r in rows if r["variant"].startswith("balanced"))
-    host = bal["us_per_call"] - best - rows[0]["us_per_call"]
-    host_per_reduced = host * len(SD15_BLOCKS) / len(reduced)
-    rows.append({"variant": "balanced tensor ops alone", "us_per_call": round(best, 2), "over_bare_us": None})
-    rows.append({"variant": "balanced host cost", "us_per_call": round(host, 2), "over_bare_us": None})
-    print(f"{'balanced tensor ops alone':28s} {best:8.2f}   (the {len(reduced)} pools per model call, outside patches)")
-    print(f"{'balanced host cost':28s} {host:8.2f}   per call; {host_per_reduced:.2f} per reduced call (target <= 10)")
+        for name, make in variants:
+            patches = make()  # a fresh patch pair and telemetry per run, like a new sampling run
+            replay(patches, opts[:1], xs)  # the first model call builds the tables
+            t0 = time.perf_counter()
+            calls = replay(patches, opts, xs)
+            best[name] = min(best[name], (time.perf_counter() - t0) / calls * 1e6)
+    floor, pooled = best["bare loop (no patch)"], best["bare loop + balanced's pools"]
+    n_reduced = sum(level in pools for _, level in SD15_BLOCKS)
+    print(f"patch overhead, SD1.5 {args.size} px call pattern, {args.steps} steps x {len(SD15_BLOCKS)} calls, CPU")
+    print(f"{'variant':30s} {'us/call':>8s} {'host us/call':>13s}")
+    rows = []
+    for name, us in best.items():
+        host = us - (pooled if name.startswith("balanced") else floor)
+        rows.append({"variant": name, "us_per_call": round(us, 2), "host_us_per_call": round(host, 2)})
+        print(f"{name:30s} {us:8.2f} {host:13.2f}")
+    bal_host = best["balanced (todo /8 /16)"] - pooled
+    per_reduced = bal_host * len(SD15_BLOCKS) / n_reduced
+    print(
+        f"balanced host cost: {bal_host:.2f} us per call, {per_reduced:.2f} us per reduced call "
+        f"({n_reduced}/{len(SD15_BLOCKS)} calls reduced; target <= 10); off: {best['off'] - floor:.2f} us per call"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
 
