@@ -1,0 +1,158 @@
+"""Micro bench: host cost of TokenFuse's attention patch closures alone (no U-Net, no attention).
+
+Replays the attn1_patch / attn1_output_patch calls of one SD1.5 U-Net model call (16 transformer blocks at /8 /16 /32
+/64, ComfyUI's extra_options keys, a fresh options dict per block as ComfyUI makes) for `--steps` sampling steps,
+with tiny tensors (batch 1, 4 channels, 128 px by default) so the tensor work is small; it is timed alone too and
+subtracted, so what is left is the Python around it.
+Prints, from one run, µs per attention call for: the bare loop (dict copy + calls of an identity function: the floor),
+`off`, `balanced` (todo 2x2 at /8 /16; /32 and /64 are identity calls), and `tome`; and the bare K/V pool op alone.
+The target of issue 11 is <= 10 µs per patched call on the CPU side.
+
+    python bench/patch_overhead.py [--steps 20] [--repeats 5] [--size 768] [--json PATH]
+
+Device: CPU (host cost is device-independent apart from the kernel launches, which are the same as unpatched).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "devkit"))
+from pack_loader import load_pack  # noqa: E402  (devkit/pack_loader.py)
+
+load_pack()
+from tokenfuse.scheduling.downsample import kv_downsample_functions  # noqa: E402
+from tokenfuse.scheduling.patches import build_unet_patches  # noqa: E402
+from tokenfuse.scheduling.schedule import Schedule, preset_schedule  # noqa: E402
+from tokenfuse.scheduling.telemetry import RunTelemetry  # noqa: E402
+
+# SD1.5 transformer blocks in call order: (block, level factor)
+SD15_BLOCKS: list[tuple[tuple[str, int], int]] = (
+    [(("input", 1), 8), (("input", 2), 8), (("input", 4), 16), (("input", 5), 16)]
+    + [(("input", 7), 32), (("input", 8), 32), (("middle", 0), 64)]
+    + [(("output", i), 32) for i in (3, 4, 5)]
+    + [(("output", i), 16) for i in (6, 7, 8)]
+    + [(("output", i), 8) for i in (9, 10, 11)]
+)
+
+
+def model_call_options(size: int, steps: int) -> list[dict[str, Any]]:
+    """One transformer_options dict per step, as ComfyUI builds them (new sigmas tensor and shape list per call)."""
+    sample_sigmas = torch.linspace(14.6, 0.0, steps + 1)
+    lat = size // 8
+    return [
+        {
+            "original_shape": [1, 4, lat, lat],
+            "sigmas": sample_sigmas[i : i + 1].clone(),
+            "sample_sigmas": sample_sigmas,
+            "n_heads": 8,
+            "dim_head": 40,
+            "cond_or_uncond": [0],
+        }
+        for i in range(steps)
+    ]
+
+
+def block_tensors(size: int) -> dict[int, torch.Tensor]:
+    lat = size // 8
+    out = {}
+    for k, level in enumerate((8, 16, 32, 64)):
+        side = lat
+        for _ in range(k):
+            side = (side + 1) // 2
+        out[level] = torch.randn(1, side * side, 4)
+    return out
+
+
+Patches = tuple[Any, Any] | None
+BarePools = dict[int, Any]
+
+
+def replay(patches: Patches | BarePools, opts: list[dict[str, Any]], xs: dict[int, torch.Tensor]) -> int:
+    """All attention calls of len(opts) model calls; returns the number of calls.
+
+    patches: an (attn1_patch, attn1_output_patch) pair, or a dict {level: K/V fn} applied without any patch (the same
+    tensor work as balanced with none of its host work), or None (the floor: the loop and the options dicts alone).
+    """
+    calls = 0
+    for topts in opts:
+        topts = dict(topts)
+        for tidx, (block, level) in enumerate(SD15_BLOCKS):
+            eo = dict(topts)
+            eo["block"] = block
+            eo["block_index"] = 0
+            eo["transformer_index"] = tidx
+            n = xs[level]
+            if isinstance(patches, tuple):
+                f, g = patches
+                n2, c2, v2 = f(n, n, n, eo)
+                g(n2, eo)
+            elif patches is not None and level in patches:
+                patches[level](n)
+            calls += 1
+    return calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument(
+        "--size", type=int, default=128, help="image size in px (latent = size / 8); small = host cost only"
+    )
+    parser.add_argument("--json", default="", help="write {'rows': [...]} here")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    opts = model_call_options(args.size, args.steps)
+    xs = block_tensors(args.size)
+    lat = args.size // 8
+    pools = {level: kv_downsample_functions(s, s, 0.75, "avg") for level, s in ((8, lat), (16, (lat + 1) // 2))}
+
+    def schedule_patches(schedule: Schedule) -> Any:
+        return lambda: build_unet_patches(schedule, RunTelemetry())
+
+    variants: list[tuple[str, Any]] = [
+        ("bare loop (no patch)", lambda: None),
+        ("bare loop + balanced's pools", lambda: pools),
+        ("off", schedule_patches(preset_schedule("off", "sd15"))),
+        ("balanced (todo /8 /16)", schedule_patches(preset_schedule("balanced", "sd15"))),
+        ("tome 0.5 /8", schedule_patches(Schedule(strategy="tome", ratios={8: 0.5}, protect_blocks=0))),
+    ]
+    # Round-robin over the variants in every repeat, best of repeats: a busy shared CPU hits them all alike.
+    best = {name: float("inf") for name, _ in variants}
+    for _ in range(args.repeats):
+        for name, make in variants:
+            patches = make()  # a fresh patch pair and telemetry per run, like a new sampling run
+            replay(patches, opts[:1], xs)  # the first model call builds the tables
+            t0 = time.perf_counter()
+            calls = replay(patches, opts, xs)
+            best[name] = min(best[name], (time.perf_counter() - t0) / calls * 1e6)
+    floor, pooled = best["bare loop (no patch)"], best["bare loop + balanced's pools"]
+    n_reduced = sum(level in pools for _, level in SD15_BLOCKS)
+    print(f"patch overhead, SD1.5 {args.size} px call pattern, {args.steps} steps x {len(SD15_BLOCKS)} calls, CPU")
+    print(f"{'variant':30s} {'us/call':>8s} {'host us/call':>13s}")
+    rows = []
+    for name, us in best.items():
+        host = us - (pooled if name.startswith("balanced") else floor)
+        rows.append({"variant": name, "us_per_call": round(us, 2), "host_us_per_call": round(host, 2)})
+        print(f"{name:30s} {us:8.2f} {host:13.2f}")
+    bal_host = best["balanced (todo /8 /16)"] - pooled
+    per_reduced = bal_host * len(SD15_BLOCKS) / n_reduced
+    print(
+        f"balanced host cost: {bal_host:.2f} us per call, {per_reduced:.2f} us per reduced call "
+        f"({n_reduced}/{len(SD15_BLOCKS)} calls reduced; target <= 10); off: {best['off'] - floor:.2f} us per call"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
