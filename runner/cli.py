@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return cmd_run(args)
-    except (WorkflowError, FileNotFoundError) as e:
+    except (WorkflowError, FileNotFoundError, ConnectionError) as e:
         print(f"tokenfuse: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

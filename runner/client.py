@@ -21,7 +21,7 @@ from typing import Any
 from .engine import ExecResult, OutputFile, Progress
 
 
-class ServerError(RuntimeError):
+class ServerError(ConnectionError):
     """The server refused or failed a request; the message carries its answer."""
 
 
