@@ -60,6 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--sdpa", action="store_true", help="PyTorch SDPA attention (ComfyUI's --use-pytorch-cross-attention)"
     )
+    r.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="spread items over Ray workers: "
+        "`local` (default) starts a local cluster, `auto` or ray://host:10001 joins one (needs "
+        "requirements-scale.txt)",
+    )
+    r.add_argument("--workers", type=int, default=2, help="Ray workers (one warm ComfyUI each; one GPU each on GPUs)")
     r.add_argument("--demo", action="store_true", help="built-in demo graph and photo (see runner/demo.py)")
     r.add_argument("--quiet", action="store_true", help="no progress line")
     r.add_argument("-v", "--verbose", action="store_true")
@@ -102,6 +112,11 @@ def load_prompt(path: Path, defs: dict[str, dict[str, Any]]) -> dict[str, dict[s
 
 
 def _make_engine(args: argparse.Namespace, extra_nodes: dict[str, type] | None) -> Any:
+    if args.ray:
+        from .ray_pool import RayPool, WorkerSpec
+
+        spec = WorkerSpec(comfyui=args.comfyui, cpu=args.cpu, sdpa=args.sdpa, demo=args.demo)
+        return RayPool(args.ray, args.workers, spec)
     if args.server:
         from .client import ServerComfy
 
@@ -114,6 +129,8 @@ def _make_engine(args: argparse.Namespace, extra_nodes: dict[str, type] | None) 
 def cmd_run(args: argparse.Namespace) -> int:
     from . import demo
 
+    if args.ray and args.server:
+        raise WorkflowError("--ray runs embedded ComfyUIs on the workers: drop --server")
     if args.demo and args.server:
         raise WorkflowError("--demo runs embedded (its model loader exists only in the runner): drop --server")
     if not args.demo and not args.workflow:
@@ -158,7 +175,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"{len(wrong)} item(s) are {wrong[0].kind}s but node {slot} ({prompt[slot]['class_type']}) takes "
                 f"{kind}s: use a workflow with a {'LoadVideo' if wrong[0].kind == 'video' else 'LoadImage'} node"
             )
-        summary = run_items(engine, prompt, slot, constants, items, Path(args.output), args.resume, not args.quiet)
+        if args.ray:
+            from .ray_pool import run_items_ray
+
+            summary = run_items_ray(
+                engine, prompt, slot, constants, items, Path(args.output), args.resume, not args.quiet
+            )
+        else:
+            summary = run_items(engine, prompt, slot, constants, items, Path(args.output), args.resume, not args.quiet)
     finally:
         engine.close()
         scratch.cleanup()
@@ -176,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return cmd_run(args)
-    except (WorkflowError, FileNotFoundError, ConnectionError) as e:
+    except (WorkflowError, FileNotFoundError, ConnectionError, ImportError) as e:
         print(f"tokenfuse: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

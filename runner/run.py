@@ -83,14 +83,65 @@ def bind(prompt: dict[str, dict[str, Any]], names: dict[str, str]) -> dict[str, 
     return p
 
 
-def _save_outputs(result_outputs: list[Any], folder: Path) -> list[str]:
+def save_outputs(files: list[tuple[str, bytes]], folder: Path) -> list[str]:
+    """Write an item's output files into its folder; returns their paths."""
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for out in result_outputs:
-        dst = folder / out.filename
-        dst.write_bytes(out.read())
+    for filename, data in files:
+        dst = folder / Path(filename).name
+        dst.write_bytes(data)
         written.append(str(dst))
     return written
+
+
+def process_item(
+    engine: Engine,
+    prompt: dict[str, dict[str, Any]],
+    slot: str,
+    fixed: dict[str, str],
+    item: Item,
+    step: Any = None,
+) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+    """Stage, bind and execute one item; returns its report row (without `outputs`) and its output files (name,
+    bytes). Never raises for a bad item: the row says failed and why."""
+    row: dict[str, Any] = {"item": item.key, "name": item.name, "kind": item.kind}
+    files: list[tuple[str, bytes]] = []
+    t0 = time.perf_counter()
+    try:
+        staged = bind(prompt, {**fixed, slot: engine.stage(item.path)})
+        result = engine.execute(staged, step)
+        row["time_s"] = round(time.perf_counter() - t0, 3)
+        row["peak_memory_mib"] = None if result.peak_memory_mib is None else round(result.peak_memory_mib, 1)
+        row["memory_kind"] = result.memory_kind
+        if result.ok:
+            files = [(out.filename, out.read()) for out in result.outputs]
+            row.update(summarize_texts(result.texts))
+            row["reports"] = result.texts
+            row["status"] = "ok"
+        else:
+            row["status"] = "interrupted" if result.interrupted else "failed"
+            row["error"] = result.error
+    except Exception as e:  # noqa: BLE001 - a bad item fails alone; the run goes on
+        log.debug("item %s failed", item.path, exc_info=True)
+        row.update(status="failed", error=f"{type(e).__name__}: {e}", time_s=round(time.perf_counter() - t0, 3))
+    return row, files
+
+
+def account(summary: Summary, bar: ProgressLine, row: dict[str, Any]) -> bool:
+    """Count a finished row into the summary and the progress line; True when the run must stop (interrupted)."""
+    if row["status"] == "ok":
+        summary.ok += 1
+        worker = f", worker {row['worker']}" if "worker" in row else ""
+        bar.done(f"ok {row['time_s']:.1f} s, {len(row['outputs'])} file(s), faces {row.get('faces', 0)}{worker}")
+        return False
+    if row["status"] == "interrupted":
+        summary.interrupted = True
+        bar.done("interrupted")
+        return True
+    summary.failed += 1
+    summary.failures.append(f"{row['item']}: {row['error']}")
+    bar.done(f"FAILED: {row['error']}")
+    return False
 
 
 def run_items(
@@ -131,37 +182,12 @@ def run_items(
                 summary.skipped += 1
                 bar.done("skipped (done in a previous run)")
                 continue
-            row: dict[str, Any] = {"item": item.key, "name": item.name, "kind": item.kind}
-            t0 = time.perf_counter()
-            try:
-                staged = bind(prompt, {**fixed, slot: engine.stage(item.path)})
-                result = engine.execute(staged, bar.step)
-                row["time_s"] = round(time.perf_counter() - t0, 3)
-                row["peak_memory_mib"] = None if result.peak_memory_mib is None else round(result.peak_memory_mib, 1)
-                row["memory_kind"] = result.memory_kind
-                if result.ok:
-                    row["outputs"] = _save_outputs(result.outputs, output / item.name)
-                    row.update(summarize_texts(result.texts))
-                    row["reports"] = result.texts
-                    row["status"] = "ok"
-                else:
-                    row["status"] = "interrupted" if result.interrupted else "failed"
-                    row["error"] = result.error
-            except Exception as e:  # noqa: BLE001 - a bad item fails alone; the run goes on
-                log.debug("item %s failed", item.path, exc_info=True)
-                row.update(status="failed", error=f"{type(e).__name__}: {e}", time_s=round(time.perf_counter() - t0, 3))
-            writer.write(row)
+            row, files = process_item(engine, prompt, slot, fixed, item, bar.step)
             if row["status"] == "ok":
-                summary.ok += 1
-                bar.done(f"ok {row['time_s']:.1f} s, {len(row['outputs'])} file(s), faces {row.get('faces', 0)}")
-            elif row["status"] == "interrupted":
-                summary.interrupted = True
-                bar.done("interrupted")
+                row["outputs"] = save_outputs(files, output / item.name)
+            writer.write(row)
+            if account(summary, bar, row):
                 break
-            else:
-                summary.failed += 1
-                summary.failures.append(f"{item.path}: {row['error']}")
-                bar.done(f"FAILED: {row['error']}")
     finally:
         writer.close()
         if previous is not None:
