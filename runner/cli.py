@@ -73,7 +73,42 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--demo", action="store_true", help="built-in demo graph and photo (see runner/demo.py)")
     r.add_argument("--quiet", action="store_true", help="no progress line")
     r.add_argument("-v", "--verbose", action="store_true")
+    s = sub.add_parser("serve", help="face-fusion HTTP service on Ray Serve (needs requirements-scale.txt)")
+    s.add_argument("--workflow", help="workflow .json with one LoadImage (default: the demo graph)")
+    s.add_argument("--demo", action="store_true", help="the demo graph and models (the default without --workflow)")
+    s.add_argument("--set", action="append", default=[], metavar="NODE.INPUT=JSON", help="override a node input")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default localhost only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--ray", default="local", metavar="ADDRESS", help="`local` (default) or a cluster address")
+    s.add_argument("--replicas", type=int, default=1, help="replicas (one warm ComfyUI each; one GPU each on GPUs)")
+    s.add_argument("--max-batch", type=int, default=4, help="photos of concurrent requests run as one batch")
+    s.add_argument("--batch-wait", type=float, default=0.05, help="seconds a batch waits to fill")
+    s.add_argument("--max-queued", type=int, default=8, help="queued requests per replica before 503")
+    s.add_argument("--retry-after", type=float, default=2.0, help="Retry-After seconds sent with a 503")
+    s.add_argument("--comfyui", metavar="PATH")
+    s.add_argument("--cpu", action="store_true")
+    s.add_argument("--sdpa", action="store_true")
+    s.add_argument("-v", "--verbose", action="store_true")
     return p
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ..service.app import ServiceConfig, serve_forever
+
+    config = ServiceConfig(
+        workflow=args.workflow,
+        demo=args.workflow is None,
+        sets=tuple(args.set),
+        comfyui=args.comfyui,
+        cpu=args.cpu,
+        sdpa=args.sdpa,
+        max_batch=args.max_batch,
+        batch_wait_s=args.batch_wait,
+    )
+    if args.workflow:
+        config = ServiceConfig(**{**config.__dict__, "workflow": str(Path(args.workflow).resolve())})
+    serve_forever(config, args.ray, args.host, args.port, args.replicas, args.max_queued, args.retry_after)
+    return 0
 
 
 def _parse_value(text: str) -> Any:
@@ -200,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return cmd_run(args)
+        if args.command == "serve":
+            return cmd_serve(args)
     except (WorkflowError, FileNotFoundError, ConnectionError, ImportError) as e:
         print(f"tokenfuse: error: {e}", file=sys.stderr)
         return EXIT_USAGE
