@@ -2,13 +2,15 @@
 driver, so the actor class (pickled by reference to `tokenfuse.runner.ray_pool`) can be imported there.
 
 Self-contained on purpose (no relative imports): the driver registers this module to be pickled by value and hands
-`functools.partial(load_pack, <pack folder>)` to Ray as the job's `worker_process_setup_hook`. The pack folder must
-exist at the same path on every node (one machine, a shared checkout, or the same container image on KubeRay).
+`setup` to Ray as the job's `worker_process_setup_hook`, with the pack folder in the job's env var
+TOKENFUSE_PACK_DIR. The pack folder must exist at the same path on every node (one machine, a shared checkout, or
+the same container image on KubeRay).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 
 
@@ -23,3 +25,8 @@ def load_pack(pack_dir: str) -> None:
     module = importlib.util.module_from_spec(spec)
     sys.modules["tokenfuse"] = module
     spec.loader.exec_module(module)
+
+
+def setup() -> None:
+    """worker_process_setup_hook: load the pack from $TOKENFUSE_PACK_DIR."""
+    load_pack(os.environ["TOKENFUSE_PACK_DIR"])

@@ -89,21 +89,26 @@ def connect(address: str, num_cpus: int | None = None) -> Any:
         import ray
     except ImportError as e:
         raise ImportError('--ray needs Ray: pip install -r requirements-scale.txt (or pip install "ray[serve]")') from e
-    import functools
-
     from ray import cloudpickle
 
     from . import ray_boot
 
     cloudpickle.register_pickle_by_value(ray_boot)
     env = {
-        "worker_process_setup_hook": functools.partial(ray_boot.load_pack, str(Path(__file__).absolute().parents[1]))
+        "worker_process_setup_hook": ray_boot.setup,
+        "env_vars": {"TOKENFUSE_PACK_DIR": str(Path(__file__).absolute().parents[1])},
     }
     if not ray.is_initialized():
-        if address == "local":
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env=env)
-        else:
-            ray.init(address=address, log_to_driver=False, runtime_env=env)
+        try:
+            if address == "local":
+                ray.init(
+                    address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env=env
+                )
+            else:
+                ray.init(address=address, log_to_driver=False, runtime_env=env)
+        except Exception:
+            ray.shutdown()  # never leave a half-started local cluster behind
+            raise
     return ray
 
 
@@ -112,13 +117,18 @@ class RayPool:
     down a local cluster this pool started."""
 
     def __init__(self, address: str, workers: int, spec: WorkerSpec) -> None:
-        self.ray = connect(address, num_cpus=max(workers, 1) if address == "local" else None)
         self.local = address == "local"
+        self.actors: list[Any] = []
+        self.ray = connect(address, num_cpus=max(workers, 1) if self.local else None)
         gpus = self.ray.cluster_resources().get("GPU", 0)
         num_gpus = spec.num_gpus or (1.0 if gpus >= 1 else 0.0)
         self.spec = spec
         self.actor_cls = self.ray.remote(num_gpus=num_gpus, num_cpus=spec.num_cpus, max_restarts=0)(RunnerWorker)
-        self.actors = [self.actor_cls.remote(spec) for _ in range(max(workers, 1))]
+        try:
+            self.actors = [self.actor_cls.remote(spec) for _ in range(max(workers, 1))]
+        except Exception:
+            self.close()
+            raise
 
     def node_defs(self) -> dict[str, dict[str, Any]]:
         return dict(self.ray.get(self.actors[0].node_defs.remote()))

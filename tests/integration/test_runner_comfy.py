@@ -290,3 +290,70 @@ def test_cli_against_server(comfy_server: SimpleNamespace, photos: SimpleNamespa
     for r in rows:
         (f,) = r["outputs"]
         assert Path(f).parent == out / r["name"] and Path(f).read_bytes()[:4] == b"\x89PNG"
+
+
+def _make_clip(path: Path, frames: int = 12) -> None:
+    """A 64x64 H.264 clip at 12 fps with a mono AAC sine track (PyAV, as ComfyUI's video nodes use)."""
+    import av
+
+    with av.open(str(path), "w") as out:
+        v = out.add_stream("libx264", rate=12)
+        v.width, v.height, v.pix_fmt = 64, 64, "yuv420p"
+        a = out.add_stream("aac", rate=16000)
+        a.layout = "mono"
+        for k in range(frames):
+            img = np.full((64, 64, 3), 20 * k % 255, np.uint8)
+            for packet in v.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                out.mux(packet)
+        for packet in v.encode(None):
+            out.mux(packet)
+        t = np.arange(16000, dtype=np.float32) / 16000
+        samples = (0.2 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)[None]
+        frame = av.AudioFrame.from_ndarray(samples, format="fltp", layout="mono")
+        frame.sample_rate = 16000
+        for packet in a.encode(frame):
+            out.mux(packet)
+        for packet in a.encode(None):
+            out.mux(packet)
+
+
+def test_video_items_through_a_loadvideo_workflow(engine: Any, tmp_path: Path) -> None:
+    """Video items go to a LoadVideo workflow (ComfyUI's core LoadVideo -> SaveVideo, UI format converted by the
+    runner): every frame and the audio track come out in the item's folder."""
+    import av
+    from tokenfuse.runner.convert import ui_to_api
+    from tokenfuse.runner.items import expand, item_slot
+    from tokenfuse.runner.run import run_items
+
+    (tmp_path / "clips").mkdir()
+    _make_clip(tmp_path / "clips" / "one.mp4")
+    _make_clip(tmp_path / "clips" / "two.mp4", frames=8)
+    ui = {
+        "nodes": [
+            {"id": 1, "type": "LoadVideo", "widgets_values": ["x.mp4", "image"], "outputs": [{"links": [1]}]},
+            {
+                "id": 2,
+                "type": "SaveVideo",
+                "inputs": [{"name": "video", "link": 1, "type": "VIDEO"}],
+                "widgets_values": ["video/runner", "auto", "auto"],
+            },
+        ],
+        "links": [[1, 1, 0, 2, 0, "VIDEO"]],
+    }
+    prompt = ui_to_api(ui, engine.node_defs())
+    assert prompt["2"]["inputs"] == {
+        "video": ["1", 0],
+        "filename_prefix": "video/runner",
+        "format": "auto",
+        "codec": "auto",
+    }
+    items = expand([tmp_path / "clips"])
+    summary = run_items(engine, prompt, item_slot(prompt, set()), {}, items, tmp_path / "out", progress=False)
+    assert summary.exit_code == 0, summary.failures
+    rows = [json.loads(line) for line in (tmp_path / "out" / "report.jsonl").read_text().splitlines()]
+    assert [(r["name"], r["kind"], r["status"]) for r in rows] == [("one", "video", "ok"), ("two", "video", "ok")]
+    for r, frames in zip(rows, (12, 8), strict=True):
+        (f,) = r["outputs"]
+        with av.open(f) as c:
+            assert sum(1 for _ in c.decode(video=0)) == frames
+            assert len(c.streams.audio) == 1

@@ -29,7 +29,6 @@ def test_two_workers_spread_and_recover(comfyui_path: Path, tmp_path: Path) -> N
     astronaut = data.astronaut()[:, :, ::-1]
     for k in range(4):
         cv2.imwrite(str(photos / f"p{k}.png"), np.ascontiguousarray(astronaut if k % 2 == 0 else astronaut[:, ::-1]))
-    pool = RayPool("local", 2, WorkerSpec(comfyui=str(comfyui_path), cpu=True, sdpa=True, demo=True))
     killed: list[int] = []
 
     def kill_first(item: Any, actor: Any, attempt: int) -> None:
@@ -37,7 +36,9 @@ def test_two_workers_spread_and_recover(comfyui_path: Path, tmp_path: Path) -> N
             killed.append(1)
             threading.Timer(2.0, lambda: ray.kill(actor, no_restart=True)).start()
 
+    pool = None
     try:
+        pool = RayPool("local", 2, WorkerSpec(comfyui=str(comfyui_path), cpu=True, sdpa=True, demo=True))
         prompt = fill_defaults(demo_prompt(), pool.node_defs())
         apply_sets(prompt, ["fuse.steps=1", "fuse.guide_size=64", "fuse.max_size=64", "detect.crop_size=64"])
         items = expand([photos])
@@ -46,7 +47,9 @@ def test_two_workers_spread_and_recover(comfyui_path: Path, tmp_path: Path) -> N
             pool, prompt, item_slot(prompt, set()), {}, items, out, progress=False, on_dispatch=kill_first
         )
     finally:
-        pool.close()
+        if pool is not None:
+            pool.close()
+        ray.shutdown()
     assert not ray.is_initialized()
     assert summary.exit_code == 0 and summary.ok == 4, summary.failures
     rows = [json.loads(line) for line in (out / "report.jsonl").read_text().splitlines()]
