@@ -58,7 +58,10 @@ class RunnerWorker:
         return self.pid
 
     def node_defs(self) -> dict[str, dict[str, Any]]:
-        return self.engine.node_defs()
+        """JSON-plain (as /object_info sends them): the driver may have no ComfyUI to unpickle its types."""
+        import json
+
+        return dict(json.loads(json.dumps(self.engine.node_defs(), default=str)))
 
     def run(
         self,
