@@ -41,6 +41,18 @@ class FusionReplica:
     """Deployment body (wrapped by serve.deployment in build_app)."""
 
     def __init__(self, config: dict[str, Any]) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        # ComfyUI calls asyncio.run() internally, which cannot run on Serve's event loop: all ComfyUI work (start-up
+        # and every batch) runs on one dedicated thread, which also serialises executions.
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokenfuse-comfy")
+        self._pool.submit(self._start, config).result()
+        self.fuse.set_max_batch_size(self.cfg.max_batch)
+        self.fuse.set_batch_wait_timeout_s(self.cfg.batch_wait_s)
+        self.served = 0
+        self.batches = 0
+
+    def _start(self, config: dict[str, Any]) -> None:
         from tokenfuse.runner.cli import apply_sets, load_prompt
         from tokenfuse.runner.demo import DEMO_LOADER, DemoModels, demo_prompt, fill_defaults
         from tokenfuse.runner.embedded import EmbeddedComfy
@@ -60,11 +72,6 @@ class FusionReplica:
         self.slot = item_slot(prompt, set())
         prompt[self.slot] = {"class_type": BATCH_LOADER, "inputs": {"files": ""}, "_meta": {"title": "batch"}}
         self.prompt = prompt
-        self.fuse.set_max_batch_size(cfg.max_batch)
-        self.fuse.set_batch_wait_timeout_s(cfg.batch_wait_s)
-        self._lock = threading.Lock()
-        self.served = 0
-        self.batches = 0
 
     async def __call__(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
@@ -83,7 +90,7 @@ class FusionReplica:
 
     @_serve.batch(max_batch_size=4, batch_wait_timeout_s=0.05)
     async def fuse(self, bodies: list[bytes]) -> list[dict[str, Any]]:
-        return await asyncio.to_thread(self._fuse_sync, bodies)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._fuse_sync, bodies)
 
     def _fuse_sync(self, bodies: list[bytes]) -> list[dict[str, Any]]:
         import cv2
@@ -99,10 +106,9 @@ class FusionReplica:
             path = self.engine.work / "input" / f"req_{time.monotonic_ns()}_{i}.png"
             cv2.imwrite(str(path), img)
             groups.setdefault(img.shape, []).append((i, path.name))
-        with self._lock:  # one ComfyUI execution at a time per replica
-            for members in groups.values():
-                for i, res in zip([m[0] for m in members], self._run_group([m[1] for m in members]), strict=True):
-                    results[i] = res
+        for members in groups.values():  # on the one ComfyUI thread: one execution at a time per replica
+            for i, res in zip([m[0] for m in members], self._run_group([m[1] for m in members]), strict=True):
+                results[i] = res
         self.served += len(bodies)
         self.batches += 1
         return [r if r is not None else {"status": "failed", "error": "lost"} for r in results]
