@@ -1,0 +1,246 @@
+"""Command line: `python <pack folder> run ...` / `serve ...` (also the `tokenfuse` console script).
+
+    python ComfyUI/custom_nodes/ComfyUI-TokenFuse run --demo
+    python ComfyUI/custom_nodes/ComfyUI-TokenFuse run workflows/tokenfuse_face_refine_sd15_4gb.json photos/ -o out/
+    python ... run workflow.json clip.mp4 --input source_face=me.jpg --server http://127.0.0.1:8188 --resume
+
+Exit codes: 0 every item ok, 1 some item failed (a summary lists them), 2 bad command line / workflow,
+130 interrupted by Ctrl-C (finished items stay in the report; --resume continues).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .convert import WorkflowError, is_api_prompt, ui_to_api
+from .items import Item, expand, item_slot, resolve
+from .run import EXIT_USAGE, run_items
+
+log = logging.getLogger("tokenfuse.runner")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tokenfuse", description="TokenFuse without the editor: runner and service.")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run a workflow on images, folders, videos or list files")
+    r.add_argument("workflow", nargs="?", help="workflow .json (UI format as saved by the editor, or API format)")
+    r.add_argument("items", nargs="*", help="images, videos, folders of them, or .txt lists (one path per line)")
+    r.add_argument("-o", "--output", default="tokenfuse_out", help="output folder (one subfolder per item)")
+    r.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="bind a loader (node id, title, file stem "
+        "or kind) to a file for every item, or to a folder/list whose files become the items",
+    )
+    r.add_argument("--item-input", metavar="NAME", help="the loader the items go to (default: the one left unbound)")
+    r.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NODE.INPUT=JSON",
+        help="override a node input; "
+        "NODE is a node id, title or class (all nodes of that class); the value is JSON or a plain string",
+    )
+    r.add_argument("--resume", action="store_true", help="skip items the report already lists as ok")
+    r.add_argument("--server", metavar="URL", help="run on a ComfyUI server (HTTP API) instead of in-process")
+    r.add_argument(
+        "--comfyui",
+        metavar="PATH",
+        help="ComfyUI checkout to embed (default: COMFYUI_PATH, or the ComfyUI this pack is installed in)",
+    )
+    r.add_argument("--cpu", action="store_true", help="embedded ComfyUI on CPU (ComfyUI's --cpu)")
+    r.add_argument(
+        "--sdpa", action="store_true", help="PyTorch SDPA attention (ComfyUI's --use-pytorch-cross-attention)"
+    )
+    r.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="spread items over Ray workers: "
+        "`local` (default) starts a local cluster, `auto` or ray://host:10001 joins one (needs "
+        "requirements-scale.txt)",
+    )
+    r.add_argument("--workers", type=int, default=2, help="Ray workers (one warm ComfyUI each; one GPU each on GPUs)")
+    r.add_argument("--demo", action="store_true", help="built-in demo graph and photo (see runner/demo.py)")
+    r.add_argument("--quiet", action="store_true", help="no progress line")
+    r.add_argument("-v", "--verbose", action="store_true")
+    s = sub.add_parser("serve", help="face-fusion HTTP service on Ray Serve (needs requirements-scale.txt)")
+    s.add_argument("--workflow", help="workflow .json with one LoadImage (default: the demo graph)")
+    s.add_argument("--demo", action="store_true", help="the demo graph and models (the default without --workflow)")
+    s.add_argument("--set", action="append", default=[], metavar="NODE.INPUT=JSON", help="override a node input")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default localhost only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--ray", default="local", metavar="ADDRESS", help="`local` (default) or a cluster address")
+    s.add_argument("--replicas", type=int, default=1, help="replicas (one warm ComfyUI each; one GPU each on GPUs)")
+    s.add_argument("--max-batch", type=int, default=4, help="photos of concurrent requests run as one batch")
+    s.add_argument("--batch-wait", type=float, default=0.05, help="seconds a batch waits to fill")
+    s.add_argument("--max-queued", type=int, default=8, help="queued requests per replica before 503")
+    s.add_argument("--retry-after", type=float, default=2.0, help="Retry-After seconds sent with a 503")
+    s.add_argument("--comfyui", metavar="PATH")
+    s.add_argument("--cpu", action="store_true")
+    s.add_argument("--sdpa", action="store_true")
+    s.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ..service.app import ServiceConfig, serve_forever
+
+    config = ServiceConfig(
+        workflow=args.workflow,
+        demo=args.workflow is None,
+        sets=tuple(args.set),
+        comfyui=args.comfyui,
+        cpu=args.cpu,
+        sdpa=args.sdpa,
+        max_batch=args.max_batch,
+        batch_wait_s=args.batch_wait,
+    )
+    if args.workflow:
+        config = ServiceConfig(**{**config.__dict__, "workflow": str(Path(args.workflow).resolve())})
+    serve_forever(config, args.ray, args.host, args.port, args.replicas, args.max_queued, args.retry_after)
+    return 0
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def apply_sets(prompt: dict[str, dict[str, Any]], sets: list[str]) -> None:
+    """--set NODE.INPUT=VALUE: NODE is a node id, a title or a class_type (every node of it)."""
+    for s in sets:
+        target, sep, value = s.partition("=")
+        node, dot, name = target.rpartition(".")
+        if not sep or not dot or not node or not name:
+            raise WorkflowError(f"--set {s!r}: expected NODE.INPUT=VALUE")
+        hits = [
+            nid
+            for nid, n in prompt.items()
+            if node in (nid, n["class_type"]) or node.lower() == str((n.get("_meta") or {}).get("title", "")).lower()
+        ]
+        if not hits:
+            raise WorkflowError(f"--set {s!r}: no node with id, title or class {node!r}")
+        for nid in hits:
+            prompt[nid]["inputs"][name] = _parse_value(value)
+
+
+def load_prompt(path: Path, defs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise WorkflowError(f"cannot read workflow {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise WorkflowError(f"{path} is not a ComfyUI workflow")
+    return {str(k): v for k, v in data.items()} if is_api_prompt(data) else ui_to_api(data, defs)
+
+
+def _make_engine(args: argparse.Namespace, extra_nodes: dict[str, type] | None) -> Any:
+    if args.ray:
+        from .ray_pool import RayPool, WorkerSpec
+
+        spec = WorkerSpec(comfyui=args.comfyui, cpu=args.cpu, sdpa=args.sdpa, demo=args.demo)
+        return RayPool(args.ray, args.workers, spec)
+    if args.server:
+        from .client import ServerComfy
+
+        return ServerComfy(args.server)
+    from .embedded import EmbeddedComfy
+
+    return EmbeddedComfy(args.comfyui, cpu=args.cpu, sdpa=args.sdpa, extra_nodes=extra_nodes)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from . import demo
+
+    if args.ray and args.server:
+        raise WorkflowError("--ray runs embedded ComfyUIs on the workers: drop --server")
+    if args.demo and args.server:
+        raise WorkflowError("--demo runs embedded (its model loader exists only in the runner): drop --server")
+    if not args.demo and not args.workflow:
+        raise WorkflowError("give a workflow .json (or --demo)")
+    engine = _make_engine(args, {demo.DEMO_LOADER: demo.DemoModels} if args.demo else None)
+    scratch = tempfile.TemporaryDirectory(prefix="tokenfuse_demo_")
+    try:
+        defs = engine.node_defs()
+        if args.demo:
+            print(f"TokenFuse demo: {demo.DEMO_WEIGHTS}", file=sys.stderr)
+            prompt = demo.fill_defaults(demo.demo_prompt(), defs)
+            sources = ([args.workflow] if args.workflow else []) + list(args.items)
+        else:
+            prompt = load_prompt(Path(args.workflow), defs)
+            sources = list(args.items)
+        apply_sets(prompt, args.set)
+        constants: dict[str, Path] = {}
+        slot_key = args.item_input
+        for spec in args.input:
+            key, sep, value = spec.partition("=")
+            if not sep:
+                raise WorkflowError(f"--input {spec!r}: expected NAME=PATH")
+            path = Path(value).expanduser()
+            if path.is_dir() or path.suffix.lower() in (".txt", ".lst", ".list"):
+                sources.append(value)
+                slot_key = key
+            else:
+                constants[resolve(prompt, key)] = path
+        if args.demo and not sources:
+            sources = [str(demo.demo_photo(Path(scratch.name)))]
+        for nid, path in constants.items():
+            if not path.is_file():
+                raise WorkflowError(f"--input file not found: {path} (for node {nid})")
+        slot = item_slot(prompt, set(constants), slot_key)
+        items: list[Item] = expand(sources)
+        if not items:
+            raise WorkflowError("no items: give images, videos, folders or list files")
+        kind = {"LoadVideo": "video"}.get(prompt[slot]["class_type"], "image")
+        wrong = [i for i in items if i.kind != kind]
+        if wrong:
+            raise WorkflowError(
+                f"{len(wrong)} item(s) are {wrong[0].kind}s but node {slot} ({prompt[slot]['class_type']}) takes "
+                f"{kind}s: use a workflow with a {'LoadVideo' if wrong[0].kind == 'video' else 'LoadImage'} node"
+            )
+        if args.ray:
+            from .ray_pool import run_items_ray
+
+            summary = run_items_ray(
+                engine, prompt, slot, constants, items, Path(args.output), args.resume, not args.quiet
+            )
+        else:
+            summary = run_items(engine, prompt, slot, constants, items, Path(args.output), args.resume, not args.quiet)
+    finally:
+        engine.close()
+        scratch.cleanup()
+    print(f"TokenFuse runner: {summary.line()}; report {Path(args.output) / 'report.jsonl'}", file=sys.stderr)
+    for failure in summary.failures:
+        print(f"  failed: {failure}", file=sys.stderr)
+    return summary.exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        if args.command == "run":
+            return cmd_run(args)
+        if args.command == "serve":
+            return cmd_serve(args)
+    except (WorkflowError, FileNotFoundError, ConnectionError, ImportError) as e:
+        print(f"tokenfuse: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("tokenfuse: aborted", file=sys.stderr)
+        return 130
+    return EXIT_USAGE

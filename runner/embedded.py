@@ -1,0 +1,201 @@
+"""ComfyUI embedded in this process: its own validate_prompt + PromptExecutor, kept warm between items (the
+executor's output cache keeps loaded models, so only the nodes downstream of the changed input run again).
+
+ComfyUI is found from --comfyui PATH, COMFYUI_PATH, or the pack's location (<ComfyUI>/custom_nodes/<pack>). Every
+`comfy` / `execution` / `nodes` import is inside functions: importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import itertools
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from .convert import node_info
+from .engine import ExecResult, OutputFile, Progress
+
+log = logging.getLogger("tokenfuse.runner")
+PACK_DIR = Path(__file__).absolute().parents[1]
+# STRING outputs of the pack that carry a report: class -> output slot
+REPORT_SLOTS = {"TokenFuseScheduledFusion": 2, "TokenFuseGFPGANEnhance": 2, "TokenFuseTokenSchedulerController": 1}
+
+
+def find_comfyui(explicit: str | Path | None = None) -> Path:
+    """The ComfyUI checkout to embed: explicit path, $COMFYUI_PATH, or the one this pack is installed in."""
+    candidates: list[Path] = []
+    if explicit:
+        candidates.append(Path(explicit).expanduser())
+    elif os.environ.get("COMFYUI_PATH"):
+        candidates.append(Path(os.environ["COMFYUI_PATH"]).expanduser())
+    else:
+        candidates += [PACK_DIR.parents[1], Path(os.path.realpath(PACK_DIR)).parents[1]]
+    for c in candidates:
+        if (c / "comfy").is_dir() and (c / "execution.py").is_file():
+            return c.resolve()
+    where = ", ".join(str(c) for c in candidates)
+    raise FileNotFoundError(
+        f"no ComfyUI checkout found (looked at {where}): install the pack in ComfyUI/custom_nodes, "
+        "or pass --comfyui PATH (or set COMFYUI_PATH)"
+    )
+
+
+class EmbeddedComfy:
+    """A warm in-process ComfyUI with this pack's nodes registered.
+
+    cpu: ComfyUI's --cpu. sdpa: --use-pytorch-cross-attention. work_dir: where inputs are staged and ComfyUI writes
+    (input/, output/, temp/); a temp folder by default, removed by close(). extra_nodes: more node classes to
+    register (the demo's model loader).
+    """
+
+    def __init__(
+        self,
+        comfyui: str | Path | None = None,
+        cpu: bool = False,
+        sdpa: bool = False,
+        work_dir: Path | None = None,
+        extra_nodes: dict[str, type] | None = None,
+    ) -> None:
+        self.path = find_comfyui(comfyui)
+        if str(self.path) not in sys.path:
+            sys.path.insert(0, str(self.path))
+        import comfy.cli_args
+
+        if "comfy.model_management" not in sys.modules:
+            comfy.cli_args.args.cpu = cpu or comfy.cli_args.args.cpu
+            comfy.cli_args.args.use_pytorch_cross_attention = sdpa or comfy.cli_args.args.use_pytorch_cross_attention
+        import comfy.model_management  # noqa: F401  (fixes device and attention now)
+
+        # Order matters (ComfyUI needs utils.extra_config before its nodes module; execution imports nodes).
+        extra_config = importlib.import_module("utils.extra_config")
+        nodes = importlib.import_module("nodes")
+        execution = importlib.import_module("execution")
+        folder_paths = importlib.import_module("folder_paths")
+
+        if not hasattr(nodes, "common_ksampler"):
+            raise ImportError(f"'nodes' resolved to {nodes.__file__}, not ComfyUI's nodes.py")
+        yaml_path = self.path / "extra_model_paths.yaml"
+        if yaml_path.is_file():
+            extra_config.load_extra_path_config(str(yaml_path))
+        if not getattr(nodes, "_tokenfuse_runner_extras", False):
+            asyncio.run(nodes.init_extra_nodes(init_custom_nodes=False, init_api_nodes=False))
+            nodes._tokenfuse_runner_extras = True
+        from .. import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+
+        nodes.NODE_CLASS_MAPPINGS.update({**NODE_CLASS_MAPPINGS, **(extra_nodes or {})})
+        nodes.NODE_DISPLAY_NAME_MAPPINGS.update(NODE_DISPLAY_NAME_MAPPINGS)
+        self._own_dir = work_dir is None
+        self.work = Path(tempfile.mkdtemp(prefix="tokenfuse_run_")) if work_dir is None else work_dir
+        for sub in ("input", "output", "temp"):
+            (self.work / sub).mkdir(parents=True, exist_ok=True)
+        folder_paths.set_input_directory(str(self.work / "input"))
+        folder_paths.set_output_directory(str(self.work / "output"))
+        folder_paths.set_temp_directory(str(self.work / "temp"))
+        self._nodes, self._execution, self._folder_paths = nodes, execution, folder_paths
+        self._server = SimpleNamespace(client_id=None, last_node_id=None, send_sync=lambda *a, **k: None)
+        self.executor = execution.PromptExecutor(self._server)
+        self._counter = itertools.count()
+        log.info("embedded ComfyUI %s (device %s)", self.path, comfy.model_management.get_torch_device())
+
+    def node_defs(self) -> dict[str, dict[str, Any]]:
+        defs = {}
+        for name, cls in self._nodes.NODE_CLASS_MAPPINGS.items():
+            try:
+                defs[name] = node_info(cls, name)
+            except Exception as e:  # noqa: BLE001 - one broken node definition must not stop the runner
+                log.debug("node %s has no usable definition: %s", name, e)
+        return defs
+
+    def stage(self, path: Path) -> str:
+        """Link (or copy) `path` into ComfyUI's input folder under a unique name; returns that name."""
+        name = f"{next(self._counter):05d}_{path.name}"
+        dst = self.work / "input" / name
+        try:
+            dst.symlink_to(path.resolve())
+        except OSError:
+            shutil.copyfile(path, dst)
+        return name
+
+    def execute(self, prompt: dict[str, dict[str, Any]], progress: Progress | None = None) -> ExecResult:
+        import comfy.model_management as mm
+        import comfy.utils
+        import torch
+
+        prompt_id = str(uuid.uuid4())
+        valid, error, outputs, node_errors = asyncio.run(self._execution.validate_prompt(prompt_id, prompt, None))
+        if not valid:
+            return ExecResult(ok=False, error=_validation_message(error, node_errors))
+        if progress is not None:
+            comfy.utils.set_progress_bar_global_hook(lambda value, total, *a, **k: progress(int(value), int(total)))
+        cuda = torch.cuda.is_available() and mm.get_torch_device().type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        try:
+            self.executor.execute(prompt, prompt_id, {}, outputs)
+        finally:
+            comfy.utils.set_progress_bar_global_hook(None)
+        peak, kind = _peak_memory(cuda)
+        messages = self.executor.status_messages
+        interrupted = any(m[0] == "execution_interrupted" for m in messages)
+        errors = [m[1] for m in messages if m[0] == "execution_error"]
+        if interrupted or errors or not self.executor.success:
+            text = "interrupted" if interrupted else _error_message(errors)
+            return ExecResult(ok=False, error=text, interrupted=interrupted, peak_memory_mib=peak, memory_kind=kind)
+        files: list[OutputFile] = []
+        for node_out in self.executor.history_result["outputs"].values():
+            for entries in node_out.values():
+                for e in entries if isinstance(entries, list) else []:
+                    if isinstance(e, dict) and e.get("type") == "output" and "filename" in e:
+                        local = self.work / "output" / e.get("subfolder", "") / e["filename"]
+                        files.append(OutputFile(e["filename"], e.get("subfolder", ""), local.read_bytes, local))
+        texts: dict[str, str] = {}
+        for nid, node in prompt.items():
+            slot = REPORT_SLOTS.get(node["class_type"])
+            cached = self.executor.caches.outputs.get(nid) if slot is not None else None
+            if cached is not None:
+                value = getattr(cached, "outputs", cached)[slot]
+                texts[nid] = "\n".join(str(v) for v in value)
+        return ExecResult(ok=True, outputs=files, texts=texts, peak_memory_mib=peak, memory_kind=kind)
+
+    def interrupt(self) -> None:
+        self._nodes.interrupt_processing(True)
+
+    def close(self) -> None:
+        if self._own_dir:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _peak_memory(cuda: bool) -> tuple[float | None, str]:
+    if cuda:
+        import torch
+
+        return torch.cuda.max_memory_allocated() / 2**20, "cuda max_memory_allocated"
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process peak RSS (cumulative)"
+    except ImportError:  # Windows
+        return None, ""
+
+
+def _validation_message(error: Any, node_errors: dict[str, Any]) -> str:
+    parts = [str(error.get("message", error)) if isinstance(error, dict) else str(error)]
+    for nid, ne in (node_errors or {}).items():
+        for e in ne.get("errors", []):
+            parts.append(f"node {nid} ({ne.get('class_type')}): {e.get('message')}: {e.get('details')}")
+    return "; ".join(p for p in parts if p)
+
+
+def _error_message(errors: list[dict[str, Any]]) -> str:
+    if not errors:
+        return "execution failed"
+    e = errors[0]
+    return f"node {e.get('node_id')} ({e.get('node_type')}): {e.get('exception_type')}: {e.get('exception_message')}"

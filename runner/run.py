@@ -1,0 +1,203 @@
+"""The runner's item loop, the same for the embedded and the server engine: bind each item to the workflow's
+loader, execute, file the outputs under `<output>/<item name>/`, append one JSONL report row, show progress.
+
+A failed item is reported and the loop goes on; Ctrl-C interrupts the running item (ComfyUI's own interrupt, so
+the sampler stops at its next step), which is reported as interrupted (redone by --resume) and ends the run.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from .engine import Engine
+from .items import Item, loaders
+from .report import ReportWriter, done_keys, summarize_texts
+
+log = logging.getLogger("tokenfuse.runner")
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+@dataclass
+class Summary:
+    ok: int = 0
+    failed: int = 0
+    skipped: int = 0
+    interrupted: bool = False
+    seconds: float = 0.0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_INTERRUPTED if self.interrupted else EXIT_FAILED if self.failed else EXIT_OK
+
+    def line(self) -> str:
+        state = ", interrupted" if self.interrupted else ""
+        return f"{self.ok} ok, {self.failed} failed, {self.skipped} skipped (resume){state}, {self.seconds:.1f} s"
+
+
+class ProgressLine:
+    """`[3/10] name  step 4/20` on one terminal line (stderr); plain lines when stderr is not a terminal."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, enabled: bool = True) -> None:
+        self.total, self.stream, self.enabled = total, stream or sys.stderr, enabled
+        self.tty = self.stream.isatty()
+        self.index, self.name, self._last = 0, "", ""
+
+    def item(self, index: int, name: str) -> None:
+        self.index, self.name = index, name
+        self._show(f"[{index}/{self.total}] {name}")
+
+    def step(self, value: int, total: int) -> None:
+        if self.tty:  # per-step lines only on a terminal, where they overwrite each other
+            self._show(f"[{self.index}/{self.total}] {self.name}  step {value}/{total}")
+
+    def done(self, text: str) -> None:
+        self._show(f"[{self.index}/{self.total}] {self.name}  {text}", end=True)
+
+    def _show(self, text: str, end: bool = False) -> None:
+        if not self.enabled:
+            return
+        if self.tty:
+            self.stream.write("\r" + text.ljust(len(self._last)) + ("\n" if end else ""))
+            self._last = "" if end else text
+        elif end:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def bind(prompt: dict[str, dict[str, Any]], names: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """A copy of `prompt` whose loader nodes (node id -> staged file name) load the given files."""
+    p = copy.deepcopy(prompt)
+    fields = loaders(p)
+    for nid, name in names.items():
+        p[nid]["inputs"][fields[nid][0]] = name
+        if p[nid]["class_type"] == "LoadImage":
+            p[nid]["inputs"].setdefault("upload", "image")
+    return p
+
+
+def save_outputs(files: list[tuple[str, bytes]], folder: Path) -> list[str]:
+    """Write an item's output files into its folder; returns their paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for filename, data in files:
+        dst = folder / Path(filename).name
+        dst.write_bytes(data)
+        written.append(str(dst))
+    return written
+
+
+def process_item(
+    engine: Engine,
+    prompt: dict[str, dict[str, Any]],
+    slot: str,
+    fixed: dict[str, str],
+    item: Item,
+    step: Any = None,
+) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+    """Stage, bind and execute one item; returns its report row (without `outputs`) and its output files (name,
+    bytes). Never raises for a bad item: the row says failed and why."""
+    row: dict[str, Any] = {"item": item.key, "name": item.name, "kind": item.kind}
+    files: list[tuple[str, bytes]] = []
+    t0 = time.perf_counter()
+    try:
+        staged = bind(prompt, {**fixed, slot: engine.stage(item.path)})
+        result = engine.execute(staged, step)
+        row["time_s"] = round(time.perf_counter() - t0, 3)
+        row["peak_memory_mib"] = None if result.peak_memory_mib is None else round(result.peak_memory_mib, 1)
+        row["memory_kind"] = result.memory_kind
+        if result.ok:
+            files = [(out.filename, out.read()) for out in result.outputs]
+            row.update(summarize_texts(result.texts))
+            row["reports"] = result.texts
+            row["status"] = "ok"
+        else:
+            row["status"] = "interrupted" if result.interrupted else "failed"
+            row["error"] = result.error
+    except Exception as e:  # noqa: BLE001 - a bad item fails alone; the run goes on
+        log.debug("item %s failed", item.path, exc_info=True)
+        row.update(status="failed", error=f"{type(e).__name__}: {e}", time_s=round(time.perf_counter() - t0, 3))
+    return row, files
+
+
+def account(summary: Summary, bar: ProgressLine, row: dict[str, Any]) -> bool:
+    """Count a finished row into the summary and the progress line; True when the run must stop (interrupted)."""
+    if row["status"] == "ok":
+        summary.ok += 1
+        worker = f", worker {row['worker']}" if "worker" in row else ""
+        bar.done(f"ok {row['time_s']:.1f} s, {len(row['outputs'])} file(s), faces {row.get('faces', 0)}{worker}")
+        return False
+    if row["status"] == "interrupted":
+        summary.interrupted = True
+        bar.done("interrupted")
+        return True
+    summary.failed += 1
+    summary.failures.append(f"{row['item']}: {row['error']}")
+    bar.done(f"FAILED: {row['error']}")
+    return False
+
+
+def run_items(
+    engine: Engine,
+    prompt: dict[str, dict[str, Any]],
+    slot: str,
+    constants: dict[str, Path],
+    items: list[Item],
+    output: Path,
+    resume: bool = False,
+    progress: bool = True,
+) -> Summary:
+    """Run every item; returns the summary (its exit_code: 0 all ok, 1 some failed, 130 interrupted)."""
+    started = time.perf_counter()
+    report_path = output / "report.jsonl"
+    finished = done_keys(report_path) if resume else set()
+    writer = ReportWriter(report_path, append=resume)
+    summary = Summary()
+    bar = ProgressLine(len(items), enabled=progress)
+    stop = {"requested": False}
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if stop["requested"]:  # second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        stop["requested"] = True
+        sys.stderr.write("\nstopping after interrupting the current item (Ctrl-C again to abort)\n")
+        engine.interrupt()
+
+    previous = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
+    try:
+        fixed = {nid: engine.stage(path) for nid, path in constants.items()}
+        for index, item in enumerate(items, 1):
+            if stop["requested"]:
+                summary.interrupted = True
+                break
+            bar.item(index, item.name)
+            if item.key in finished:
+                summary.skipped += 1
+                bar.done("skipped (done in a previous run)")
+                continue
+            row, files = process_item(engine, prompt, slot, fixed, item, bar.step)
+            if row["status"] == "ok":
+                row["outputs"] = save_outputs(files, output / item.name)
+            writer.write(row)
+            if account(summary, bar, row):
+                break
+    finally:
+        writer.close()
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    summary.seconds = time.perf_counter() - started
+    log.info("TokenFuse runner: %s; report %s", summary.line(), report_path)
+    return summary
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

@@ -1,0 +1,209 @@
+"""`serve`: TokenFuse face fusion behind Ray Serve.
+
+POST /  (body: an image file) -> JSON {"status", "faces", "fallbacks", "time_s", "batch_size", "image_png_base64",
+"report"}; GET /health -> {"status": "ok", ...}. One replica per GPU (num_gpus=1 when the cluster has GPUs), each
+holding a warm embedded ComfyUI. Concurrent requests are batched (`@serve.batch`, at most `max_batch` photos,
+waiting at most `batch_wait_s`): photos of one size become one IMAGE batch through the workflow, so their faces
+share ScheduledFusion's sampler calls (faces_per_batch). Backpressure: more than `max_queued` waiting requests per
+replica are answered 503 with Retry-After by Serve itself, before any work. Shutdown (SIGINT/SIGTERM) drains
+in-flight requests (graceful_shutdown_timeout_s) and stops a local Ray it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import logging
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("tokenfuse.service")
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    workflow: str | None = None  # UI or API workflow with one LoadImage; None = the demo graph
+    demo: bool = True
+    sets: tuple[str, ...] = ()
+    comfyui: str | None = None
+    cpu: bool = False
+    sdpa: bool = False
+    max_batch: int = 4
+    batch_wait_s: float = 0.05
+
+
+class FusionReplica:
+    """Deployment body (wrapped by serve.deployment in build_app)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        # ComfyUI calls asyncio.run() internally, which cannot run on Serve's event loop: all ComfyUI work (start-up
+        # and every batch) runs on one dedicated thread, which also serialises executions.
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokenfuse-comfy")
+        self._pool.submit(self._start, config).result()
+        self.fuse.set_max_batch_size(self.cfg.max_batch)
+        self.fuse.set_batch_wait_timeout_s(self.cfg.batch_wait_s)
+        self.served = 0
+        self.batches = 0
+
+    def _start(self, config: dict[str, Any]) -> None:
+        from tokenfuse.runner.cli import apply_sets, load_prompt
+        from tokenfuse.runner.demo import DEMO_LOADER, DemoModels, demo_prompt, fill_defaults
+        from tokenfuse.runner.embedded import EmbeddedComfy
+        from tokenfuse.runner.items import item_slot
+        from tokenfuse.service.batch_node import BATCH_LOADER, LoadBatch
+
+        cfg = ServiceConfig(**config)
+        self.cfg = cfg
+        extra = {BATCH_LOADER: LoadBatch, **({DEMO_LOADER: DemoModels} if cfg.demo else {})}
+        self.engine = EmbeddedComfy(cfg.comfyui, cpu=cfg.cpu, sdpa=cfg.sdpa, extra_nodes=extra)
+        defs = self.engine.node_defs()
+        if cfg.demo:
+            prompt = fill_defaults(demo_prompt(), defs)
+        else:
+            prompt = load_prompt(Path(str(cfg.workflow)), defs)
+        apply_sets(prompt, list(cfg.sets))
+        self.slot = item_slot(prompt, set())
+        prompt[self.slot] = {"class_type": BATCH_LOADER, "inputs": {"files": ""}, "_meta": {"title": "batch"}}
+        self.prompt = prompt
+
+    async def __call__(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        if request.method == "GET" and request.url.path.rstrip("/").endswith("health"):
+            return JSONResponse({"status": "ok", "served": self.served, "batches": self.batches})
+        if request.method != "POST":
+            return JSONResponse({"error": "POST an image file, or GET /health"}, status_code=405)
+        body = await request.body()
+        if not body:
+            return JSONResponse({"error": "empty body: POST the image bytes"}, status_code=400)
+        result = await self.fuse(body)
+        return JSONResponse(result, status_code=200 if result["status"] == "ok" else 400)
+
+    from ray import serve as _serve  # noqa: E402 - decorator needs Ray; this module is imported only when serving
+
+    @_serve.batch(max_batch_size=4, batch_wait_timeout_s=0.05)
+    async def fuse(self, bodies: list[bytes]) -> list[dict[str, Any]]:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._fuse_sync, bodies)
+
+    def _fuse_sync(self, bodies: list[bytes]) -> list[dict[str, Any]]:
+        import cv2
+        import numpy as np
+
+        results: list[dict[str, Any] | None] = [None] * len(bodies)
+        groups: dict[tuple[int, ...], list[tuple[int, str]]] = {}
+        for i, body in enumerate(bodies):
+            img = cv2.imdecode(np.frombuffer(body, np.uint8), cv2.IMREAD_COLOR)
+            if img is None:
+                results[i] = {"status": "failed", "error": "not a decodable image"}
+                continue
+            path = self.engine.work / "input" / f"req_{time.monotonic_ns()}_{i}.png"
+            cv2.imwrite(str(path), img)
+            groups.setdefault(img.shape, []).append((i, path.name))
+        for members in groups.values():  # on the one ComfyUI thread: one execution at a time per replica
+            for i, res in zip([m[0] for m in members], self._run_group([m[1] for m in members]), strict=True):
+                results[i] = res
+        self.served += len(bodies)
+        self.batches += 1
+        return [r if r is not None else {"status": "failed", "error": "lost"} for r in results]
+
+    def _run_group(self, names: list[str]) -> list[dict[str, Any]]:
+        from tokenfuse.runner.report import summarize_texts
+
+        prompt = copy.deepcopy(self.prompt)
+        prompt[self.slot]["inputs"]["files"] = "\n".join(names)
+        t0 = time.perf_counter()
+        result = self.engine.execute(prompt)
+        elapsed = round(time.perf_counter() - t0, 3)
+        if not result.ok:
+            return [{"status": "failed", "error": result.error, "time_s": elapsed, "batch_size": len(names)}] * len(
+                names
+            )
+        outs = [o for o in result.outputs]
+        out: list[dict[str, Any]] = []
+        for frame in range(len(names)):
+            texts = {k: _frame_lines(v, frame) for k, v in result.texts.items()}
+            row = {"status": "ok", "time_s": elapsed, "batch_size": len(names), **summarize_texts(texts)}
+            row["faces"] = sum(1 for v in texts.values() for line in v.splitlines() if line.startswith("frame "))
+            row["report"] = texts
+            if frame < len(outs):
+                row["image_png_base64"] = base64.b64encode(outs[frame].read()).decode()
+            out.append(row)
+        return out
+
+
+def _frame_lines(text: str, frame: int) -> str:
+    """The lines of a pack report that belong to `frame` (per-face lines start with "frame N face M")."""
+    return "\n".join(line for line in text.splitlines() if line.startswith(f"frame {frame} face "))
+
+
+def build_app(config: ServiceConfig, replicas: int, max_queued: int, retry_after_s: float, num_gpus: float) -> Any:
+    from ray import serve
+    from ray.serve.config import BackpressureConfig
+
+    deployment = serve.deployment(
+        name="TokenFuse",
+        num_replicas=replicas,
+        max_ongoing_requests=max(2 * config.max_batch, 2),
+        max_queued_requests=max_queued,
+        backpressure_config=BackpressureConfig(status_code=503, retry_after_s=retry_after_s),
+        graceful_shutdown_timeout_s=120,
+        ray_actor_options={"num_gpus": num_gpus, "num_cpus": 1},
+    )(FusionReplica)
+    return deployment.bind(asdict(config))
+
+
+def serve_forever(
+    config: ServiceConfig,
+    address: str = "local",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    replicas: int = 1,
+    max_queued: int = 8,
+    retry_after_s: float = 2.0,
+    ready: threading.Event | None = None,
+    stop: threading.Event | None = None,
+) -> None:
+    """Start the service and block until SIGINT/SIGTERM (or `stop`), then shut down gracefully."""
+    from tokenfuse.runner.ray_pool import connect
+
+    ray = connect(address, num_cpus=max(replicas, 1) + 1 if address == "local" else None)
+    from ray import serve
+
+    gpus = ray.cluster_resources().get("GPU", 0)
+    stop = stop or threading.Event()
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            handlers[sig] = signal.signal(sig, lambda *a: stop.set())
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(
+            build_app(config, replicas, max_queued, retry_after_s, 1.0 if gpus >= 1 else 0.0),
+            name="tokenfuse",
+            route_prefix="/",
+            blocking=False,
+        )
+        log.info(
+            "TokenFuse service on http://%s:%d (replicas %d, max batch %d)", host, port, replicas, config.max_batch
+        )
+        print(
+            f"TokenFuse service ready on http://{host}:{port}  (POST an image; GET /health; Ctrl-C stops)", flush=True
+        )
+        if ready is not None:
+            ready.set()
+        while not stop.wait(0.5):
+            pass
+    finally:
+        print("TokenFuse service: shutting down (draining in-flight requests)", flush=True)
+        serve.shutdown()
+        if address == "local":
+            ray.shutdown()
+        for sig, h in handlers.items():
+            signal.signal(sig, h)

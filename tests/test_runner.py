@@ -1,0 +1,252 @@
+"""The headless runner's pure parts (no ComfyUI needed): UI->API conversion on the shipped example workflows and
+on the frontend's special cases, item expansion and loader binding, the JSONL report and --resume bookkeeping,
+--set, and the `python <pack folder> run` entry point's exit codes without a ComfyUI.
+
+The conversion against real ComfyUI (validate_prompt, and equality with the real frontend's graphToPrompt) and real
+runs are in tests/integration/test_runner_comfy.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tokenfuse import NODE_CLASS_MAPPINGS
+from tokenfuse.runner.cli import apply_sets
+from tokenfuse.runner.convert import WorkflowError, is_api_prompt, node_info, ui_to_api, widget_layout
+from tokenfuse.runner.items import expand, item_slot, resolve
+from tokenfuse.runner.report import ReportWriter, done_keys, summarize_texts
+from tokenfuse.runner.run import Summary
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
+# ComfyUI core nodes used by the example workflows, with the input definitions ComfyUI 0.3.64 gives in /object_info
+# (only what conversion reads: names, order, widget kinds and flags).
+CORE_DEFS: dict[str, dict[str, Any]] = {
+    "CheckpointLoaderSimple": {"input": {"required": {"ckpt_name": [["v1-5-pruned-emaonly-fp16.safetensors"], {}]}}},
+    "CLIPTextEncode": {
+        "input": {"required": {"text": ["STRING", {"multiline": True, "dynamicPrompts": True}], "clip": ["CLIP"]}}
+    },
+    "LoadImage": {"input": {"required": {"image": [["portrait.png"], {"image_upload": True}]}}},
+    "PreviewImage": {"input": {"required": {"images": ["IMAGE"]}}},
+    "SaveImage": {"input": {"required": {"images": ["IMAGE"], "filename_prefix": ["STRING", {"default": "ComfyUI"}]}}},
+}
+FILE_INPUTS = ("model_name", "swap_model", "arcface_model", "ckpt_name", " image")
+
+
+def _defs() -> dict[str, dict[str, Any]]:
+    return {**CORE_DEFS, **{k: node_info(c, k) for k, c in NODE_CLASS_MAPPINGS.items()}}
+
+
+def _check_value(spec: Any, value: Any, where: str) -> None:
+    kind, opts = spec[0], (spec[1] if len(spec) > 1 else {})
+    if isinstance(kind, list):
+        if not where.endswith(FILE_INPUTS):  # lists of model/input files depend on the machine
+            assert value in kind, f"{where}: {value!r} not in {kind}"
+    elif kind in ("INT", "FLOAT"):
+        assert isinstance(value, (int, float)) and not isinstance(value, bool), f"{where}: {value!r}"
+        assert kind == "FLOAT" or float(value).is_integer(), f"{where}: {value!r}"
+        assert opts.get("min", -math.inf) <= value <= opts.get("max", math.inf), f"{where}: {value!r} out of range"
+    elif kind == "BOOLEAN":
+        assert isinstance(value, bool), f"{where}: {value!r}"
+    elif kind == "STRING":
+        assert isinstance(value, str), f"{where}: {value!r}"
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=[p.stem for p in WORKFLOWS])
+def test_example_workflows_convert_to_valid_inputs(path: Path) -> None:
+    """Every widget value lands on the input it belongs to: a shift by one (a missed control_after_generate or
+    upload slot) puts a string into a number or a number into a combo, which these checks catch."""
+    wf = json.loads(path.read_text(encoding="utf-8"))
+    defs = _defs()
+    prompt = ui_to_api(wf, defs)
+    assert {k: v["class_type"] for k, v in prompt.items()} == {
+        str(n["id"]): n["type"] for n in wf["nodes"] if n["type"] != "Note"
+    }
+    for nid, node in prompt.items():
+        inputs = defs[node["class_type"]]["input"]
+        for name in inputs.get("required", {}):
+            assert name in node["inputs"], f"{path.stem} node {nid} lacks {name}"
+        for section in ("required", "optional"):
+            for name, spec in inputs.get(section, {}).items():
+                value = node["inputs"].get(name)
+                if value is None or isinstance(value, list):  # absent optional / a link [node, slot]
+                    continue
+                _check_value(spec, value, f"{path.stem} node {nid} {name}")
+    links = {(str(link[3]), link[4]) for link in wf["links"]}
+    n_linked = sum(1 for n in prompt.values() for v in n["inputs"].values() if isinstance(v, list))
+    assert n_linked == len(links)
+    (saved,) = [n for n in wf["nodes"] if n["type"] == "TokenFuseScheduledFusion"]
+    seed, control, steps = saved["widgets_values"][:3]
+    assert control in ("fixed", "increment", "decrement", "randomize")
+    fusion = prompt[str(saved["id"])]["inputs"]
+    assert (fusion["seed"], fusion["steps"]) == (seed, steps)  # steps comes after the control value
+
+
+def test_widget_layout_extra_slots() -> None:
+    info = {
+        "input": {
+            "required": {
+                "image": [["a.png"], {"image_upload": True}],
+                "seed": ["INT", {}],
+                "strength": ["FLOAT", {"forceInput": True}],
+                "mode": [["x", "y"], {"control_after_generate": True}],
+            }
+        }
+    }
+    assert [name for name, _ in widget_layout(info)] == ["image", None, "seed", None, "mode", None]
+
+
+def _ui(nodes: list[dict[str, Any]], links: list[list[Any]]) -> dict[str, Any]:
+    return {"nodes": nodes, "links": links, "version": 0.4}
+
+
+def test_reroute_primitive_mute_bypass() -> None:
+    defs = {
+        "Src": {"input": {"required": {}}},
+        "Mid": {"input": {"required": {"x": ["IMAGE"], "k": ["INT", {}]}}},
+        "Sink": {"input": {"required": {"x": ["IMAGE"], "k": ["INT", {}]}}},
+    }
+    nodes = [
+        {"id": 1, "type": "Src", "widgets_values": []},
+        {"id": 2, "type": "Reroute", "inputs": [{"name": "", "link": 1, "type": "*"}]},
+        {
+            "id": 3,
+            "type": "Mid",
+            "mode": 4,
+            "inputs": [{"name": "x", "link": 2, "type": "IMAGE"}],
+            "widgets_values": [5],
+        },
+        {"id": 4, "type": "PrimitiveNode", "widgets_values": [7, "fixed"]},
+        {
+            "id": 5,
+            "type": "Sink",
+            "title": "out",
+            "inputs": [{"name": "x", "link": 3, "type": "IMAGE"}, {"name": "k", "link": 4, "widget": {"name": "k"}}],
+            "widgets_values": [1],
+        },
+        {"id": 6, "type": "Mid", "mode": 2, "widgets_values": [1]},
+        {"id": 7, "type": "Note", "widgets_values": ["hello"]},
+    ]
+    links = [[1, 1, 0, 2, 0, "IMAGE"], [2, 2, 0, 3, 0, "IMAGE"], [3, 3, 0, 5, 0, "IMAGE"], [4, 4, 0, 5, 1, "INT"]]
+    prompt = ui_to_api(_ui(nodes, links), defs)
+    assert sorted(prompt) == ["1", "5"]  # reroute, primitive, bypassed, muted and note nodes are gone
+    assert prompt["5"]["inputs"] == {"x": ["1", 0], "k": 7}  # through reroute + bypass; primitive's value
+    assert prompt["5"]["_meta"]["title"] == "out"
+    assert is_api_prompt(prompt) and not is_api_prompt(_ui(nodes, links))
+    assert ui_to_api(prompt, {}) == prompt
+    with pytest.raises(WorkflowError, match="not installed in this ComfyUI: Missing"):
+        ui_to_api(_ui([{"id": 1, "type": "Missing"}], []), defs)
+
+
+def _prompt() -> dict[str, Any]:
+    return {
+        "1": {"class_type": "LoadImage", "inputs": {"image": "target.png"}, "_meta": {"title": "Load Image"}},
+        "2": {"class_type": "LoadImage", "inputs": {"image": "source_face.png"}, "_meta": {"title": "source"}},
+        "3": {"class_type": "TokenFuseScheduledFusion", "inputs": {"steps": 20}, "_meta": {"title": "fuse"}},
+        "4": {"class_type": "TokenFuseScheduledFusion", "inputs": {"steps": 20}, "_meta": {"title": "second"}},
+    }
+
+
+def test_binding_by_name() -> None:
+    p = _prompt()
+    assert resolve(p, "2") == "2" and resolve(p, "source") == "2" and resolve(p, "SOURCE_FACE") == "2"
+    assert resolve(p, "target") == "1"
+    assert resolve(p, "image", exclude={"2"}) == "1"  # the kind, once the other loader is bound
+    with pytest.raises(WorkflowError, match="matches several loaders"):
+        resolve(p, "image")
+    with pytest.raises(WorkflowError, match="matches no loader.*node 2 \\(LoadImage"):
+        resolve(p, "nope")
+    assert item_slot(p, {"2"}) == "1"
+    with pytest.raises(WorkflowError, match="bind all but one with --input"):
+        item_slot(p, set())
+    apply_sets(p, ["fuse.steps=4", "TokenFuseScheduledFusion.cfg=5.5", "4.sampler_name=euler"])
+    assert p["3"]["inputs"] == {"steps": 4, "cfg": 5.5} and p["4"]["inputs"]["sampler_name"] == "euler"
+    with pytest.raises(WorkflowError, match="no node"):
+        apply_sets(p, ["ghost.steps=1"])
+
+
+def test_expand_items(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    for name in ("b.png", "a.jpg", "notes.md", "clip.mp4"):
+        (tmp_path / "d" / name).write_bytes(b"x")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "a.png").write_bytes(b"x")
+    (tmp_path / "list.txt").write_text("# photos\nother/a.png\n\nd/b.png\n")
+    items = expand([tmp_path / "d", tmp_path / "list.txt"])
+    assert [(i.name, i.kind) for i in items] == [
+        ("a", "image"),
+        ("b", "image"),
+        ("clip", "video"),
+        ("a_2", "image"),  # same stem from another folder: outputs never collide
+        ("b_2", "image"),
+    ]
+    assert all(i.path.is_absolute() for i in items)
+    with pytest.raises(WorkflowError, match="input not found"):
+        expand([tmp_path / "missing.png"])
+    with pytest.raises(WorkflowError, match="not an image or video"):
+        expand([tmp_path / "d" / "notes.md"])
+
+
+def test_report_resume_and_summary(tmp_path: Path) -> None:
+    from tokenfuse.faces.fallback import FaceReport, format_report
+
+    ok, fb = FaceReport(frame=0, index=0, seed=1), FaceReport(frame=0, index=1, seed=2)
+    fb.add("tiled_vae", "out of memory at guide 512")
+    counts = summarize_texts({"6": format_report([ok, fb], header="ScheduledFusion: 2 face(s)")})
+    assert counts == {
+        "faces": 2,
+        "faces_with_fallbacks": 1,
+        "faces_passed_through": 0,
+        "fallbacks": ["frame 0 face 1: fallback: tiled_vae: out of memory at guide 512"],
+    }
+    path = tmp_path / "report.jsonl"
+    w = ReportWriter(path, append=False)
+    w.write({"item": "/a.png", "status": "ok"})
+    w.write({"item": "/b.png", "status": "failed"})
+    w.write({"item": "/c.png", "status": "interrupted"})
+    w.close()
+    with path.open("a") as f:
+        f.write('{"item": "/d.png", "status": "o')  # a line cut by a kill
+    assert done_keys(path) == {"/a.png"}
+    assert done_keys(tmp_path / "none.jsonl") == set()
+    assert Summary(ok=2).exit_code == 0 and Summary(ok=1, failed=1).exit_code == 1
+    assert Summary(ok=1, interrupted=True).exit_code == 130
+
+
+def _run_main(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    full = {k: v for k, v in os.environ.items() if k != "COMFYUI_PATH"} | (env or {})
+    return subprocess.run(
+        [sys.executable, str(REPO), *args], capture_output=True, text=True, timeout=120, env=full, check=False
+    )
+
+
+def test_entry_point_without_comfyui(tmp_path: Path) -> None:
+    """`python <pack folder> run` works whatever the folder is called; no ComfyUI -> exit 2 and how to fix it."""
+    res = _run_main("run", "--help")
+    assert res.returncode == 0 and "--resume" in res.stdout and "--server" in res.stdout
+    (tmp_path / "x.png").write_bytes(b"x")
+    res = _run_main("run", str(WORKFLOWS[0]), str(tmp_path / "x.png"), "--comfyui", str(tmp_path))
+    assert res.returncode == 2 and "no ComfyUI checkout found" in res.stderr and "--comfyui PATH" in res.stderr
+    res = _run_main("run", str(WORKFLOWS[0]), str(tmp_path / "x.png"), "--server", "http://127.0.0.1:9")
+    assert res.returncode == 2 and "did not answer" in res.stderr, res.stderr
+
+
+def test_root_import_stays_light() -> None:
+    """ComfyUI imports the root __init__: it must not pull in the runner (nor anything it imports)."""
+    code = (
+        "import importlib.util, sys; "
+        f"s = importlib.util.spec_from_file_location('tf', {str(REPO / '__init__.py')!r}, "
+        f"submodule_search_locations=[{str(REPO)!r}]); m = importlib.util.module_from_spec(s); "
+        "sys.modules['tf'] = m; s.loader.exec_module(m); "
+        "print(sorted(k for k in sys.modules if k.startswith('tf.runner') or k in ('ray', 'comfy', 'execution')))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert res.stdout.strip() == "[]", res.stdout
