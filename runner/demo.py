@@ -1,38 +1,45 @@
 """`run --demo`: the whole chain (detect -> plan -> schedule -> fuse -> restore-less blend) on one photo with no
 checkpoint download.
 
-`demo_models()` is the one place that says which weights the demo uses. Until the trained small face model (issue 14,
-devkit/face_model) is merged it returns SEEDED RANDOM WEIGHTS of the SD1.5 U-Net / SD VAE architectures (width 32):
-the run proves the chain executes and writes a fused image, not image quality. After merging, point
-`demo_models()` at the trained model's loader and set DEMO_WEIGHTS accordingly.
+`demo_models()` is the one place that says which weights the demo uses: the project's small trained face model
+(devkit/face_model, a few-MB SD1.5-shaped U-Net and SD VAE trained on real faces for testing; real SD1.5/SDXL
+checkpoints look far better). Its fixed learned context is both conditionings (cfg 1 in the demo graph).
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from pathlib import Path
 from typing import Any
 
 PACK_DIR = Path(__file__).absolute().parents[1]
-DEMO_WEIGHTS = "seeded random weights (SD1.5 U-Net + SD VAE architecture, width 32): not a quality result"
+DEMO_WEIGHTS = "TokenFuse's small trained face model (devkit/face_model; for testing, far below real checkpoints)"
 DEMO_LOADER = "TokenFuseRunnerDemoModels"
 
 
-def _bench_module(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"tokenfuse_bench_{name}", PACK_DIR / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _face_model_loader() -> Any:
+    """devkit/face_model/loader.py as a module of a package of its own (it imports `.nets`)."""
+    import sys
+
+    folder = PACK_DIR / "devkit" / "face_model"
+    name = "tokenfuse_demo_face_model"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, folder / "__init__.py", submodule_search_locations=[str(folder)]
+        )
+        assert spec is not None and spec.loader is not None
+        package = importlib.util.module_from_spec(spec)
+        sys.modules[name] = package
+        spec.loader.exec_module(package)
+    return importlib.import_module(f"{name}.loader")
 
 
-def demo_models() -> tuple[Any, Any, Any]:
+def demo_models() -> tuple[Any, Any, Any, Any]:
     """(MODEL, positive CONDITIONING, negative CONDITIONING, VAE) for the demo; see the module docstring."""
-    fusion = _bench_module("fusion")
-    cm = fusion.comfy_models()
-    model = cm.build_model("sd15", model_channels=32, tiny=True, seed=0)
-    vae = fusion.build_vae(ch=32, seed=0)
-    return model, cm.conditioning("sd15", seed=1), cm.conditioning("sd15", seed=2), vae
+    face_model = _face_model_loader().load_face_model()
+    cond = face_model.conditioning()
+    return face_model.model, cond, cond, face_model.vae
 
 
 class DemoModels:
@@ -90,6 +97,7 @@ def demo_prompt(steps: int = 4, guide_size: int = 128) -> dict[str, dict[str, An
             faces=["3", 0],
             token_plan=["4", 0],
             steps=steps,
+            cfg=1.0,  # one learned context serves as both conditionings
             guide_size=guide_size,
             max_size=guide_size,
             fallback="oom-only",

@@ -70,7 +70,7 @@ class EmbeddedComfy:
         import comfy.cli_args
 
         if "comfy.model_management" not in sys.modules:
-            comfy.cli_args.args.cpu = cpu or comfy.cli_args.args.cpu
+            comfy.cli_args.args.cpu = cpu or comfy.cli_args.args.cpu or not _accelerator_present()
             comfy.cli_args.args.use_pytorch_cross_attention = sdpa or comfy.cli_args.args.use_pytorch_cross_attention
         import comfy.model_management  # noqa: F401  (fixes device and attention now)
 
@@ -199,3 +199,17 @@ def _error_message(errors: list[dict[str, Any]]) -> str:
         return "execution failed"
     e = errors[0]
     return f"node {e.get('node_id')} ({e.get('node_type')}): {e.get('exception_type')}: {e.get('exception_message')}"
+
+
+def _accelerator_present() -> bool:
+    """True when torch sees a CUDA/ROCm, XPU or MPS device; without one ComfyUI must run with --cpu (a CUDA build of
+    torch on a machine without a driver would fail at start-up), so the runner picks it by itself."""
+    import torch
+
+    if torch.cuda.is_available():
+        return True
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        return True
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())

@@ -33,6 +33,17 @@ CORE_DEFS: dict[str, dict[str, Any]] = {
         "input": {"required": {"text": ["STRING", {"multiline": True, "dynamicPrompts": True}], "clip": ["CLIP"]}}
     },
     "LoadImage": {"input": {"required": {"image": [["portrait.png"], {"image_upload": True}]}}},
+    "LoadVideo": {"input": {"required": {"file": [["talking_head.mp4"], {"video_upload": True}]}}},
+    "SaveVideo": {
+        "input": {
+            "required": {
+                "video": ["VIDEO"],
+                "filename_prefix": ["STRING", {"default": "video/ComfyUI"}],
+                "format": [["auto", "mp4"], {"default": "auto"}],
+                "codec": [["auto", "h264"], {"default": "auto"}],
+            }
+        }
+    },
     "PreviewImage": {"input": {"required": {"images": ["IMAGE"]}}},
     "SaveImage": {"input": {"required": {"images": ["IMAGE"], "filename_prefix": ["STRING", {"default": "ComfyUI"}]}}},
 }
@@ -81,7 +92,8 @@ def test_example_workflows_convert_to_valid_inputs(path: Path) -> None:
     links = {(str(link[3]), link[4]) for link in wf["links"]}
     n_linked = sum(1 for n in prompt.values() for v in n["inputs"].values() if isinstance(v, list))
     assert n_linked == len(links)
-    (saved,) = [n for n in wf["nodes"] if n["type"] == "TokenFuseScheduledFusion"]
+    # the node with the seed widget (ScheduledFusion; VideoFaceFusion in the video workflow)
+    (saved,) = [n for n in wf["nodes"] if n["type"] in ("TokenFuseScheduledFusion", "TokenFuseVideoFaceFusion")]
     seed, control, steps = saved["widgets_values"][:3]
     assert control in ("fixed", "increment", "decrement", "randomize")
     fusion = prompt[str(saved["id"])]["inputs"]
@@ -194,7 +206,7 @@ def test_expand_items(tmp_path: Path) -> None:
 
 
 def test_report_resume_and_summary(tmp_path: Path) -> None:
-    from tokenfuse.faces.fallback import FaceReport, format_report
+    from tokenfuse.fusion.fallback import FaceReport, format_report
 
     ok, fb = FaceReport(frame=0, index=0, seed=1), FaceReport(frame=0, index=1, seed=2)
     fb.add("tiled_vae", "out of memory at guide 512")

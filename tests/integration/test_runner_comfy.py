@@ -46,12 +46,12 @@ SHRINK = [
 def engine(comfy: SimpleNamespace, random_model: Any, tmp_path_factory: pytest.TempPathFactory):
     """The runner's EmbeddedComfy with the test checkpoint loader and random-weight model files (module docstring)."""
     import folder_paths
-    import fusion as fusion_bench  # bench/fusion.py (bench/ is on sys.path via the comfy fixture)
     import torch
     from spandrel.architectures.GFPGAN import GFPGAN
     from test_swap import make_arcface, make_inswapper
     from test_workflows_comfy import TEST_LOADER, _ClipStandIn
-    from tokenfuse.nodes import comfy_glue
+    from tokenfuse.devkit import comfy_models
+    from tokenfuse.nodes.comfy import paths
     from tokenfuse.runner.embedded import EmbeddedComfy
 
     root = tmp_path_factory.mktemp("runner_models")
@@ -64,11 +64,11 @@ def engine(comfy: SimpleNamespace, random_model: Any, tmp_path_factory: pytest.T
     )
     make_inswapper(root / "insightface" / "inswapper_128.onnx")
     make_arcface(root / "insightface" / "w600k_r50.onnx")
-    comfy_glue.facerestore_dirs()
-    comfy_glue.insightface_dirs()
-    folder_paths.add_model_folder_path(comfy_glue.FACERESTORE_FOLDER, str(root / "facerestore"))
+    paths.model_dirs("facerestore_models")  # registers the folder names with folder_paths
+    paths.model_dirs("insightface")
+    folder_paths.add_model_folder_path(paths.FACERESTORE_FOLDER, str(root / "facerestore"))
     folder_paths.add_model_folder_path("insightface", str(root / "insightface"))
-    vae = fusion_bench.build_vae(ch=32, seed=0)
+    vae = comfy_models.build_vae(ch=32, seed=0)
 
     class RandomCheckpoint:
         RETURN_TYPES = ("MODEL", "CLIP", "VAE")
