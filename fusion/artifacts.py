@@ -79,7 +79,9 @@ def check_crop(
         if m.shape == x.shape[:2] and (m > 0.5).sum() >= 16:
             sel = m > 0.5
     px = x[sel]
-    mean, std = float(px.mean()), float(px.std())
+    # spatial spread per channel: a flat single-colour face (e.g. skin tone everywhere) has a large spread across
+    # channels but none across pixels, and must count as near-constant
+    mean, std = float(px.mean()), float(px.std(axis=0).max())
     clipped = float(((px <= 0.005) | (px >= 0.995)).any(axis=1).mean())
     gray = x.mean(axis=2)
     ys, xs = np.nonzero(sel)

@@ -70,3 +70,18 @@ def test_identity_drop_only_when_embeddings_exist(face_crop: tuple[np.ndarray, n
 def test_bad_shapes_fail_cleanly() -> None:
     assert not check_crop(np.zeros((8, 8))).ok
     assert not check_crop(np.zeros((1, 8, 3))).ok
+
+
+def test_a_flat_coloured_face_is_near_constant() -> None:
+    """A face region filled with one skin colour: large spread across channels, none across pixels (found by the
+    calibration on the trained face model: the all-channel std let it through)."""
+    from skimage.data import astronaut
+
+    crop = astronaut()[:256, 128:384].astype(np.float32) / 255.0
+    mask = np.zeros(crop.shape[:2], np.float32)
+    mask[64:192, 64:192] = 1.0
+    assert check_crop(crop, mask).ok
+    flat = crop.copy()
+    flat[64:192, 64:192] = (0.8, 0.55, 0.45)
+    verdict = check_crop(flat, mask)
+    assert not verdict.ok and any("near-constant" in r for r in verdict.reasons), verdict
