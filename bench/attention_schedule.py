@@ -183,7 +183,7 @@ def sampling_options(patcher: Any, sigma: torch.Tensor, sample_sigmas: torch.Ten
 def make_variants(patcher: Any, family: str, presets: list[str], tome_ratio: float, pack: Any) -> list[Variant]:
     from comfy_extras.nodes_tomesd import TomePatchModel
 
-    glue = sys.modules["tokenfuse.nodes.comfy.patcher"]
+    glue = sys.modules["tokenfuse.nodes.glue.patcher"]
     node = sys.modules["tokenfuse.nodes.scheduler_node"]
     patching = sys.modules["tokenfuse.nodes.model_patching"]
     fam = glue.detect_family(patcher)

@@ -97,7 +97,7 @@ def timed(meter: Meter, fn: Callable[[], Any]) -> tuple[Any, float, int | None, 
 
 
 def naive(model: Any, vae: Any, frame: np.ndarray, args: argparse.Namespace, cond: Any) -> Any:
-    from tokenfuse.nodes.comfy import sampling
+    from tokenfuse.nodes.glue import sampling
 
     px = torch.from_numpy(frame)[None]
     lat = sampling.vae_encode(vae, px, False)

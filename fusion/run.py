@@ -1,6 +1,6 @@
 """ScheduledFusion's per-face loop, with the sampler, VAE and model handling injected (pure: never imports ComfyUI).
 
-The node builds a `FusionBackend` from ComfyUI (nodes/comfy/); tests build one from fakes, so the ordering,
+The node builds a `FusionBackend` from ComfyUI (nodes/glue/); tests build one from fakes, so the ordering,
 per-face seeds, batching and fallback reporting are exercised without ComfyUI.
 
 Per batch of faces of one frame: context crop at guide size -> optional identity pre-swap -> VAE encode -> sample

@@ -8,8 +8,8 @@ import time
 from typing import Any
 
 from .checks import checked_inputs
-from .comfy import env, paths
-from .comfy import patcher as comfy_patcher
+from .glue import env, paths
+from .glue import patcher as comfy_patcher
 
 log = logging.getLogger(__name__)
 

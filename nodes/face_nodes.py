@@ -12,7 +12,7 @@ from typing import Any, Literal, cast, get_args
 
 from ..faces.types import DetectorBackend, FaceOrder
 from .checks import checked_inputs
-from .comfy import env, paths, ui
+from .glue import env, paths, ui
 
 log = logging.getLogger(__name__)
 

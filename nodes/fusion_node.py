@@ -18,7 +18,7 @@ from typing import Any, cast, get_args
 from ..fusion.fallback import PRESET_ORDER, FallbackMode
 from ..scheduling.keys import PLAN_KEY, PRESET_KEY
 from .checks import checked_inputs
-from .comfy import env, paths, sampling
+from .glue import env, paths, sampling
 from .model_patching import _transformer_option, repatch_with_preset, strip_tokenfuse
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..scheduling.keys import DISABLED_KEY, OVERRIDE_KEY, PLAN_KEY, PRESET_KEY, WRAPPER_KEY
 from ..scheduling.schedule import Schedule
-from .comfy import patcher, paths, ui
+from .glue import patcher, paths, ui
 
 log = logging.getLogger(__name__)
 

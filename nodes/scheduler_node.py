@@ -14,7 +14,7 @@ from typing import Any, Literal, cast, get_args
 
 from ..scheduling.schedule import Preset, Schedule, Strategy, parse_schedule_text, preset_schedule
 from .checks import checked_inputs
-from .comfy import patcher
+from .glue import patcher
 from .model_patching import _check_model, schedule_model
 
 log = logging.getLogger(__name__)

@@ -15,9 +15,9 @@ from typing import Any, Literal, get_args
 from ..faces.types import DetectorBackend, FaceOrder
 from ..video.encode import Preset
 from .checks import checked_inputs
-from .comfy import env
-from .comfy import video as video_glue
 from .face_nodes import _BACKEND_TIP, _folders, _reference_embedding
+from .glue import env
+from .glue import video as video_glue
 
 log = logging.getLogger(__name__)
 

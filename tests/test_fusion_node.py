@@ -460,7 +460,7 @@ def test_mismatched_inputs_raise_actionable_errors() -> None:
 
 def test_without_comfyui_the_node_says_so() -> None:
     images, fs = astronaut_faceset(1, 1)
-    from tokenfuse.nodes.comfy import env
+    from tokenfuse.nodes.glue import env
 
     if env.comfy_available():
         pytest.skip("ComfyUI is importable here")

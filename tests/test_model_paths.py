@@ -16,7 +16,7 @@ from tokenfuse.faces.model_paths import (
 )
 from tokenfuse.faces.models import ModelFileError
 from tokenfuse.nodes.checks import NodeInputError
-from tokenfuse.nodes.comfy import env, paths
+from tokenfuse.nodes.glue import env, paths
 
 
 @pytest.fixture

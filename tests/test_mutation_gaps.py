@@ -17,7 +17,7 @@ from test_fusion_geometry import astronaut_faceset
 from test_fusion_node import _run
 from tokenfuse.faces.importance import PlanOptions, build_plan, kept_fraction
 from tokenfuse.fusion.run import _back_to_crop
-from tokenfuse.nodes.comfy import patcher
+from tokenfuse.nodes.glue import patcher
 
 
 def _stand_in(config_name: str, depth: list[int]) -> Any:

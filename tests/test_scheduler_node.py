@@ -16,8 +16,8 @@ from typing import get_args
 
 import pytest
 import torch
-from tokenfuse.nodes.comfy import env, patcher, ui
-from tokenfuse.nodes.comfy import paths as comfy_paths
+from tokenfuse.nodes.glue import env, patcher, ui
+from tokenfuse.nodes.glue import paths as comfy_paths
 from tokenfuse.nodes.model_patching import chain_attention_override
 from tokenfuse.nodes.scheduler_node import TokenSchedulerController, schedule_from_widgets
 from tokenfuse.scheduling.plan import TokenPlan

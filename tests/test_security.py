@@ -26,7 +26,7 @@ from test_fusion_node import FakeStack
 from test_scheduler_node import sd15_model
 from tokenfuse import NODE_CLASS_MAPPINGS
 from tokenfuse.faces import model_paths
-from tokenfuse.nodes.comfy import paths as comfy_paths
+from tokenfuse.nodes.glue import paths as comfy_paths
 from video_clips import encode_clip
 
 SENTINEL = "TOKENFUSE_PWNED"

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from tokenfuse.nodes.comfy import patcher
+from tokenfuse.nodes.glue import patcher
 from tokenfuse.nodes.model_patching import schedule_model
 from tokenfuse.nodes.scheduler_node import schedule_from_widgets
 

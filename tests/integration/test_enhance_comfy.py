@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import save_file
 from tokenfuse.faces.types import Face, FaceSet
 from tokenfuse.nodes import enhance_node
-from tokenfuse.nodes.comfy import paths
 from tokenfuse.nodes.enhance_node import GFPGANEnhance
+from tokenfuse.nodes.glue import paths
 
 pytestmark = pytest.mark.integration
 MODEL = "GFPGANv1.4-random.safetensors"

@@ -140,7 +140,7 @@ def test_a_face_comes_out_the_same_batched_or_alone(stack: SimpleNamespace) -> N
 def test_induced_oom_is_reported_and_the_image_still_comes(
     stack: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tokenfuse.nodes.comfy import sampling
+    from tokenfuse.nodes.glue import sampling
 
     monkeypatch.setenv(sampling.FUSION_OOM_ENV, "1")
     crops, faces, report = _fuse(stack, stack.model)

@@ -53,7 +53,7 @@ def engine(comfy: SimpleNamespace, random_model: Any, tmp_path_factory: pytest.T
     from test_swap import make_arcface, make_inswapper
     from test_workflows_comfy import TEST_LOADER, _ClipStandIn
     from tokenfuse.devkit import comfy_models
-    from tokenfuse.nodes.comfy import paths
+    from tokenfuse.nodes.glue import paths
     from tokenfuse.runner.embedded import EmbeddedComfy
 
     root = tmp_path_factory.mktemp("runner_models")

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tokenfuse.nodes.comfy import patcher
+from tokenfuse.nodes.glue import patcher
 from tokenfuse.nodes.model_patching import schedule_model
 from tokenfuse.nodes.scheduler_node import TokenSchedulerController, schedule_from_widgets
 

@@ -130,7 +130,7 @@ def runtime(comfy: SimpleNamespace, random_model: Any, tmp_path_factory: pytest.
     from skimage import data
     from test_swap import make_arcface, make_inswapper
     from tokenfuse.nodes import NODE_CLASS_MAPPINGS
-    from tokenfuse.nodes.comfy import paths
+    from tokenfuse.nodes.glue import paths
 
     root = tmp_path_factory.mktemp("wf_run")
     for sub in ("in", "out", "temp", "facerestore", "insightface"):

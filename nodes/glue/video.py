@@ -1,4 +1,4 @@
-"""ComfyUI side of the video nodes (VIDEO in/out, temp folder), imported lazily like the rest of nodes/comfy/.
+"""ComfyUI side of the video nodes (VIDEO in/out, temp folder), imported lazily like the rest of nodes/glue/.
 
 Every helper works outside ComfyUI too (plain paths), which is how CI runs the video nodes.
 """
