@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -175,7 +174,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         defs = engine.node_defs()
         if args.demo:
-            print(f"TokenFuse demo: {demo.DEMO_WEIGHTS}", file=sys.stderr)
+            log.info("TokenFuse demo: %s", demo.DEMO_WEIGHTS)
             prompt = demo.fill_defaults(demo.demo_prompt(), defs)
             sources = ([args.workflow] if args.workflow else []) + list(args.items)
         else:
@@ -221,9 +220,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         engine.close()
         scratch.cleanup()
-    print(f"TokenFuse runner: {summary.line()}; report {Path(args.output) / 'report.jsonl'}", file=sys.stderr)
+    # run_items logs the summary line; the failures are listed once more at the end, where a user looks
     for failure in summary.failures:
-        print(f"  failed: {failure}", file=sys.stderr)
+        log.error("failed: %s", failure)
     return summary.exit_code
 
 
@@ -238,9 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             return cmd_serve(args)
     except (WorkflowError, FileNotFoundError, ConnectionError, ImportError) as e:
-        print(f"tokenfuse: error: {e}", file=sys.stderr)
+        log.error("tokenfuse: error: %s", e)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("tokenfuse: aborted", file=sys.stderr)
+        log.error("tokenfuse: aborted")
         return 130
     return EXIT_USAGE

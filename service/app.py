@@ -193,15 +193,13 @@ def serve_forever(
         log.info(
             "TokenFuse service on http://%s:%d (replicas %d, max batch %d)", host, port, replicas, config.max_batch
         )
-        print(
-            f"TokenFuse service ready on http://{host}:{port}  (POST an image; GET /health; Ctrl-C stops)", flush=True
-        )
+        log.info("TokenFuse service ready on http://%s:%d (POST an image; GET /health; Ctrl-C stops)", host, port)
         if ready is not None:
             ready.set()
         while not stop.wait(0.5):
             pass
     finally:
-        print("TokenFuse service: shutting down (draining in-flight requests)", flush=True)
+        log.info("TokenFuse service: shutting down (draining in-flight requests)")
         serve.shutdown()
         if address == "local":
             ray.shutdown()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+logger = logging.getLogger("tokenfuse.face_model.train")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -68,7 +70,7 @@ def cmd_prep(args: argparse.Namespace) -> None:
 
     def progress(i: int, n: int) -> None:
         if i % 50 == 0 or i == n:
-            print(f"prep {i}/{n} ({time.time() - t0:.0f} s)", flush=True)
+            logger.info(f"prep {i}/{n} ({time.time() - t0:.0f} s)")
 
     faces, skipped = data.align_folder(paths, args.size, progress)
     train = [f for f in faces if not data.is_held_out(f.name)]
@@ -82,7 +84,9 @@ def cmd_prep(args: argparse.Namespace) -> None:
     held_dir.mkdir(exist_ok=True)
     for f in held:  # the original photos: bench/quality.py takes photos, not crops
         (held_dir / f.name).write_bytes(src[f.name].read_bytes())
-    print(f"prep: {len(paths)} photos, {len(train)} train faces, {len(held)} held-out, {len(skipped)} without a face")
+    logger.info(
+        f"prep: {len(paths)} photos, {len(train)} train faces, {len(held)} held-out, {len(skipped)} without a face"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------- VAE
@@ -163,13 +167,13 @@ def cmd_vae(args: argparse.Namespace) -> None:
                     "kl": f"{kl.item():.4f}",
                 },
             )
-            print(f"vae step {step} l1 {l1.item():.4f} kl {kl.item():.3f} ({time.time() - t0:.0f} s)", flush=True)
+            logger.info(f"vae step {step} l1 {l1.item():.4f} kl {kl.item():.3f} ({time.time() - t0:.0f} s)")
         if time.time() - last_ckpt > args.ckpt_minutes * 60:
             save_file({k: v.detach().clone() for k, v in vae.state_dict().items()}, str(out / "vae_ckpt.safetensors"))
             last_ckpt = time.time()
     save_file({k: v.detach().clone() for k, v in vae.state_dict().items()}, str(out / "vae_ckpt.safetensors"))
     (out / "vae_state.json").write_text(json.dumps({"steps": step, "seconds": round(time.time() - t0)}))
-    print(f"vae: {step} steps in {time.time() - t0:.0f} s")
+    logger.info(f"vae: {step} steps in {time.time() - t0:.0f} s")
 
 
 # ------------------------------------------------------------------------------------------------------ latents
@@ -192,7 +196,7 @@ def cmd_latents(args: argparse.Namespace) -> None:
                 x = torch.from_numpy(src[i : i + 16]).permute(0, 3, 1, 2).float() / 127.5 - 1.0
                 m, _ = vae.quant_conv(vae.encoder(x)).chunk(2, dim=1)
                 means.append(m)
-                print(f"latents {name} {i + len(x)}/{len(src)}", flush=True)
+                logger.info(f"latents {name} {i + len(x)}/{len(src)}")
             lats[name] = torch.cat(means)
     ref = lats["small"]
     mean, std = ref.mean(dim=(0, 2, 3)), ref.std(dim=(0, 2, 3))
@@ -202,7 +206,7 @@ def cmd_latents(args: argparse.Namespace) -> None:
     # = process_in(latent of the rescaled VAE): what the U-Net sees inside ComfyUI
     scaled = {k: ((v - mean.view(1, 4, 1, 1)) * c * nets.SD15_SCALE).contiguous() for k, v in lats.items()}
     save_file(scaled, str(out / "latents.safetensors"))
-    print(
+    logger.info(
         f"latents: raw mean {mean.tolist()}, raw std {std.tolist()}; model-space std "
         f"{scaled['small'].std().item():.3f} / {scaled['large'].std().item():.3f}"
     )
@@ -273,12 +277,12 @@ def cmd_unet(args: argparse.Namespace) -> None:
                     "loss_avg": f"{run_loss:.5f}",
                 },
             )
-            print(f"unet step {step} loss {loss.item():.4f} avg {run_loss:.4f} ({time.time() - t0:.0f} s)", flush=True)
+            logger.info(f"unet step {step} loss {loss.item():.4f} avg {run_loss:.4f} ({time.time() - t0:.0f} s)")
         if time.time() - last_ckpt > args.ckpt_minutes * 60:
             save()
             last_ckpt = time.time()
     save()
-    print(f"unet: {step} steps in {time.time() - t0:.0f} s")
+    logger.info(f"unet: {step} steps in {time.time() - t0:.0f} s")
 
 
 # -------------------------------------------------------------------------------------------------------- export
@@ -300,10 +304,10 @@ def cmd_export(args: argparse.Namespace) -> None:
             "seed": args.seed,
         },
     )
-    print(f"export: {dest} ({sum(p.stat().st_size for p in dest.glob('*.safetensors')) / 2**20:.1f} MiB)")
+    logger.info(f"export: {dest} ({sum(p.stat().st_size for p in dest.glob('*.safetensors')) / 2**20:.1f} MiB)")
     table = loss_table(out / "vae_log.csv", "l1") + "\n" + loss_table(out / "unet_log.csv", "loss")
     (out / "loss_table.md").write_text(table)
-    print(table)
+    logger.info("loss table:\n%s", table)
 
 
 def loss_table(log: Path, column: str, rows: int = 8) -> str:
@@ -340,6 +344,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ckpt-minutes", type=float, default=4.0)
     ap.add_argument("--tiny", action="store_true", help="smoke mode: 24 photos, a few steps per stage")
     args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     _setup(args.comfyui, args.threads)
     stages = ["prep", "vae", "latents", "unet", "export"] if args.stage == "all" else [args.stage]
     if args.tiny:
