@@ -54,7 +54,7 @@ class FaceTrack:
         return {
             "required": {
                 "video": ("VIDEO", {"tooltip": "The video (core Load Video node); streamed, never decoded whole."}),
-                "backend": (list(get_args(DetectorBackend)), {"default": "retinaface", "tooltip": _BACKEND_TIP}),
+                "backend": (list(get_args(DetectorBackend)), {"default": "auto", "tooltip": _BACKEND_TIP}),
                 "score_threshold": _float(0.5, 0.05, 1.0, 0.01, "Minimum detector confidence (0.5 suits most clips)."),
                 "order": (
                     list(get_args(FaceOrder)),
