@@ -54,6 +54,17 @@ def _log_row(path: Path, row: dict[str, Any]) -> None:
         w.writerow(row)
 
 
+def _resume(args: argparse.Namespace, out: Path, stage: str, log: Path) -> tuple[int, float]:
+    """(steps, seconds) already trained when --resume continues a stage's checkpoint, else (0, 0) and a fresh log."""
+    state = out / f"{stage}_state.json"
+    if args.resume and state.exists() and (out / f"{stage}_ckpt.safetensors").exists():
+        done = json.loads(state.read_text())
+        logger.info(f"{stage}: resuming after {done['steps']} steps ({done['seconds']} s)")
+        return int(done["steps"]), float(done["seconds"])
+    log.unlink(missing_ok=True)
+    return 0, 0.0
+
+
 # --------------------------------------------------------------------------------------------------------- prep
 def cmd_prep(args: argparse.Namespace) -> None:
     import cv2
@@ -128,7 +139,7 @@ def _grad_l1(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def cmd_vae(args: argparse.Namespace) -> None:
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
     from tokenfuse.devkit.face_model import nets
 
     out = Path(args.out)
@@ -137,12 +148,14 @@ def cmd_vae(args: argparse.Namespace) -> None:
     faces = np.load(out / "train_faces.npy")
     small = _downscale(faces)
     vae = nets.build_vae().train()
-    opt = torch.optim.AdamW(vae.parameters(), lr=args.lr, weight_decay=0.0)
     log = out / "vae_log.csv"
-    log.unlink(missing_ok=True)
-    t0 = last_ckpt = time.time()
-    step = 0
-    while step < args.steps and time.time() - t0 < args.minutes * 60:
+    step, before = _resume(args, out, "vae", log)
+    if step:
+        vae.load_state_dict(load_file(str(out / "vae_ckpt.safetensors")))
+    opt = torch.optim.AdamW(vae.parameters(), lr=args.lr, weight_decay=0.0)
+    t0 = last_ckpt = time.time() - before
+    stop = time.time() + args.minutes * 60
+    while step < args.steps and time.time() < stop:
         half = args.batch // 2  # both scales the U-Net will see: whole faces at S/2 and details at S
         x = torch.cat(
             [
@@ -224,6 +237,13 @@ def cmd_unet(args: argparse.Namespace) -> None:
     s = small.shape[-1]
     net = nets.build_unet().train()
     context = torch.nn.Parameter(torch.randn(1, nets.CONTEXT_TOKENS, nets.UNET_CONFIG["context_dim"]) * 0.5)
+    log = out / "unet_log.csv"
+    step, before = _resume(args, out, "unet", log)
+    if step:  # only the EMA weights are kept: they seed both the trained and the averaged copy
+        ckpt = load_file(str(out / "unet_ckpt.safetensors"))
+        with torch.no_grad():
+            context.copy_(ckpt.pop("tokenfuse.context"))
+        net.load_state_dict(ckpt)
     ema = {k: v.detach().clone() for k, v in net.state_dict().items()}
     ema_ctx = context.detach().clone()
     params = list(net.parameters()) + [context]
@@ -231,10 +251,8 @@ def cmd_unet(args: argparse.Namespace) -> None:
     # SD1.5's discrete schedule (ComfyUI's model_sampling for SD15: linear in sqrt(beta), 1000 steps).
     betas = torch.linspace(0.00085**0.5, 0.012**0.5, 1000, dtype=torch.float64) ** 2
     alphas_cumprod = torch.cumprod(1.0 - betas, 0).float()
-    log = out / "unet_log.csv"
-    log.unlink(missing_ok=True)
-    t0 = last_ckpt = time.time()
-    step, run_loss = 0, None
+    t0 = last_ckpt = time.time() - before
+    run_loss = None
 
     def save() -> None:
         sd = {k: v.clone() for k, v in ema.items()}
@@ -242,7 +260,8 @@ def cmd_unet(args: argparse.Namespace) -> None:
         save_file(sd, str(out / "unet_ckpt.safetensors"))
         (out / "unet_state.json").write_text(json.dumps({"steps": step, "seconds": round(time.time() - t0)}))
 
-    while step < args.steps and time.time() - t0 < args.minutes * 60:
+    stop = time.time() + args.minutes * 60
+    while step < args.steps and time.time() < stop:
         half = args.batch // 2  # whole faces, and s x s windows of faces at twice the size (the scale at 512 px)
         x0 = small[torch.randint(0, len(small), (half,))]
         big = large[torch.randint(0, len(large), (args.batch - half,))]
@@ -261,7 +280,7 @@ def cmd_unet(args: argparse.Namespace) -> None:
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
-        decay = min(args.ema, (1 + step) / (10 + step))
+        decay = args.ema if before else min(args.ema, (1 + step) / (10 + step))
         with torch.no_grad():
             for k, v in net.state_dict().items():
                 ema[k].mul_(decay).add_(v.detach(), alpha=1.0 - decay)
@@ -342,6 +361,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--large", type=int, default=600, help="latents: faces also encoded at full size")
     ap.add_argument("--ema", type=float, default=0.995, help="unet: EMA decay of the exported weights")
     ap.add_argument("--ckpt-minutes", type=float, default=4.0)
+    ap.add_argument("--resume", action="store_true", help="vae/unet: continue the stage's checkpoint in --out")
     ap.add_argument("--tiny", action="store_true", help="smoke mode: 24 photos, a few steps per stage")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
