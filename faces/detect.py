@@ -14,16 +14,15 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import cv2
 import numpy as np
 
+from ..scheduling.vocabulary import Device as Device  # re-exported: the detectors' and embedders' device argument
 from .models import ModelFileError
 
 log = logging.getLogger(__name__)
-
-Device = Literal["cpu", "auto"]
 
 _SESSIONS: dict[tuple[str, str], Any] = {}
 _LOCK = threading.Lock()

@@ -15,7 +15,8 @@ import cv2
 import numpy as np
 import torch
 
-from ..scheduling.plan import LEVEL_FACTORS, TokenPlan
+from ..scheduling.plan import TokenPlan
+from ..scheduling.vocabulary import LEVELS
 from .align import transform_points
 from .masks import face_ellipse
 from .types import Face, FaceSet
@@ -90,7 +91,7 @@ def build_plan(faceset: FaceSet, latent_hw: tuple[int, int], opts: PlanOptions =
     for i in range(len(maps)):
         single = TokenPlan(importance=importance[i : i + 1], image_size=(h, w))
         b, u = {}, {}
-        for f in LEVEL_FACTORS:
+        for f in LEVELS:
             gh, gw = level_grid(latent_hw[0], latent_hw[1], f)
             pooled = single.level_importance(gh, gw, 1)
             b[f] = int(math.ceil(float(kept_fraction(pooled, opts).sum())))

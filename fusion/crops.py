@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from ..faces.types import Face
-from ..scheduling.plan import LEVEL_FACTORS, TokenPlan
+from ..scheduling.plan import TokenPlan
+from ..scheduling.vocabulary import LEVELS
 
 
 def context_transform(
@@ -141,7 +142,7 @@ def crop_plan(
     for b in range(m.shape[0]):
         kept: dict[int, int] = {}
         full: dict[int, int] = {}
-        for f in LEVEL_FACTORS:
+        for f in LEVELS:
             g = max(1, math.ceil(size / f))
             pooled = torch.nn.functional.adaptive_max_pool2d(importance[b][None, None], (g, g)).flatten()
             prot = int((pooled >= protect_threshold).sum())

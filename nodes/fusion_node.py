@@ -15,8 +15,9 @@ import os
 from pathlib import Path
 from typing import Any, cast, get_args
 
-from ..fusion.fallback import PRESET_ORDER, FallbackMode
+from ..fusion.fallback import FallbackMode
 from ..scheduling.keys import PLAN_KEY, PRESET_KEY
+from ..scheduling.vocabulary import PRESET_ORDER
 from .checks import checked_inputs
 from .glue import env, paths, sampling
 from .model_patching import _transformer_option, repatch_with_preset, strip_tokenfuse

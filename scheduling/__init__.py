@@ -12,4 +12,6 @@ Public API (import the submodule you need; `schedule` is torch-free so UI code c
 - topk:      topk_kv_functions, topk_indices (top-K keys/values).
 - plan:      TokenPlan (the TOKEN_PLAN type: ROI importance per level).
 - keys:      the transformer_options keys shared by the node layer and the patches (PLAN_KEY, DISABLED_KEY, ...).
+- vocabulary: the words every layer shares, torch-free (LEVELS, Preset + PRESET_ORDER, Device, MODEL_EXTENSIONS,
+             do_nothing); UI choices come from its Literal types with get_args.
 """

@@ -11,9 +11,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-# U-Net levels by their downsampling factor relative to the image (latent is /8).
-LEVEL_FACTORS: tuple[int, ...] = (8, 16, 32, 64)
-
 
 @dataclass(frozen=True)
 class TokenPlan:

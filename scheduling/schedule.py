@@ -19,13 +19,13 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from .vocabulary import LEVELS as LEVELS  # re-exported: the schedule speaks in these levels and presets
+from .vocabulary import Preset as Preset
+
 Strategy = Literal["tome", "todo", "topk"]
-Preset = Literal["off", "balanced", "lowvram_4gb", "lowvram_6gb", "lowvram_8gb"]
 Family = Literal["sd15", "sdxl", "dit"]
 PoolMode = Literal["avg", "nearest"]
 
-# Level factors relative to the image; the latent is /8, so these are latent grid /1, /2, /4, /8.
-LEVELS: tuple[int, ...] = (8, 16, 32, 64)
 MAX_RATIO = 0.9
 # telemetry_jsonl is a bare file name; the glue writes it under ComfyUI's output folder (never a path from a prompt).
 TELEMETRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}\.jsonl")
@@ -34,7 +34,7 @@ SCHEDULE_TEXT_MAX_CHARS = 16_384
 SCHEDULE_TEXT_MAX_DEPTH = 8
 ECHO_MAX_CHARS = 80
 # Which levels have self-attention in each U-Net family (SDXL has none at full latent resolution).
-FAMILY_LEVELS: dict[str, tuple[int, ...]] = {"sd15": (8, 16, 32, 64), "sdxl": (16, 32), "dit": ()}
+FAMILY_LEVELS: dict[str, tuple[int, ...]] = {"sd15": LEVELS, "sdxl": (16, 32), "dit": ()}
 
 
 class ScheduleError(ValueError):

@@ -33,9 +33,12 @@ def test_schedule_module_imports_without_torch() -> None:
         "    def find_spec(self, name, path, target=None):\n"
         "        if name.split('.')[0] in ('torch', 'numpy', 'cv2'): raise ImportError('blocked ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import importlib.util\n"
-        f"spec = importlib.util.spec_from_file_location('sched', {str(REPO / 'scheduling' / 'schedule.py')!r})\n"
-        "m = importlib.util.module_from_spec(spec); sys.modules['sched'] = m; spec.loader.exec_module(m)\n"
+        "import importlib, importlib.util\n"
+        # the scheduling package alone (schedule.py imports its torch-free vocabulary relatively), not the pack root
+        f"spec = importlib.util.spec_from_file_location('sched', {str(REPO / 'scheduling' / '__init__.py')!r},"
+        f" submodule_search_locations=[{str(REPO / 'scheduling')!r}])\n"
+        "pkg = importlib.util.module_from_spec(spec); sys.modules['sched'] = pkg; spec.loader.exec_module(pkg)\n"
+        "m = importlib.import_module('sched.schedule')\n"
         "s = m.parse_schedule_text('strategy: tome', m.preset_schedule('balanced'))\n"
         "assert s.strategy == 'tome' and 'torch' not in sys.modules\n"
     )

@@ -3,6 +3,8 @@
 // Mirrors scheduling/schedule.py: ratioFor() is Schedule.ratio_for, presetSchedule() is preset_schedule(),
 // SCHEDULE_DEFAULTS are the Schedule dataclass defaults. Keep them line-by-line comparable when either side changes.
 
+// LEVELS, MAX_RATIO, FAMILY_LEVELS, BLOCK_LEVELS and the preset names are checked against scheduling/vocabulary.py and
+// scheduling/schedule.py by tests/test_vocabulary.py.
 export const LEVELS = Object.freeze([8, 16, 32, 64]);
 export const MAX_RATIO = 0.9;
 
