@@ -2,8 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import cv2
 import numpy as np
+
+Interpolation = Literal["nearest", "linear", "cubic", "area"]
+Border = Literal["reflect", "replicate", "constant"]
+_INTERPOLATION: dict[str, int] = {
+    "nearest": cv2.INTER_NEAREST,
+    "linear": cv2.INTER_LINEAR,
+    "cubic": cv2.INTER_CUBIC,
+    "area": cv2.INTER_AREA,
+}
+# reflect = OpenCV's BORDER_REFLECT_101 (the edge pixel is not repeated: gfedcb|abcdefgh|gfedcba).
+_BORDER: dict[str, int] = {
+    "reflect": cv2.BORDER_REFLECT101,
+    "replicate": cv2.BORDER_REPLICATE,
+    "constant": cv2.BORDER_CONSTANT,
+}
 
 # GFPGAN/CodeFormer 5-point template for 512 x 512 crops (eyes, nose, mouth corners as seen in the image).
 FFHQ_512 = np.array(
@@ -55,10 +72,43 @@ def align_affine(
     return m, cv2.invertAffineTransform(m)
 
 
+def warp_to_crop(
+    image: np.ndarray,
+    affine: np.ndarray,
+    size: int,
+    *,
+    interpolation: Interpolation,
+    border: Border,
+    border_value: float | tuple[float, ...] = 0.0,
+    clip: bool = False,
+) -> np.ndarray:
+    """Warp the square crop [size, size, C] out of image [H, W, C] through `affine` ([2, 3] image -> crop pixels).
+
+    The one implementation of "cut the aligned crop out of the frame"; callers name their filter and border because
+    they need different ones (no default, so each choice is visible at the call): FFHQ crops for detection/restorer
+    data use cubic + reflect, the sampler's context crops linear + reflect (the VAE sees plausible content off the
+    frame), GFPGAN's input linear + constant grey (its own alignment's padding). dtype is kept (uint8 or float).
+    border_value: the fill for border="constant" (one value per channel). clip: clip to [0, 1] (float images in
+    [0, 1]: cubic overshoot and border values stay in range).
+    """
+    if interpolation not in _INTERPOLATION:
+        raise ValueError(f"warp_to_crop: interpolation must be one of {sorted(_INTERPOLATION)}, got {interpolation!r}")
+    if border not in _BORDER:
+        raise ValueError(f"warp_to_crop: border must be one of {sorted(_BORDER)}, got {border!r}")
+    crop: np.ndarray = cv2.warpAffine(
+        np.ascontiguousarray(image),
+        np.asarray(affine, dtype=np.float64),
+        (int(size), int(size)),
+        flags=_INTERPOLATION[interpolation],
+        borderMode=_BORDER[border],
+        borderValue=border_value,
+    )
+    return np.clip(crop, 0.0, 1.0) if clip else crop
+
+
 def warp_face(image: np.ndarray, affine: np.ndarray, crop_size: int) -> np.ndarray:
-    """The aligned crop [crop_size, crop_size, C] of image [H, W, C] (float32 or uint8), borders reflected."""
-    size = (crop_size, crop_size)
-    return cv2.warpAffine(image, affine, size, flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT101)
+    """The aligned crop [crop_size, crop_size, C] of image [H, W, C] (float32 or uint8): cubic, borders reflected."""
+    return warp_to_crop(image, affine, crop_size, interpolation="cubic", border="reflect")
 
 
 def transform_points(points: np.ndarray, affine: np.ndarray) -> np.ndarray:

@@ -14,6 +14,7 @@ import cv2
 import numpy as np
 import torch
 
+from ..faces.align import warp_to_crop
 from ..faces.types import Face
 from ..scheduling.plan import TokenPlan
 from ..scheduling.vocabulary import LEVELS
@@ -53,14 +54,9 @@ def aligned_crop(
     Borders outside the frame are reflected so the VAE sees plausible content (they are never pasted back).
     """
     a, side = context_affine(face, guide_size, crop_factor, max_size)
-    crop = cv2.warpAffine(
-        np.ascontiguousarray(image, dtype=np.float32),
-        a,
-        (side, side),
-        flags=cv2.INTER_LINEAR,
-        borderMode=cv2.BORDER_REFLECT101,
+    return warp_to_crop(
+        np.asarray(image, dtype=np.float32), a, side, interpolation="linear", border="reflect", clip=True
     )
-    return np.clip(crop, 0.0, 1.0)
 
 
 def resize_square(img: np.ndarray, size: int) -> np.ndarray:

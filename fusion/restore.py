@@ -20,6 +20,7 @@ import cv2
 import numpy as np
 import torch
 
+from ..faces.align import warp_to_crop
 from ..scheduling.vocabulary import MODEL_EXTENSIONS
 
 log = logging.getLogger(__name__)
@@ -204,12 +205,12 @@ def align_crop(image: np.ndarray, affine: np.ndarray, crop_size: int) -> np.ndar
     image: [H, W, 3] float32 RGB in [0, 1]; affine: [2, 3] image -> crop. Returns [crop_size, crop_size, 3] float32.
     Outside the frame is filled with GFPGAN's alignment grey (a black border reads as a dark beard or hair).
     """
-    crop = cv2.warpAffine(
-        np.ascontiguousarray(image, dtype=np.float32),
-        np.asarray(affine, dtype=np.float64),
-        (int(crop_size), int(crop_size)),
-        flags=cv2.INTER_LINEAR,
-        borderMode=cv2.BORDER_CONSTANT,
-        borderValue=_BORDER_GREY,
+    return warp_to_crop(
+        np.asarray(image, dtype=np.float32),
+        affine,
+        crop_size,
+        interpolation="linear",
+        border="constant",
+        border_value=_BORDER_GREY,
+        clip=True,
     )
-    return np.clip(crop, 0, 1)

@@ -21,9 +21,11 @@ import cv2
 import numpy as np
 import torch
 
+from ..faces.align import warp_to_crop
 from ..faces.types import Face, FaceSet
 from .artifacts import ArtifactThresholds, check_crop, cosine_similarity
 from .crops import (
+    aligned_crop,
     context_affine,
     context_transform,
     crop_plan,
@@ -122,14 +124,7 @@ def _prepare(
     face = job.face
     m_c, side = context_transform(face.crop_size, attempt.guide_size, s.crop_factor, s.max_size)
     a_ctx, _ = context_affine(face, attempt.guide_size, s.crop_factor, s.max_size)
-    crop = cv2.warpAffine(
-        np.ascontiguousarray(image, dtype=np.float32),
-        a_ctx,
-        (side, side),
-        flags=cv2.INTER_LINEAR,
-        borderMode=cv2.BORDER_REFLECT101,
-    )
-    crop = np.clip(crop, 0.0, 1.0)
+    crop = aligned_crop(image, face, attempt.guide_size, s.crop_factor, s.max_size)
     mask = noise_mask_context(face, m_c, side, s.feather, s.grow)
     lm = (np.asarray(face.landmarks, np.float64) @ a_ctx[:, :2].T + a_ctx[:, 2]).astype(np.float32)
     if backend.pre_swap is not None:
@@ -335,13 +330,7 @@ def run_fusion(images: np.ndarray, faces: FaceSet, settings: FusionSettings, bac
                 )
                 row.append(j.face)
                 crops.append(
-                    cv2.warpAffine(
-                        image,
-                        np.asarray(j.face.affine, np.float64),
-                        (j.face.crop_size, j.face.crop_size),
-                        flags=cv2.INTER_LINEAR,
-                        borderMode=cv2.BORDER_REFLECT101,
-                    )
+                    warp_to_crop(image, j.face.affine, j.face.crop_size, interpolation="linear", border="reflect")
                 )
         new_frames.append(tuple(row))
     out_set = FaceSet(image_size=faces.image_size, faces=tuple(new_frames))

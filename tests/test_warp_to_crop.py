@@ -1,5 +1,5 @@
-"""Every "warp the aligned crop out of the frame" keeps its exact pixels when the five implementations become one
-warp_to_crop (faces/align.py) (interpolation, border, clipping, dtype) from before the merge.
+"""One warp_to_crop (faces/align.py) behind every "warp the aligned crop out of the frame": each caller keeps its
+exact pixels (interpolation, border, clipping, dtype) from before the merge.
 
 The references below are the callers' own code as it stood before they were routed through warp_to_crop (commit
 1110568), copied verbatim; the comparisons are bit-exact (np.array_equal), on a real photo, for a face in the middle
@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_fusion_geometry import ASTRONAUT_BOX, ASTRONAUT_LM, astronaut, make_face
-from tokenfuse.faces.align import warp_face
+from tokenfuse.faces.align import warp_face, warp_to_crop
 from tokenfuse.faces.types import Face, FaceSet
 from tokenfuse.fusion.crops import aligned_crop, context_affine
 from tokenfuse.fusion.fallback import FallbackConfig
@@ -180,3 +180,16 @@ def test_fusion_passthrough_crops_keep_their_pixels() -> None:
         want = _old_passthrough_crop(images[0], face)
         assert got.dtype == want.dtype and np.array_equal(got, want)
     assert result.crops[0].max() > 1.0  # not clipped, as before
+
+
+def test_warp_to_crop_names_its_modes() -> None:
+    img = np.arange(4 * 4 * 3, dtype=np.float32).reshape(4, 4, 3) / 48.0
+    shift = np.array([[1.0, 0.0, -2.0], [0.0, 1.0, 0.0]])  # image -> crop: the crop's column 0 is the frame's column 2
+    out = warp_to_crop(img, shift, 4, interpolation="nearest", border="constant", border_value=(9.0, 9.0, 9.0))
+    assert np.array_equal(out[:, :2], img[:, 2:]) and (out[:, 2:] == 9.0).all()
+    rep = warp_to_crop(img, shift, 4, interpolation="linear", border="replicate")
+    assert np.array_equal(rep[:, 2:], np.repeat(img[:, 3:4], 2, axis=1))
+    clipped = warp_to_crop(img * 3, shift, 4, interpolation="linear", border="reflect", clip=True)
+    assert clipped.max() == 1.0
+    with pytest.raises(ValueError, match="interpolation"):
+        warp_to_crop(img, shift, 4, interpolation="bogus", border="reflect")  # type: ignore[arg-type]
