@@ -48,14 +48,6 @@ class ModelNotFoundError(ModelFileError, FileNotFoundError):
     """A model named by a prompt is not a file inside the model folders (missing, unreadable or outside them alike)."""
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def download(entry: ModelFile, folder: Path, timeout: float = 30.0) -> Path:
     """Fetch `entry` into `folder` (created if needed), verify its sha256, rename it into place atomically.
 

@@ -344,7 +344,6 @@ class ScheduledFusion:
         from ..fusion.run import FusionBackend
 
         env.require_comfy("ScheduledFusion")
-        sampling.induce_oom(int(os.environ.get(sampling.FUSION_OOM_ENV, "0") or 0))
         device = env.compute_device(model)
         pbar = env.progress_bar(total)
         cache: dict[tuple[bool, str], tuple[Any, str]] = {}

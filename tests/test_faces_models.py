@@ -4,6 +4,7 @@ corrupt or wrong files give errors that name the file and the fix."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import http.server
 import shutil
 import socket
@@ -17,10 +18,19 @@ from tokenfuse.faces import models
 from tokenfuse.faces.analyse import load_backend
 from tokenfuse.faces.detect import SCRFDDetector, YuNetDetector
 from tokenfuse.faces.embed import insightface_pack
-from tokenfuse.faces.models import ModelFile, ModelFileError, download, ensure_model, sha256_file
+from tokenfuse.faces.models import ModelFile, ModelFileError, download, ensure_model
 
 YUNET_ASSET = "face_detection_yunet_2026may.onnx"
 YUNET_SHA = "ebafce4e3c118d6554634be5c27ab333b4c047a9a8c3faf1d7cf93101c22f0f0"
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file (moved here from faces/models.py: only these tests used it)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

@@ -18,7 +18,7 @@ from tokenfuse.fusion.crops import (
     face_seed,
     make_batches,
     noise_mask_context,
-    paste_crop,
+    resize_square,
     top_tokens,
 )
 
@@ -62,6 +62,23 @@ def make_face(
         mask=mask,
         embedding=embedding,
     )
+
+
+def paste_crop(image: np.ndarray, face: Face, crop: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    """Inverse-warp a [S, S, 3] crop (any S) into a copy of image [H, W, 3] through `mask` (crop space, default the
+    face mask). A preview of what Blend does (moved here from fusion/crops.py: only this test used it); pixels with
+    zero mask weight stay bit-identical."""
+    size = crop.shape[0]
+    h, w = image.shape[:2]
+    inv = np.asarray(face.inverse, dtype=np.float64).copy()
+    inv[:, :2] *= face.crop_size / float(size)
+    m = resize_square(np.asarray(face.mask if mask is None else mask, dtype=np.float32), size)
+    back = cv2.warpAffine(np.ascontiguousarray(crop, dtype=np.float32), inv, (w, h), flags=cv2.INTER_LINEAR)
+    alpha = cv2.warpAffine(m, inv, (w, h), flags=cv2.INTER_LINEAR, borderValue=0.0)[..., None]
+    out = image.astype(np.float32, copy=True)
+    sel = alpha[..., 0] > 0
+    out[sel] = (alpha * back + (1.0 - alpha) * out)[sel]
+    return out
 
 
 def astronaut() -> np.ndarray:

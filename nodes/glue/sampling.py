@@ -1,23 +1,15 @@
-"""ComfyUI's sampler and VAE for face crops (ScheduledFusion), with the OOM test hook."""
+"""ComfyUI's sampler and VAE for face crops (ScheduledFusion)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ...scheduling.keys import PLAN_KEY
-from .env import comfy_available, compute_device, oom_exception, require_comfy, throw_if_interrupted
+from .env import comfy_available, compute_device, require_comfy, throw_if_interrupted
 from .patcher import set_transformer_option
 
 # ------------------------------------------------------------------------------------------------ ScheduledFusion
-# Test hook: when > 0, the next sample calls raise ComfyUI's OOM exception (one per count). Set by the
-# ScheduledFusion node from the environment variable FUSION_OOM_ENV at the start of each run (or by tests directly).
-FUSION_OOM_ENV = "TOKENFUSE_FUSION_INDUCE_OOM"
-_fusion_oom_left = [0]
-
-
-def induce_oom(times: int) -> None:
-    """Make the next `times` sample calls raise the OOM exception (tests, demos of the fallback chain)."""
-    _fusion_oom_left[0] = max(0, int(times))
+# (Tests induce an OOM with devkit/induce_oom.py on the MODEL they pass in; this module carries no test hook.)
 
 
 def sampler_choices() -> tuple[list[str], list[str]]:
@@ -58,9 +50,6 @@ def sample(
     import comfy.utils
     import torch
 
-    if _fusion_oom_left[0] > 0:
-        _fusion_oom_left[0] -= 1
-        raise oom_exception()(f"out of memory induced by {FUSION_OOM_ENV} (test hook)")
     latent_image = comfy.sample.fix_empty_latent_channels(model, latent)
     noise = torch.cat([comfy.sample.prepare_noise(latent_image[i : i + 1], int(s)) for i, s in enumerate(seeds)])
     m = model

@@ -137,19 +137,15 @@ def test_a_face_comes_out_the_same_batched_or_alone(stack: SimpleNamespace) -> N
     assert not torch.allclose(batched[0], batched[1], atol=1e-2)
 
 
-def test_induced_oom_is_reported_and_the_image_still_comes(
-    stack: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from tokenfuse.nodes.glue import sampling
+def test_induced_oom_is_reported_and_the_image_still_comes(stack: SimpleNamespace) -> None:
+    from tokenfuse.devkit.induce_oom import oom_on_first_samples
 
-    monkeypatch.setenv(sampling.FUSION_OOM_ENV, "1")
-    crops, faces, report = _fuse(stack, stack.model)
+    crops, faces, report = _fuse(stack, oom_on_first_samples(stack.model, 1))
     assert "out of memory" in report and "fallbacks: none" not in report
     assert ("stronger_preset" in report) or ("tiled_vae" in report)
     assert crops.shape == (1, 128, 128, 3) and faces.faces[0][0].crop is not None
     # the whole chain: OOM three times -> stronger preset, tiled VAE, smaller guide, then it fits
-    monkeypatch.setenv(sampling.FUSION_OOM_ENV, "3")
-    crops, faces, report = _fuse(stack, stack.model, guide_size=128)
+    crops, faces, report = _fuse(stack, oom_on_first_samples(stack.model, 3), guide_size=128)
     line = report.splitlines()[1]
     assert "tiled_vae" in line and "smaller_guide: guide 128 -> 64" in line, report
     assert faces.faces[0][0].crop is not None

