@@ -114,14 +114,17 @@ def after_artifact(attempt: Attempt, config: FallbackConfig) -> tuple[Attempt, F
 class FaceReport:
     """What happened to one face: the STRING output lists one line per FaceReport.
 
-    tokens: top-level U-Net tokens per sampled image ((guide/8)^2), kept_tokens: after the plan (None = no plan).
+    context_side: side of the square context crop that was sampled (pixels): guide_size x crop_factor capped at
+        max_size, after any smaller_guide fallback. The report line prints it as "guide N" (the text users and
+        runner/report.py read is unchanged).
+    tokens: top-level U-Net tokens per sampled image ((side/8)^2), kept_tokens: after the plan (None = no plan).
     peak_memory: peak allocated device memory while this face's batch ran, weights included (CUDA; None on CPU).
     """
 
     frame: int
     index: int
     seed: int
-    guide_size: int = 0
+    context_side: int = 0
     tokens: int = 0
     kept_tokens: int | None = None
     time_s: float = 0.0
@@ -141,7 +144,7 @@ class FaceReport:
         fb = "; ".join(self.fallbacks) if self.fallbacks else "none"
         warn = f" | warnings: {'; '.join(self.warnings)}" if self.warnings else ""
         return (
-            f"frame {self.frame} face {self.index}: {self.status}, seed {self.seed}, guide {self.guide_size}, "
+            f"frame {self.frame} face {self.index}: {self.status}, seed {self.seed}, guide {self.context_side}, "
             f"tokens {self.tokens}{kept}, {self.time_s:.2f} s, peak {mem}, fallbacks: {fb}{warn}"
         )
 

@@ -163,7 +163,7 @@ def _run_batch(
     crops = np.stack([p[0] for p in preps])
     masks = np.stack([p[1] for p in preps])
     for j in jobs:
-        reports[j.number].guide_size = side
+        reports[j.number].context_side = side
         reports[j.number].tokens = top_tokens(side)
     if backend.memory_check is not None and (misfit := backend.memory_check(len(jobs), side, attempt.tiled_vae)):
         raise MemoryEstimateError(misfit)

@@ -86,9 +86,9 @@ def test_stronger_preset_ranks() -> None:
 
 def test_report_lists_every_fallback_and_passthrough() -> None:
     ok = FaceReport(
-        frame=0, index=0, seed=5, guide_size=512, tokens=4096, kept_tokens=3000, time_s=1.5, peak_memory=3 * 2**30
+        frame=0, index=0, seed=5, context_side=512, tokens=4096, kept_tokens=3000, time_s=1.5, peak_memory=3 * 2**30
     )
-    fb = FaceReport(frame=0, index=1, seed=6, guide_size=256, tokens=1024, time_s=2.0)
+    fb = FaceReport(frame=0, index=1, seed=6, context_side=256, tokens=1024, time_s=2.0)
     fb.add("tiled_vae", "tiled VAE encode/decode (after out of memory)")
     fb.add("smaller_guide", "guide 512 -> 256")
     dead = FaceReport(frame=1, index=0, seed=7)
