@@ -39,9 +39,24 @@ from .fallback import Attempt, FaceReport, FallbackConfig, after_artifact, after
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
+class CropHooks:
+    """What the node adds around each crop besides sampling (frozen; all optional).
+
+    embed(crop [S, S, 3], landmarks [5, 2] in crop pixels) -> [D] or None: identity embedding for the identity
+        check; compared with identity_ref when set (the swap source), else with face.embedding.
+    pre_swap(crop [S, S, 3], landmarks [5, 2] in crop pixels) -> crop: identity pre-swap.
+    """
+
+    embed: Callable[[np.ndarray, np.ndarray], np.ndarray | None] | None = None
+    identity_ref: np.ndarray | None = None
+    pre_swap: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
+
+
+@dataclass(frozen=True)
 class FusionBackend:
-    """What the loop needs from a diffusion stack.
+    """The sampler interface: what the loop needs from a diffusion stack (frozen: derive variants with
+    dataclasses.replace, never assign to a built one).
 
     encode(pixels [B, S, S, 3] float 0..1, tiled) -> latent [B, C, S/8, S/8].
     decode(latent, tiled) -> pixels [B, S, S, 3] float 0..1.
@@ -53,9 +68,7 @@ class FusionBackend:
     memory_check(batch, side, tiled_vae) -> "" when the estimated peak of sampling `batch` crops of side x side fits
         the device's free memory, else a message with the estimate; a misfit is handled like an OOM before any work
         (so a CPU run that would swap the machine steps down the fallback chain instead).
-    embed(crop [S, S, 3], landmarks [5, 2] in crop pixels) -> [D] or None: identity embedding for the identity
-        check (optional); compared with identity_ref when set (the swap source), else with face.embedding.
-    pre_swap(crop [S, S, 3], landmarks [5, 2] in crop pixels) -> crop: identity pre-swap (optional).
+    hooks: the crop hooks (identity pre-swap and check), a separate frozen object (CropHooks).
     """
 
     encode: Callable[[torch.Tensor, bool], torch.Tensor]
@@ -68,10 +81,8 @@ class FusionBackend:
     peak_reset: Callable[[], None] = lambda: None
     peak_bytes: Callable[[], int | None] = lambda: None
     empty_cache: Callable[[], None] = lambda: None
-    embed: Callable[[np.ndarray, np.ndarray], np.ndarray | None] | None = None
-    identity_ref: np.ndarray | None = None
-    pre_swap: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
     memory_check: Callable[[int, int, bool], str] | None = None
+    hooks: CropHooks = field(default_factory=CropHooks)
 
 
 class MemoryEstimateError(MemoryError):
@@ -127,8 +138,8 @@ def _prepare(
     crop = aligned_crop(image, face, attempt.guide_size, s.crop_factor, s.max_size)
     mask = noise_mask_context(face, m_c, side, s.feather, s.grow)
     lm = (np.asarray(face.landmarks, np.float64) @ a_ctx[:, :2].T + a_ctx[:, 2]).astype(np.float32)
-    if backend.pre_swap is not None:
-        crop = np.clip(backend.pre_swap(crop, lm), 0.0, 1.0).astype(np.float32)
+    if backend.hooks.pre_swap is not None:
+        crop = np.clip(backend.hooks.pre_swap(crop, lm), 0.0, 1.0).astype(np.float32)
     return crop, mask, m_c, lm, side
 
 
@@ -190,9 +201,10 @@ def _run_batch(
         mk = masks[k][..., None]
         fused = mk * out[k] + (1.0 - mk) * crops[k]
         sim = None
-        ref = backend.identity_ref if backend.identity_ref is not None else j.face.embedding
-        if backend.embed is not None and ref is not None:
-            emb = backend.embed(fused, preps[k][3])
+        hooks = backend.hooks
+        ref = hooks.identity_ref if hooks.identity_ref is not None else j.face.embedding
+        if hooks.embed is not None and ref is not None:
+            emb = hooks.embed(fused, preps[k][3])
             sim = None if emb is None else cosine_similarity(ref, emb)
         verdict = check_crop(fused, masks[k], sim, s.thresholds)
         rep = reports[j.number]

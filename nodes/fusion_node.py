@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, cast, get_args
+from typing import Any, get_args
 
 from ..fusion.fallback import FallbackMode
 from ..scheduling.keys import PLAN_KEY, PRESET_KEY
@@ -262,8 +262,9 @@ class ScheduledFusion:
         import torch
 
         from ..faces.types import FaceSet
-        from ..fusion.fallback import FaceReport, FallbackConfig, format_report
-        from ..fusion.run import FusionSettings, run_fusion
+        from ..fusion.fallback import FaceReport, format_report
+        from ..fusion.run import run_fusion
+        from .fusion_settings import FusionWidgets
 
         if not isinstance(faces, FaceSet):
             raise TypeError(f"faces must be a FACES output (FaceSet), got {type(faces).__name__}: connect FaceDetect.")
@@ -283,41 +284,41 @@ class ScheduledFusion:
         model_plan = _transformer_option(model, PLAN_KEY)
         source_plan = token_plan if token_plan is not None else model_plan
         protect = float(getattr(source_plan, "protect_threshold", 0.5)) if source_plan is not None else 0.5
-        settings = FusionSettings(
-            seed=int(seed),
-            guide_size=int(guide_size) // 8 * 8,
-            max_size=int(max_size),
-            crop_factor=float(crop_factor),
-            feather=float(feather),
-            faces_per_batch=int(faces_per_batch),
+        widgets = FusionWidgets.from_inputs(
+            seed=seed,
+            steps=steps,
+            cfg=cfg,
+            sampler_name=sampler_name,
+            scheduler=scheduler,
+            denoise=denoise,
+            guide_size=guide_size,
+            max_size=max_size,
+            crop_factor=crop_factor,
+            feather=feather,
+            faces_per_batch=faces_per_batch,
+            fallback=fallback,
+        )
+        settings = widgets.fusion_settings(
             use_plan=source_plan is not None,
             protect_threshold=protect,
-            fallback=FallbackConfig(
-                mode=cast(FallbackMode, fallback),
-                stronger_presets=_stronger_presets(),
-                incoming_preset=str(_transformer_option(model, PRESET_KEY) or ""),
-                min_guide=max(64, min(256, int(guide_size) // 2)),
-            ),
+            stronger_presets=_stronger_presets(),
+            incoming_preset=str(_transformer_option(model, PRESET_KEY) or ""),
         )
         if backend is None:
             env.require_comfy("ScheduledFusion")
             _check_comfy_inputs(model, vae, positive, negative)
+            w = widgets  # the sampler's widgets, as given
             backend = self._comfy_backend(
-                model, vae, positive, negative, steps, cfg, sampler_name, scheduler, denoise, faces.count
+                model, vae, positive, negative, w.steps, w.cfg, w.sampler_name, w.scheduler, w.denoise, faces.count
             )
-        swap_note = self._setup_swap(backend, swap_model, arcface_model, source_image, source_faces)
+        backend, swap_note = self._setup_swap(backend, swap_model, arcface_model, source_image, source_faces)
         result = run_fusion(frames, faces, settings, backend)
         crops = result.crops
         size = crops[0].shape[0]
         crops = [c if c.shape[0] == size else _resize(c, size) for c in crops]
         out = torch.from_numpy(np.stack(crops).astype(np.float32))
         reports: list[FaceReport] = result.reports
-        header = (
-            f"ScheduledFusion: {faces.count} face(s) in {faces.batch_size} frame(s), "
-            f"guide {settings.guide_size}, steps {steps}, denoise {denoise}, fallback {fallback}, "
-            f"plan {'on' if settings.use_plan else 'off'}"
-            f"{swap_note}"
-        )
+        header = widgets.header(faces.count, faces.batch_size, settings.use_plan) + swap_note
         report = format_report(reports, header)
         log.info("%s", report.splitlines()[-1])
         return out, result.faces, report
@@ -390,16 +391,21 @@ class ScheduledFusion:
         )
 
     @staticmethod
-    def _setup_swap(backend: Any, swap_model: str, arcface_model: str, source_image: Any, source_faces: Any) -> str:
-        """Attach the identity pre-swap (and the identity check's embedder) to the backend; returns a report note."""
+    def _setup_swap(
+        backend: Any, swap_model: str, arcface_model: str, source_image: Any, source_faces: Any
+    ) -> tuple[Any, str]:
+        """(a copy of the backend whose crop hooks hold the identity pre-swap and the identity check's embedder, a
+        report note). The backend itself is frozen and left as it is."""
+        from dataclasses import replace
+
         from ..fusion.swap import ArcFaceOnnx, InSwapper, swap_in_crop
 
         embedder = None
         if arcface_model and arcface_model != "none":
             embedder = ArcFaceOnnx(_insightface_model(arcface_model, "ArcFace model"))
-            backend.embed = embedder.embed
+        hooks = backend.hooks if embedder is None else replace(backend.hooks, embed=embedder.embed)
         if not swap_model or swap_model == "none":
-            return ""
+            return replace(backend, hooks=hooks), ""
         if source_faces is None and source_image is not None:
             source_faces = _detect_source(source_image)
         if source_faces is None or source_faces.count == 0:
@@ -420,9 +426,8 @@ class ScheduledFusion:
             emb = embedder.embed(rgb, src.landmarks)
         swapper = InSwapper(_insightface_model(swap_model, "swap model"))
         latent = swapper.source_latent(emb)
-        backend.pre_swap = lambda crop, lm: swap_in_crop(crop, lm, swapper, latent)
-        backend.identity_ref = emb
-        return f", identity pre-swap {os.path.basename(swap_model)}"
+        hooks = replace(hooks, pre_swap=lambda crop, lm: swap_in_crop(crop, lm, swapper, latent), identity_ref=emb)
+        return replace(backend, hooks=hooks), f", identity pre-swap {os.path.basename(swap_model)}"
 
 
 def _insightface_model(name: str, what: str) -> Path:

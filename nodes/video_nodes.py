@@ -10,6 +10,7 @@ encoded to H.264 with the input's timestamps and audio packets. Neither node eve
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any, Literal, get_args
 
 from ..faces.types import DetectorBackend, FaceOrder
@@ -352,7 +353,7 @@ class VideoFaceFusion:
             backend = ScheduledFusion._comfy_backend(
                 model, vae, positive, negative, steps, cfg, sampler_name, scheduler, denoise, 1
             )
-            backend.progress = env.throw_if_interrupted  # the chunk bar below is the visible one
+            backend = replace(backend, progress=env.throw_if_interrupted)  # the chunk bar below is the visible one
         refine = make_refine(sf_args, backend, face_tracks.crop_factor, notes) if face_tracks.tracks else None
         opts = FuseOptions(
             crop_size=size,
@@ -406,7 +407,7 @@ def make_refine(sf_args: dict[str, Any], backend: Any, crop_factor: float, notes
     def sample(m: Any, latent: Any, mask: Any, seeds: list[int], plan: Any) -> Any:
         return inner_sample(m, latent, mask, [current[int(s)] for s in seeds], plan)
 
-    backend.sample = sample
+    backend = replace(backend, sample=sample)  # the backend is frozen: a copy with the seed-mapping sampler
     masks: dict[int, np.ndarray] = {}
 
     def refine(crops: np.ndarray, seeds: list[int]) -> np.ndarray:

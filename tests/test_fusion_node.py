@@ -3,6 +3,7 @@ bad inputs, and the "scheduling off" model clone. No ComfyUI needed."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from test_fusion_geometry import astronaut_faceset
 from tokenfuse.faces.types import FaceSet
-from tokenfuse.fusion.run import FusionBackend
+from tokenfuse.fusion.run import CropHooks, FusionBackend
 from tokenfuse.nodes.fusion_node import ScheduledFusion
 from tokenfuse.nodes.model_patching import DISABLED_KEY, strip_tokenfuse
 
@@ -214,8 +215,6 @@ def test_broken_output_reruns_with_scheduling_off() -> None:
 
 def test_identity_drop_triggers_the_rerun_when_embeddings_exist() -> None:
     """Faces with an embedding and an embedder on the backend: a low similarity counts as an artifact."""
-    from dataclasses import replace
-
     images, fs = astronaut_faceset(1, 1, crop_size=128)
     ref = np.zeros(512, np.float32)
     ref[0] = 1.0
@@ -230,7 +229,7 @@ def test_identity_drop_triggers_the_rerun_when_embeddings_exist() -> None:
         seen_landmarks.append(landmarks)
         return next(sims)
 
-    backend.embed = embed
+    backend = replace(backend, hooks=CropHooks(embed=embed))  # the backend is frozen
     _, out, report = ScheduledFusion().fuse(
         "M",
         "V",
@@ -300,12 +299,12 @@ def test_other_errors_pass_the_face_through_and_cancel_propagates() -> None:
 
     stack = FakeStack()
     backend = stack.backend()
-    backend.is_fatal = lambda exc: isinstance(exc, Cancelled)
+    backend = replace(backend, is_fatal=lambda exc: isinstance(exc, Cancelled))  # the backend is frozen
 
     def cancel(*a: Any) -> torch.Tensor:
         raise Cancelled()
 
-    backend.sample = cancel
+    backend = replace(backend, sample=cancel)
     images, fs = astronaut_faceset(1, 1, crop_size=128)
     with pytest.raises(Cancelled):
         ScheduledFusion().fuse(
@@ -599,8 +598,7 @@ class TightMemoryStack(FakeStack):
             self.checked.append((batch, side, tiled))
             return "" if side <= self.fits else f"{batch} crop(s) of {side}px need ~9.0 GiB but 1.0 GiB are free"
 
-        backend.memory_check = memory_check
-        return backend
+        return replace(backend, memory_check=memory_check)  # the backend is frozen
 
 
 def test_memory_preflight_shrinks_the_guide_before_any_work() -> None:
