@@ -25,7 +25,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from . import calibrate
 from .adaptive import adapt_ratio, token_complexity
+from .downsample import kernel_for_ratio
 from .keys import DISABLED_KEY, PLAN_KEY, UNMERGE_KEY
 from .reducers import LRU, REDUCERS, ReduceState
 from .schedule import MAX_RATIO, Schedule
@@ -157,9 +159,9 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
             rows.clear()  # a new plan: its ids may be reused later, never serve an old plan's row
         current[:] = [shape, options.get("sigmas"), options.get("sample_sigmas"), plan, rows.get_or(key, dict), info]
 
-    def entry_for(n_tok: int, tidx: Any, options: dict[str, Any]) -> _Call | None:
-        """Build (once) what a call with n_tok tokens at transformer index tidx does in the current row."""
-        grid = infer_grid(n_tok, options.get("original_shape"))
+    def entry_for(n: torch.Tensor, tidx: Any, options: dict[str, Any]) -> _Call | None:
+        """Build (once) what a call with n's token count at transformer index tidx does in the current row."""
+        grid = infer_grid(n.shape[1], options.get("original_shape"))
         if grid is None:
             return None
         level, h, w = grid
@@ -169,7 +171,27 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
         fn = None
         if ratio > 0.0 and schedule.strategy == "todo" and schedule.adaptive == 0.0 and current[3] is None:
             fn = state.pool_fn(h, w, ratio)
+        if ratio > 0.0 and schedule.device_aware and not calibrated(n, options, level, h, w, ratio, fn, info.step):
+            ratio, fn = 0.0, None
         return _Call(_block_label(options), level, h, w, ratio, fn)
+
+    def calibrated(
+        n: torch.Tensor, options: dict[str, Any], level: int, h: int, w: int, ratio: float, fn: Any, step: int
+    ) -> bool:
+        """Device-aware schedules: whether reducing this level pays here (measured once per shape, see calibrate.py)."""
+
+        def kv_of(x: torch.Tensor) -> torch.Tensor:
+            if fn is not None:
+                out: torch.Tensor = fn(x)
+                return out
+            return reduce(state, x, x, x, dict(options), level, h, w, ratio, step)[1]  # type: ignore[no-any-return]
+
+        heads = int(options.get("n_heads") or 8)
+        dim_head = int(options.get("dim_head") or max(1, n.shape[2] // heads))
+        key = (schedule.strategy, kernel_for_ratio(ratio), options.get(PLAN_KEY) is not None)
+        check = calibrate.check_level(n, kv_of, level, heads, dim_head, key)
+        telemetry.note_level(check)
+        return check.kept
 
     def attn1_patch(
         n: torch.Tensor, ctx: Any, val: Any, extra_options: dict[str, Any]
@@ -191,7 +213,7 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
             by_tidx = current[4][n_tok] = {}
         call = by_tidx.get(tidx, _MISSING)
         if call is _MISSING:
-            call = by_tidx[tidx] = entry_for(n_tok, tidx, extra_options)
+            call = by_tidx[tidx] = entry_for(n, tidx, extra_options)
         if call is None:
             return n, ctx, val
         info: StepInfo = current[5]
