@@ -114,7 +114,9 @@ def bench_step(patcher: Any, family: str, size: int, batch: int, args: argparse.
         return ub.sampling_options(p, t, sample_sigmas, batch)
 
     variants = make_variants(patcher, args.presets, args.tome_ratio)
-    ub.run_variants(variants, call, options, device, args.repeats, args.warmup, args.cpu_peak)
+    ub.run_variants(
+        variants, call, options, device, args.repeats, args.warmup, args.cpu_peak, overhead=not args.no_overhead
+    )
     if args.profile:
         for v in variants:
             profile(v.name, lambda v=v: call(v.patcher, options(v.patcher)), device)
@@ -164,6 +166,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    p.add_argument("--no-overhead", action="store_true", help="skip timing the patch closures (2 calls per variant)")
     p.add_argument("--profile", action="store_true", help="one profiled forward per variant after timing")
     p.add_argument("--cpu-peak", action="store_true", help="CPU peak RSS (slows steps: use in a memory-only run)")
     p.add_argument(

@@ -213,8 +213,11 @@ def run_variants(
     repeats: int,
     warmup: int,
     cpu_peak: bool = False,
+    overhead: bool = True,
 ) -> None:
     """Time, measure memory, telemetry and deviation of every variant. call(patcher, transformer_options).
+
+    overhead: also time our patch closures device-synced (two more calls per variant; off for slow CPU runs).
 
     Timed calls are interleaved (one call of each variant per round), so load drift on a shared machine or clock
     changes hit every variant alike; the step time is the median over rounds.
@@ -246,13 +249,15 @@ def run_variants(
                 v.results["levels"] = levels_text(v.telemetry)
                 v.results["device_aware"] = v.telemetry.levels_text()
                 v.results["calls"] = (v.telemetry.summary()["reduced_calls"], v.telemetry.calls)
+                v.results["ran"] = v.telemetry.calls > 0 or v.schedule.is_off
+                if not overhead:
+                    continue
                 timer = SyncedTimer(device, timed=True)
                 timed = instrument(v.patcher, timer)
                 call(timed, options(timed))
                 timer.seconds = 0.0
                 call(timed, options(timed))
                 v.results["overhead_ms"] = timer.seconds * 1000
-                v.results["ran"] = v.telemetry.calls > 0 or v.schedule.is_off
             elif v.name.startswith("TomePatchModel"):
                 timer = SyncedTimer(device, timed=False)
                 counted = instrument(v.patcher, timer)
