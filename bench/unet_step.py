@@ -183,7 +183,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     if args.quick:
         sizes = sizes or [128]
-        args.repeats = min(args.repeats, 2)
+        args.repeats = args.repeats if args.repeats != p.get_default("repeats") else 2
     args.model_sizes = {m: sizes or DEFAULT_SIZES.get(m, [768]) for m in args.models}
     return args
 
