@@ -11,8 +11,8 @@ What is timed, on synthetic projections of the call's real `n` [B, N, C] (the pa
   the smaller K/V projections);
 - part B, SDPA with the first Nq queries against the full vs the reduced K/V (Nq = min(N, 512) on CPU, where
   attention cost is linear in the queries; all N elsewhere, small grids do not fill a GPU);
-- estimate per call: A + (N / Nq) * B, the minimum over a few interleaved rounds (a shared machine's load spikes
-  only ever add time).
+- estimate per call: A + (N / Nq) * B, the minimum over 3-9 interleaved rounds (a shared machine's load spikes
+  only ever add time; cheap shapes get more rounds, a large one stops after one).
 
 A level is kept when the reduced estimate is at least `MARGIN` faster. On devices that run asynchronously (CUDA) the
 GPU time saved can hide behind a launch-bound model while the patch's host work always adds: there the saving must
@@ -37,7 +37,9 @@ MARGIN = 0.05  # keep a level only when its attention is >= 5 % cheaper reduced 
 HOST_GUARD = 3.0  # async devices: GPU time saved must be >= 3x the host time a reduced call adds
 PATCH_HOST_S = 15e-6  # host work of one reduced patch call (bench/patch_overhead.py: 10.8-15.5 us per reduced call)
 CPU_QUERY_SAMPLE = 512
-ROUNDS = 3
+ROUNDS = 3  # at least this many interleaved rounds (the minimum of each part is kept) ...
+MAX_ROUNDS = 9  # ... and more, up to this, while the calibration has taken less than MIN_SPAN_S (cheap shapes)
+MIN_SPAN_S = 0.05
 BUDGET_S = 0.5  # after one round, stop when the full estimate alone exceeds this (the answer is clear and costly)
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]  # n [B, N, C] -> the reduced K/V source [B, M, C]
@@ -121,10 +123,13 @@ def measure(
         for fn in (proj_full, proj_red, attn_full, attn_red):  # warm-up: kernel choice, allocator
             fn()
         best = [float("inf")] * 4
-        for _ in range(rounds):
+        start = time.perf_counter()
+        for r in range(MAX_ROUNDS):
             for i, fn in enumerate((proj_full, proj_red, attn_full, attn_red)):
                 best[i] = min(best[i], _timed(fn, device))
             if best[0] + scale * best[2] > BUDGET_S:
+                break  # a large shape: one round gives a clear answer, more would cost seconds on a CPU
+            if r + 1 >= rounds and time.perf_counter() - start > MIN_SPAN_S:
                 break
         host = 0.0
         if device.type != "cpu":  # enqueue time of the reduction alone (no sync inside)
