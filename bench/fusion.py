@@ -164,8 +164,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny U-Net/VAE, frames 256,512, guides 64,128")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    if args.quick:
-        args.frames, args.guides, args.ours_guide = "256,512", "64,128", 64
+    if args.quick:  # tiny models; frames/guides given on the command line are kept
+        args.frames = args.frames if args.frames != ap.get_default("frames") else "256,512"
+        args.guides = args.guides if args.guides != ap.get_default("guides") else "64,128"
+        args.ours_guide = 64
         args.steps = min(args.steps, 2)
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
 

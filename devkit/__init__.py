@@ -2,6 +2,7 @@
 
 - pack_loader: load this checkout as package `tokenfuse` from a script (tests/conftest.py does it for pytest)
 - comfy_models: random-weight ComfyUI U-Nets and SD VAE from ComfyUI's own classes (setup_comfy, build_model, build_vae)
+- unet_bench: what the U-Net benches share (interleaved timing, memory peaks, TomePatchModel baseline, patch cost)
 - astronaut: the astronaut photo with hand-built FACES
 - face_model/: the project's small trained face model (weights, training script, loader, quality measures)
 

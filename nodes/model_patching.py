@@ -150,7 +150,6 @@ class _LiveStats:
         self.reset()
 
     def reset(self) -> None:
-        self.seen = 0  # telemetry records already reported
         self.step = 0
         self.steps = 0
         self.peak_mib: Callable[[], float | None] = lambda: None
@@ -174,15 +173,11 @@ class _LiveStats:
         self, telemetry: Any, step_time: float | None, final: bool = False, summary: str | None = None
     ) -> dict[str, Any]:
         """Per-level K/V tokens per image (means over the attention calls since the last event)."""
-        per_level: dict[int, list[int]] = {}
-        for rec in telemetry.records[self.seen :]:
-            acc = per_level.setdefault(rec.level, [0, 0, 0])
-            acc[0] += rec.kv_in
-            acc[1] += rec.kv_out
-            acc[2] += 1
-        self.seen = len(telemetry.records)
+        window = telemetry.drain_window()  # level -> [calls, kv_in, kv_out] since the last event (per-step aggregate)
         levels = [
-            {"level": lv, "tokens_in": a[0] // a[2], "tokens_out": a[1] // a[2]} for lv, a in sorted(per_level.items())
+            {"level": lv, "tokens_in": a[1] // a[0], "tokens_out": a[2] // a[0]}
+            for lv, a in sorted(window.items())
+            if a[0]
         ]
         return {
             "node": self.node_id,
@@ -268,7 +263,8 @@ def schedule_model(
     from ..scheduling.patches import build_attention_override, build_unet_patches
     from ..scheduling.telemetry import RunTelemetry
 
-    telemetry = RunTelemetry()
+    # Aggregated per step and level; per-call records only when the telemetry file asks for them (issue 11).
+    telemetry = RunTelemetry(per_call=bool(schedule.telemetry_jsonl))
     m = model.clone()
     if remove_scheduling(m):
         log.info("TokenFuse: the model was already scheduled; the new schedule replaces the earlier one")

@@ -19,24 +19,23 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 
+from . import calibrate
 from .adaptive import adapt_ratio, token_complexity
-from .downsample import kernel_for_ratio, kv_downsample_functions, protected_cell_tokens
+from .downsample import kernel_for_ratio
 from .keys import DISABLED_KEY, PLAN_KEY, UNMERGE_KEY
-from .merge import bipartite_soft_matching_2d, do_nothing, max_merge_count, random_partition
+from .reducers import LRU, REDUCERS, ReduceState
 from .schedule import MAX_RATIO, Schedule
 from .telemetry import RunTelemetry
-from .topk import gather_tokens, keep_count, topk_indices, topk_kv_functions
+from .topk import gather_tokens, keep_count, topk_indices
 
 log = logging.getLogger(__name__)
 
-TOME_MAX_RATIO = 0.75  # a 2x2 stride leaves 3/4 of tokens as src: more cannot be merged
 MIN_DIT_TOKENS = 64
 
 AttnPatch = Callable[[torch.Tensor, Any, Any, dict[str, Any]], tuple[torch.Tensor, Any, Any]]
@@ -94,39 +93,6 @@ class _StepTracker:
         return info
 
 
-class _LRU(OrderedDict[Any, Any]):
-    def __init__(self, size: int) -> None:
-        super().__init__()
-        self.size = size
-
-    def get_or(self, key: Any, make: Callable[[], Any]) -> Any:
-        if key in self:
-            self.move_to_end(key)
-            return self[key]
-        value = make()
-        self[key] = value
-        while len(self) > self.size:
-            self.popitem(last=False)
-        return value
-
-
-class _PlanCache:
-    """Per-level ROI tensors from a TokenPlan, computed on the host once per (plan, grid, batch) and kept per device.
-
-    Keeps only the current plan's entries: a new plan object clears the cache (ids are never reused while held).
-    """
-
-    def __init__(self) -> None:
-        self._plan: Any = None
-        self._cache = _LRU(32)
-
-    def get(self, plan: Any, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
-        if plan is not self._plan:
-            self._plan = plan
-            self._cache.clear()
-        return self._cache.get_or(key, make)
-
-
 _MISSING: Any = object()
 
 
@@ -156,10 +122,9 @@ def _block_label(options: dict[str, Any]) -> str:
 def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[AttnPatch, OutputPatch]:
     """(attn1_patch, attn1_output_patch) closures for a U-Net model (see module docstring)."""
     steps = _StepTracker()
-    partitions = _LRU(8)
-    plans = _PlanCache()
-    complexity = _LRU(16)
-    kv_fns = _LRU(32)  # plan-free K/V closures are pure functions of (grid, ratio): build each once
+    state = ReduceState(schedule)  # the reducers' caches (partitions, plan ROI tensors, pooling closures)
+    reduce = REDUCERS[schedule.strategy]
+    complexity = LRU(16)
     warned: set[str] = set()
     timing = schedule.time_calls
 
@@ -168,50 +133,10 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
             warned.add(key)
             log.warning(msg, *args)
 
-    def roi(plan: Any, h: int, w: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(importance [B, N] float32 CPU, protected [B, N] bool CPU)."""
-
-        def make() -> tuple[torch.Tensor, torch.Tensor]:
-            imp = plan.level_importance(h, w, batch).cpu()
-            return imp, imp >= plan.protect_threshold
-
-        got: tuple[torch.Tensor, torch.Tensor] = plans.get(plan, ("roi", h, w, batch), make)
-        return got
-
-    def on_device(plan: Any, key: tuple[Any, ...], tensor_fn: Callable[[], Any], device: torch.device) -> Any:
-        def make() -> Any:
-            value = tensor_fn()
-            if isinstance(value, tuple):
-                return tuple(t.to(device) for t in value)
-            return value.to(device)
-
-        return plans.get(plan, key + (str(device),), make)
-
-    def kv_targets(
-        n: torch.Tensor,
-        ctx: Any,
-        val: Any,
-        fn: Callable[[torch.Tensor], torch.Tensor],
-        n_out: torch.Tensor | None = None,
-    ) -> tuple[Any, Any]:
-        """Apply a token reduction to ctx/val that still hold n's tokens (once per distinct object; n -> n_out)."""
-        memo: dict[int, Any] = {}
-
-        def apply(t: Any) -> Any:
-            if t is n and n_out is not None:
-                return n_out
-            if not (isinstance(t, torch.Tensor) and t.ndim == 3 and t.shape[:2] == n.shape[:2]):
-                return t
-            if id(t) not in memo:
-                memo[id(t)] = fn(t)
-            return memo[id(t)]
-
-        return apply(ctx), apply(val)
-
     # The hot path (issue 11): the host work of a call is a lookup in a table built once per (latent shape, step
     # window, plan). `current` holds the objects the table was picked for; ComfyUI makes a new `sigmas` tensor and
     # `original_shape` list per model call, so a re-pick happens once per model call, not once per attention call.
-    rows = _LRU(16)
+    rows = LRU(16)
     current: list[Any] = [
         None,
         None,
@@ -234,9 +159,9 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
             rows.clear()  # a new plan: its ids may be reused later, never serve an old plan's row
         current[:] = [shape, options.get("sigmas"), options.get("sample_sigmas"), plan, rows.get_or(key, dict), info]
 
-    def entry_for(n_tok: int, tidx: Any, options: dict[str, Any]) -> _Call | None:
-        """Build (once) what a call with n_tok tokens at transformer index tidx does in the current row."""
-        grid = infer_grid(n_tok, options.get("original_shape"))
+    def entry_for(n: torch.Tensor, tidx: Any, options: dict[str, Any]) -> _Call | None:
+        """Build (once) what a call with n's token count at transformer index tidx does in the current row."""
+        grid = infer_grid(n.shape[1], options.get("original_shape"))
         if grid is None:
             return None
         level, h, w = grid
@@ -245,10 +170,28 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
         ratio = schedule.ratio_for(level, t) if schedule.active_at(info.progress) else 0.0
         fn = None
         if ratio > 0.0 and schedule.strategy == "todo" and schedule.adaptive == 0.0 and current[3] is None:
-            fn = kv_fns.get_or(
-                (h, w, kernel_for_ratio(ratio)), lambda: kv_downsample_functions(h, w, ratio, schedule.pool)
-            )
+            fn = state.pool_fn(h, w, ratio)
+        if ratio > 0.0 and schedule.device_aware and not calibrated(n, options, level, h, w, ratio, fn, info.step):
+            ratio, fn = 0.0, None
         return _Call(_block_label(options), level, h, w, ratio, fn)
+
+    def calibrated(
+        n: torch.Tensor, options: dict[str, Any], level: int, h: int, w: int, ratio: float, fn: Any, step: int
+    ) -> bool:
+        """Device-aware schedules: whether reducing this level pays here (measured once per shape, see calibrate.py)."""
+
+        def kv_of(x: torch.Tensor) -> torch.Tensor:
+            if fn is not None:
+                out: torch.Tensor = fn(x)
+                return out
+            return reduce(state, x, x, x, dict(options), level, h, w, ratio, step)[1]  # type: ignore[no-any-return]
+
+        heads = int(options.get("n_heads") or 8)
+        dim_head = int(options.get("dim_head") or max(1, n.shape[2] // heads))
+        key = (schedule.strategy, kernel_for_ratio(ratio), options.get(PLAN_KEY) is not None)
+        check = calibrate.check_level(n, kv_of, level, heads, dim_head, key)
+        telemetry.note_level(check)
+        return check.kept
 
     def attn1_patch(
         n: torch.Tensor, ctx: Any, val: Any, extra_options: dict[str, Any]
@@ -270,7 +213,7 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
             by_tidx = current[4][n_tok] = {}
         call = by_tidx.get(tidx, _MISSING)
         if call is _MISSING:
-            call = by_tidx[tidx] = entry_for(n_tok, tidx, extra_options)
+            call = by_tidx[tidx] = entry_for(n, tidx, extra_options)
         if call is None:
             return n, ctx, val
         info: StepInfo = current[5]
@@ -289,7 +232,7 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
                         )
                         ratio = adapt_ratio(ratio, c, schedule.adaptive, MAX_RATIO)
                     if ratio > 0.0:
-                        out = _reduce(n, ctx, val, extra_options, call.level, call.h, call.w, ratio, info)
+                        out = reduce(state, n, ctx, val, extra_options, call.level, call.h, call.w, ratio, info.step)
             except Exception as exc:  # a shape we did not foresee: run this call unreduced, never crash sampling
                 warn_once(
                     "reduce",
@@ -313,61 +256,6 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
             (time.perf_counter() - t0) if timing else None,
         )
         return out
-
-    def _reduce(
-        n: torch.Tensor,
-        ctx: Any,
-        val: Any,
-        options: dict[str, Any],
-        level: int,
-        h: int,
-        w: int,
-        ratio: float,
-        info: StepInfo,
-    ) -> tuple[torch.Tensor, Any, Any]:
-        plan = options.get(PLAN_KEY)
-        batch, dev = n.shape[0], n.device
-        if schedule.strategy == "tome":
-            sx, sy = schedule.sx, schedule.sy
-            seed = (schedule.seed * 1_000_003 + max(info.step, 0)) & 0x7FFF_FFFF
-            src_cpu, dst_cpu, src_dev, dst_dev = partitions.get_or(
-                (h, w, sx, sy, seed, str(dev)), lambda: _partition(h, w, sx, sy, seed, dev)
-            )
-            prot_cpu = prot_dev = None
-            if plan is not None:
-                prot_cpu = roi(plan, h, w, batch)[1]
-                prot_dev = on_device(plan, ("prot", h, w, batch), lambda: roi(plan, h, w, batch)[1], dev)
-            r = min(int(n.shape[1] * min(ratio, TOME_MAX_RATIO)), max_merge_count(prot_cpu, src_cpu, dst_cpu))
-            merge, unmerge = bipartite_soft_matching_2d(n, src_dev, dst_dev, r, prot_dev)
-            if merge is do_nothing:
-                return n, ctx, val
-            merged = merge(n)
-            new_ctx, new_val = kv_targets(n, ctx, val, merge, merged)
-            options[UNMERGE_KEY] = (unmerge, merged.shape[1])
-            return merged, new_ctx, new_val
-        if schedule.strategy == "todo":
-            kernel = kernel_for_ratio(ratio)
-            keep = None
-            if plan is not None:
-                keep = on_device(
-                    plan,
-                    ("cells", h, w, batch, kernel),
-                    lambda: protected_cell_tokens(roi(plan, h, w, batch)[1], h, w, kernel),
-                    dev,
-                )
-            if keep is None:
-                fn = kv_fns.get_or((h, w, kernel), lambda: kv_downsample_functions(h, w, ratio, schedule.pool))
-            else:
-                fn = kv_downsample_functions(h, w, ratio, schedule.pool, keep)
-        else:  # topk
-            bonus, min_keep = None, 0
-            if plan is not None:
-                imp_cpu, prot_cpu = roi(plan, h, w, batch)
-                min_keep = int(prot_cpu.sum(1).max())
-                bonus = on_device(plan, ("bonus", h, w, batch), lambda: imp_cpu + 2.0 * prot_cpu.float(), dev)
-            fn = topk_kv_functions(n, ratio, bonus, min_keep)
-        new_ctx, new_val = kv_targets(n, ctx, val, fn)
-        return n, new_ctx, new_val
 
     def attn1_output_patch(n: torch.Tensor, extra_options: dict[str, Any]) -> torch.Tensor:
         entry = extra_options.pop(UNMERGE_KEY, None)
@@ -393,11 +281,6 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
     # dynamo, each patch is one graph break that runs eagerly (microseconds of host work) and the graphs between them
     # stay stable across steps. Eager cost of the wrapper: ~0.3 us per call.
     return _no_dynamo(attn1_patch), _no_dynamo(attn1_output_patch)
-
-
-def _partition(h: int, w: int, sx: int, sy: int, seed: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    src, dst = random_partition(h, w, sx, sy, seed)
-    return src, dst, src.to(device), dst.to(device)
 
 
 def build_attention_override(schedule: Schedule, telemetry: RunTelemetry) -> Callable[..., Any]:

@@ -76,6 +76,8 @@ class Schedule:
     dit_ratio: fraction of K/V dropped (top-K by saliency) in DiT attention via the attention override.
     seed: tome partition seed (own generator: never touches the sampler's RNG).
     telemetry_jsonl: optional JSONL path for per-call telemetry ("" = off); time_calls: record patch wall time.
+    device_aware: reduce a level only where a short calibration on the first sampling run measures a gain on this
+        device at this shape (scheduling/calibrate.py); the run's summary line names the levels kept and dropped.
     """
 
     strategy: Strategy = "todo"
@@ -95,6 +97,7 @@ class Schedule:
     seed: int = 0
     telemetry_jsonl: str = ""
     time_calls: bool = False
+    device_aware: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in get_args(Strategy):
@@ -143,6 +146,8 @@ class Schedule:
             )
         if not isinstance(self.time_calls, bool):
             raise ScheduleError(f"Schedule field 'time_calls' must be true or false, got {echo(self.time_calls)}")
+        if not isinstance(self.device_aware, bool):
+            raise ScheduleError(f"Schedule field 'device_aware' must be true or false, got {echo(self.device_aware)}")
         for name in ("ramp_step", "ramp_cap", "start_percent", "end_percent", "adaptive", "dit_ratio"):
             object.__setattr__(self, name, float(getattr(self, name)))
 
@@ -199,11 +204,13 @@ def _balanced(family: str) -> Schedule:
     # (ToDo) at the two finest attention levels is inside the validated range (<= 2x2) and costs one pool per call.
     # protect_blocks=0: K/V pooling keeps every query, so shallow blocks still output all tokens; protecting the first
     # two /8 blocks cost a third of the gain in the H200 U-Net bench (1.22x -> 1.13x at SD1.5 768 px).
+    # device_aware: a level is pooled only where that measurably saves time on this device at this shape (issue 11:
+    # on an H200 at batch 2 the host cost of the patches made SDXL 1024 slower).
     if family == "sdxl":
-        return Schedule(strategy="todo", ratios={16: 0.75, 32: 0.5}, protect_blocks=0)
+        return Schedule(strategy="todo", ratios={16: 0.75, 32: 0.5}, protect_blocks=0, device_aware=True)
     if family == "dit":
         return Schedule(strategy="topk", dit_ratio=0.5, protect_blocks=2)
-    return Schedule(strategy="todo", ratios={8: 0.75, 16: 0.75}, protect_blocks=0)
+    return Schedule(strategy="todo", ratios={8: 0.75, 16: 0.75}, protect_blocks=0, device_aware=True)
 
 
 # AGGRESSIVE presets: 3x3 K/V pooling (ratio 0.89) is beyond the validated 2x2. Deeper blocks ramp up (+0.05 every two
@@ -269,7 +276,7 @@ def _parse_mapping(text: str) -> dict[str, Any]:
     if len(text) > SCHEDULE_TEXT_MAX_CHARS:
         raise ScheduleError(
             f"schedule text is {len(text)} characters; at most {SCHEDULE_TEXT_MAX_CHARS} are accepted (a schedule has "
-            "17 fields: see the node's tooltip)"
+            "18 fields: see the node's tooltip)"
         )
     if _nesting_depth(text) > SCHEDULE_TEXT_MAX_DEPTH:
         raise ScheduleError(

@@ -1,7 +1,10 @@
-"""Per-run telemetry of the attention patches: tokens in/out per call, aggregated into one summary line per run.
+"""Per-run telemetry of the attention patches: tokens in/out aggregated per step and level, one summary line per run.
 
 The glue calls reset() when a sampling run starts and finish() when it ends (one INFO line, optional JSONL).
-record() is called from inside the patches, so it only appends plain Python numbers (no tensors, no device sync).
+record() is called from inside the patches, so it only adds plain Python numbers (no tensors, no device sync).
+Aggregation is per (step, level) by default; per-call records are kept only when asked (`per_call=True`: the JSONL
+telemetry file, tests and benches that look at single calls).
+Device-aware schedules note each level's calibration (note_level): the summary says which levels were kept and why.
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ class CallRecord(NamedTuple):
 class RunTelemetry:
     """Aggregates CallRecords for one sampling run (keeps at most max_records for the JSONL file)."""
 
-    def __init__(self, max_records: int = 100_000) -> None:
+    def __init__(self, max_records: int = 100_000, per_call: bool = True) -> None:
         self.max_records = max_records
+        self.per_call = per_call
+        self.levels: dict[int, Any] = {}  # level -> calibrate.LevelCheck (kept across runs: a property of the device)
         self.reset()
 
     def reset(self) -> None:
@@ -48,6 +53,9 @@ class RunTelemetry:
         self.steps: set[int] = set()
         self.started = time.perf_counter()
         self.dropped = 0
+        # (step, level) -> [calls, reduced calls, q_in, q_out, kv_in, kv_out]; window: level -> [calls, kv_in, kv_out]
+        self.per_step: dict[tuple[int, int], list[int]] = {}
+        self.window: dict[int, list[int]] = {}
 
     def record(
         self,
@@ -74,10 +82,53 @@ class RunTelemetry:
             self.patch_seconds += seconds
         if step >= 0:
             self.steps.add(step)
+        agg = self.per_step.get((step, level))
+        if agg is None:
+            agg = self.per_step[(step, level)] = [0, 0, 0, 0, 0, 0]
+        agg[0] += 1
+        agg[1] += int(q_out < q_in or kv_out < kv_in)
+        agg[2] += q_in
+        agg[3] += q_out
+        agg[4] += kv_in
+        agg[5] += kv_out
+        win = self.window.get(level)
+        if win is None:
+            win = self.window[level] = [0, 0, 0]
+        win[0] += 1
+        win[1] += kv_in
+        win[2] += kv_out
+        if not self.per_call:
+            return
         if len(self.records) < self.max_records:
             self.records.append(CallRecord(block, level, step, sigma, q_in, q_out, kv_in, kv_out, strategy, seconds))
         else:
             self.dropped += 1
+
+    def note_level(self, check: Any) -> None:
+        """A device-aware calibration's answer for one level (calibrate.LevelCheck)."""
+        self.levels[check.level] = check
+
+    def drain_window(self) -> dict[int, list[int]]:
+        """level -> [calls, kv_in, kv_out] since the last drain (live stats), then starts a new window."""
+        window, self.window = self.window, {}
+        return window
+
+    def level_means(self) -> dict[int, tuple[float, float, float, float]]:
+        """level -> mean (q_in, q_out, kv_in, kv_out) per call over the run."""
+        acc: dict[int, list[int]] = {}
+        for (_, level), a in self.per_step.items():
+            t = acc.setdefault(level, [0, 0, 0, 0, 0])
+            t[0] += a[0]
+            for i in range(4):
+                t[i + 1] += a[i + 2]
+        return {lv: (t[1] / t[0], t[2] / t[0], t[3] / t[0], t[4] / t[0]) for lv, t in sorted(acc.items()) if t[0]}
+
+    def levels_text(self) -> str:
+        """Which levels a device-aware schedule kept and why, e.g. 'kept /8 (1.9x attention on cpu); dropped ...'."""
+        if not self.levels:
+            return ""
+        parts = [f"{'kept' if c.kept else 'dropped'} /{lv} ({c.reason})" for lv, c in sorted(self.levels.items())]
+        return "device-aware: " + "; ".join(parts)
 
     def add_seconds(self, seconds: float) -> None:
         """Patch time spent outside record() (e.g. the unmerge in the output patch)."""
@@ -102,6 +153,10 @@ class RunTelemetry:
             "patch_seconds": self.patch_seconds,
             "wall_seconds": time.perf_counter() - self.started,
             "records_dropped": self.dropped,
+            "levels": {
+                str(lv): {"kept": c.kept, "reason": c.reason, "full_ms": c.full_ms, "reduced_ms": c.reduced_ms}
+                for lv, c in sorted(self.levels.items())
+            },
         }
 
     def summary_line(self) -> str:
@@ -111,11 +166,14 @@ class RunTelemetry:
             f"{s['attention_pairs_saved_pct']:.1f}% attention pairs saved, "
             f"{s['reduced_calls']}/{s['calls']} attention calls reduced over {s['steps']} steps, "
             f"{s['wall_seconds']:.2f} s (patches {s['patch_seconds'] * 1000:.1f} ms)"
+            + (f"; {self.levels_text()}" if self.levels else "")
         )
 
     def write_jsonl(self, path: str | Path) -> Path:
-        """One JSON object per call, then one {"summary": ...} line. The folder must exist (nothing is created above the
-        file) and a symlink at `path` is refused rather than followed (O_NOFOLLOW where the OS has it)."""
+        """One JSON object per call (per (step, level) aggregate when per_call is off), then one {"summary": ...} line.
+
+        The folder must exist (nothing is created above the file) and a symlink at `path` is refused rather than
+        followed (O_NOFOLLOW where the OS has it)."""
         path = Path(path)
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
         if path.is_symlink():
@@ -123,6 +181,10 @@ class RunTelemetry:
         with os.fdopen(os.open(path, flags, 0o644), "w", encoding="utf-8") as fh:
             for rec in self.records:
                 fh.write(json.dumps(rec._asdict()) + "\n")
+            if not self.per_call:
+                for (step, level), a in sorted(self.per_step.items()):
+                    row = dict(zip(("calls", "reduced_calls", "q_in", "q_out", "kv_in", "kv_out"), a, strict=True))
+                    fh.write(json.dumps({"step": step, "level": level, **row}) + "\n")
             fh.write(json.dumps({"summary": self.summary()}) + "\n")
         return path
 

@@ -63,8 +63,9 @@ def test_ksampler_runs_through_the_scheduler(comfy, random_model, baselines, cap
     summary = telemetry.summary()
     assert summary["reduced_calls"] > 0 and summary["kv_tokens_out"] < summary["kv_tokens_in"]
     assert summary["q_tokens_out"] == summary["q_tokens_in"]
-    for rec in telemetry.records:
-        assert rec.kv_in == rec.kv_out * levels.get(rec.level, 1), rec
+    assert telemetry.per_step  # aggregated per (step, level); per-call records only with a telemetry file
+    for (step, level), agg in telemetry.per_step.items():
+        assert agg[4] == agg[5] * levels.get(level, 1), (step, level, agg)
 
 
 @pytest.mark.parametrize("family", ["sd15", "sdxl"])

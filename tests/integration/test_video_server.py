@@ -52,7 +52,7 @@ def video_server(comfy_server_factory, tmp_path_factory: pytest.TempPathFactory)
     base = tmp_path_factory.mktemp("video_server")
     nodes_dir = tmp_path_factory.mktemp("test_pack") / TEST_PACK
     nodes_dir.mkdir()
-    (nodes_dir / "__init__.py").write_text(TEST_NODES.format(bench=str(REPO / "bench")), encoding="utf-8")
+    (nodes_dir / "__init__.py").write_text(TEST_NODES.format(devkit=str(REPO / "devkit")), encoding="utf-8")
     (base / "input").mkdir()
     clip = _clip_with_audio(base / "input" / "tf_talking.mp4")
     with comfy_server_factory(base, extra_nodes={TEST_PACK: nodes_dir}) as server:

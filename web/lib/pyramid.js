@@ -91,7 +91,7 @@ export function presetSchedule(name, family = "sd15") {
 /** Every Schedule field (dataclass order); schedule_text may set any of them, others are an error in Python. */
 export const SCHEDULE_FIELDS = Object.freeze([
   "strategy", "ratios", "protect_blocks", "ramp_start", "ramp_step", "ramp_every", "ramp_cap", "start_percent",
-  "end_percent", "adaptive", "pool", "sx", "sy", "dit_ratio", "seed", "telemetry_jsonl", "time_calls",
+  "end_percent", "adaptive", "pool", "sx", "sy", "dit_ratio", "seed", "telemetry_jsonl", "time_calls", "device_aware",
 ]);
 
 const DRAWN_FIELDS = Object.freeze({

@@ -1,0 +1,232 @@
+"""One token reducer per `Strategy`, plus the small state object that holds their caches.
+
+`build_unet_patches` (patches.py) looks a call up in its table, then hands the tokens to `REDUCERS[strategy]`:
+
+    reducer(state, n, ctx, val, options, level, h, w, ratio, step) -> (n, ctx, val)
+
+- n [B, N, C]: norm1(x) before projection (N = h * w tokens of the level's grid); ctx / val: the K/V sources, the same
+  object as n for plain self-attention.
+- tome merges n (and ctx/val that still hold n's tokens) and leaves the unmerge for attn1_output_patch in
+  `options[UNMERGE_KEY]`; todo and topk shrink only ctx/val (K/V may have fewer tokens than Q under SDPA).
+- Every reducer returns its inputs unchanged when it cannot reduce (identity is always a valid outcome).
+
+The caches are per patched model (one `ReduceState` per build_unet_patches call): partitions per grid and step seed,
+ROI tensors per plan/grid/batch/device, and the plan-free K/V pooling closures, which are pure functions of
+(grid, kernel) and are shared with the hot path's table rows.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from .downsample import kernel_for_ratio, kv_downsample_functions, protected_cell_tokens
+from .keys import PLAN_KEY, UNMERGE_KEY
+from .merge import bipartite_soft_matching_2d, do_nothing, max_merge_count, random_partition
+from .schedule import Schedule, Strategy
+from .topk import topk_kv_functions
+
+TOME_MAX_RATIO = 0.75  # a 2x2 stride leaves 3/4 of tokens as src: more cannot be merged
+
+
+class LRU(OrderedDict[Any, Any]):
+    """A small least-recently-used map: get_or(key, make) builds a value once and keeps at most `size`."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def get_or(self, key: Any, make: Callable[[], Any]) -> Any:
+        if key in self:
+            self.move_to_end(key)
+            return self[key]
+        value = make()
+        self[key] = value
+        while len(self) > self.size:
+            self.popitem(last=False)
+        return value
+
+
+class PlanCache:
+    """Per-level ROI tensors from a TokenPlan, computed on the host once per (plan, grid, batch) and kept per device.
+
+    Keeps only the current plan's entries: a new plan object clears the cache (ids are never reused while held).
+    """
+
+    def __init__(self) -> None:
+        self._plan: Any = None
+        self._cache = LRU(32)
+
+    def get(self, plan: Any, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+        if plan is not self._plan:
+            self._plan = plan
+            self._cache.clear()
+        return self._cache.get_or(key, make)
+
+
+class ReduceState:
+    """The caches the reducers share for one patched model (see module docstring)."""
+
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
+        self.partitions = LRU(8)
+        self.plans = PlanCache()
+        self.kv_fns = LRU(32)
+
+    def roi(self, plan: Any, h: int, w: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(importance [B, N] float32 CPU, protected [B, N] bool CPU)."""
+
+        def make() -> tuple[torch.Tensor, torch.Tensor]:
+            imp = plan.level_importance(h, w, batch).cpu()
+            return imp, imp >= plan.protect_threshold
+
+        got: tuple[torch.Tensor, torch.Tensor] = self.plans.get(plan, ("roi", h, w, batch), make)
+        return got
+
+    def on_device(self, plan: Any, key: tuple[Any, ...], tensor_fn: Callable[[], Any], device: torch.device) -> Any:
+        def make() -> Any:
+            value = tensor_fn()
+            if isinstance(value, tuple):
+                return tuple(t.to(device) for t in value)
+            return value.to(device)
+
+        return self.plans.get(plan, key + (str(device),), make)
+
+    def pool_fn(self, h: int, w: int, ratio: float) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The plan-free K/V pooling closure of a grid and ratio (built once per (grid, kernel))."""
+        fn: Callable[[torch.Tensor], torch.Tensor] = self.kv_fns.get_or(
+            (h, w, kernel_for_ratio(ratio)), lambda: kv_downsample_functions(h, w, ratio, self.schedule.pool)
+        )
+        return fn
+
+
+def kv_targets(
+    n: torch.Tensor, ctx: Any, val: Any, fn: Callable[[torch.Tensor], torch.Tensor], n_out: torch.Tensor | None = None
+) -> tuple[Any, Any]:
+    """Apply a token reduction to ctx/val that still hold n's tokens (once per distinct object; n -> n_out)."""
+    memo: dict[int, Any] = {}
+
+    def apply(t: Any) -> Any:
+        if t is n and n_out is not None:
+            return n_out
+        if not (isinstance(t, torch.Tensor) and t.ndim == 3 and t.shape[:2] == n.shape[:2]):
+            return t
+        if id(t) not in memo:
+            memo[id(t)] = fn(t)
+        return memo[id(t)]
+
+    return apply(ctx), apply(val)
+
+
+class Reducer(Protocol):
+    def __call__(
+        self,
+        state: ReduceState,
+        n: torch.Tensor,
+        ctx: Any,
+        val: Any,
+        options: dict[str, Any],
+        level: int,
+        h: int,
+        w: int,
+        ratio: float,
+        step: int,
+    ) -> tuple[torch.Tensor, Any, Any]: ...
+
+
+def _partition(h: int, w: int, sx: int, sy: int, seed: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    src, dst = random_partition(h, w, sx, sy, seed)
+    return src, dst, src.to(device), dst.to(device)
+
+
+def reduce_tome(
+    state: ReduceState,
+    n: torch.Tensor,
+    ctx: Any,
+    val: Any,
+    options: dict[str, Any],
+    level: int,
+    h: int,
+    w: int,
+    ratio: float,
+    step: int,
+) -> tuple[torch.Tensor, Any, Any]:
+    """Merge the most similar src tokens into dst tokens (protected plan tokens never merge); q, k and v shrink."""
+    schedule, plan = state.schedule, options.get(PLAN_KEY)
+    batch, dev = n.shape[0], n.device
+    sx, sy = schedule.sx, schedule.sy
+    seed = (schedule.seed * 1_000_003 + max(step, 0)) & 0x7FFF_FFFF
+    src_cpu, dst_cpu, src_dev, dst_dev = state.partitions.get_or(
+        (h, w, sx, sy, seed, str(dev)), lambda: _partition(h, w, sx, sy, seed, dev)
+    )
+    prot_cpu = prot_dev = None
+    if plan is not None:
+        prot_cpu = state.roi(plan, h, w, batch)[1]
+        prot_dev = state.on_device(plan, ("prot", h, w, batch), lambda: state.roi(plan, h, w, batch)[1], dev)
+    r = min(int(n.shape[1] * min(ratio, TOME_MAX_RATIO)), max_merge_count(prot_cpu, src_cpu, dst_cpu))
+    merge, unmerge = bipartite_soft_matching_2d(n, src_dev, dst_dev, r, prot_dev)
+    if merge is do_nothing:
+        return n, ctx, val
+    merged = merge(n)
+    new_ctx, new_val = kv_targets(n, ctx, val, merge, merged)
+    options[UNMERGE_KEY] = (unmerge, merged.shape[1])
+    return merged, new_ctx, new_val
+
+
+def reduce_todo(
+    state: ReduceState,
+    n: torch.Tensor,
+    ctx: Any,
+    val: Any,
+    options: dict[str, Any],
+    level: int,
+    h: int,
+    w: int,
+    ratio: float,
+    step: int,
+) -> tuple[torch.Tensor, Any, Any]:
+    """Pool K/V spatially (kernel snapped from the ratio); cells holding protected plan tokens keep full resolution."""
+    plan = options.get(PLAN_KEY)
+    if plan is None:
+        fn = state.pool_fn(h, w, ratio)
+    else:
+        kernel, batch = kernel_for_ratio(ratio), n.shape[0]
+        keep = state.on_device(
+            plan,
+            ("cells", h, w, batch, kernel),
+            lambda: protected_cell_tokens(state.roi(plan, h, w, batch)[1], h, w, kernel),
+            n.device,
+        )
+        fn = kv_downsample_functions(h, w, ratio, state.schedule.pool, keep)
+    new_ctx, new_val = kv_targets(n, ctx, val, fn)
+    return n, new_ctx, new_val
+
+
+def reduce_topk(
+    state: ReduceState,
+    n: torch.Tensor,
+    ctx: Any,
+    val: Any,
+    options: dict[str, Any],
+    level: int,
+    h: int,
+    w: int,
+    ratio: float,
+    step: int,
+) -> tuple[torch.Tensor, Any, Any]:
+    """Keep the most salient K/V tokens (plan importance adds a bonus; protected tokens are always kept)."""
+    plan = options.get(PLAN_KEY)
+    bonus, min_keep = None, 0
+    if plan is not None:
+        imp_cpu, prot_cpu = state.roi(plan, h, w, n.shape[0])
+        min_keep = int(prot_cpu.sum(1).max())
+        bonus = state.on_device(plan, ("bonus", h, w, n.shape[0]), lambda: imp_cpu + 2.0 * prot_cpu.float(), n.device)
+    fn = topk_kv_functions(n, ratio, bonus, min_keep)
+    new_ctx, new_val = kv_targets(n, ctx, val, fn)
+    return n, new_ctx, new_val
+
+
+REDUCERS: dict[Strategy, Reducer] = {"tome": reduce_tome, "todo": reduce_todo, "topk": reduce_topk}
