@@ -297,14 +297,18 @@ def quality_part(pack: Any, a: argparse.Namespace, which: set[str]) -> tuple[lis
             continue
         used.append(path.name)
         crops = {}
+        seen = {k: len(t.per_call) for k, t in timers.items()}
         for name, m, p, _text in variants:
             with timers[name].on(unet), torch.inference_mode():
                 crops[name] = fuse(pack, m, fm.vae, cond, photo.image, photo.faces, qa, p)
         base = crops["unpatched"]
         for name, crop in crops.items():
             metrics[name].append((q.psnr(crop, base, photo.mask), q.ssim(crop, base, photo.mask)))
-        worst = min((v[-1][0], k) for k, v in metrics.items())
-        print(f"#   [{i + 1}/{len(paths)}] {path.name}: lowest PSNR {worst[0]:.1f} dB ({worst[1]})", flush=True)
+        per = ", ".join(
+            f"{k} {v[-1][0]:.1f} dB/{v[-1][1]:.3f}/{sum(timers[k].per_call[seen[k] :]):.1f}s"
+            for k, v in metrics.items()
+        )
+        print(f"#   [{i + 1}/{len(paths)}] {path.name}: PSNR/SSIM/U-Net cpu s {per}", flush=True)
     rows = []
     b = timers["unpatched"]
     for name, *_ in variants:
