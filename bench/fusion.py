@@ -7,6 +7,8 @@ U-Net tokens, wall time and peak memory beyond the weights, and the ratios (a)/(
     (a) naive   : VAE-encode the whole frame, img2img at denoise, decode the whole frame
     (b) crop G  : ScheduledFusion on the unscheduled model at guide G (FaceDetailer-style), G in --guides
     (c) ours    : ScheduledFusion at guide 512 on a TokenSchedulerController-patched model with a token plan
+    (d) ours+cache / (e) cache : (c) with the step cache added (--cache, a schedule_text such as
+                  '{"cache_interval": 3}'), and the step cache alone (preset off); only with --cache
 
     python bench/fusion.py --comfyui /path/to/ComfyUI --device cuda --dtype fp16 --steps 20 --caps 4,8
     python bench/fusion.py --comfyui /path/to/ComfyUI --quick          # CPU smoke run (tiny model, small frames)
@@ -160,6 +162,7 @@ def main() -> None:
     ap.add_argument("--guides", default="512,1024", help="guide sizes for (b)")
     ap.add_argument("--ours-guide", type=int, default=512)
     ap.add_argument("--preset", default="balanced", help="TokenSchedulerController preset for (c)")
+    ap.add_argument("--cache", default="", help='step-cache schedule_text for rows (d)/(e), e.g. {"cache_interval": 3}')
     ap.add_argument("--caps", default="", help="CUDA memory caps in GB for (a) vs (c) at the largest frame, e.g. 4,8")
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny U-Net/VAE, frames 256,512, guides 64,128")
     args = ap.parse_args()
@@ -186,6 +189,11 @@ def main() -> None:
     cond = (cm.conditioning("sd15", seed=1), cm.conditioning("sd15", seed=2))
     plan = TokenPlan(importance=torch.ones(1, 8, 8), image_size=(8, 8))  # presence switches crop-space plans on
     ours_model, sched_report = TokenSchedulerController().apply(model, args.preset, "preset", 0.0, plan)
+    cached: list[tuple[str, Any]] = []
+    if args.cache:  # the step cache (issue 11.3): on top of the preset, and alone
+        both, _ = TokenSchedulerController().apply(model, args.preset, "preset", 0.0, plan, schedule_text=args.cache)
+        alone, _ = TokenSchedulerController().apply(model, "off", "preset", 0.0, plan, schedule_text=args.cache)
+        cached = [(f"(d) ours+cache {args.ours_guide}", both), (f"(e) cache {args.ours_guide}", alone)]
     mm.load_models_gpu([model, vae.patcher])
     meter = Meter(torch.device(device))
     print(
@@ -193,6 +201,8 @@ def main() -> None:
         f"denoise {args.denoise}, seed {args.seed}, {'TINY quick' if args.quick else 'full SD1.5 + SD VAE'}"
     )
     print(f"# (c) {sched_report}")
+    if cached:
+        print(f"# (d) = (c) + step cache {args.cache}; (e) = preset off + step cache")
     # warm-up (CUDA context, cuDNN/SDPA kernel choice) so the first timed case is not charged for it
     warm = argparse.Namespace(**{**vars(args), "steps": 1})
     naive(model, vae, astronaut_frame(256), warm, cond)
@@ -220,6 +230,11 @@ def main() -> None:
             meter, lambda f=frame, fs=faces: crop(ours_model, vae, f, fs, args.ours_guide, plan, args, cond)
         )
         rows.append((f"(c) ours {args.ours_guide}", (args.ours_guide // 8) ** 2, t, p, e))
+        for name, cm_model in cached:
+            _, t, p, e = timed(
+                meter, lambda m=cm_model, f=frame, fs=faces: crop(m, vae, f, fs, args.ours_guide, plan, args, cond)
+            )
+            rows.append((name, (args.ours_guide // 8) ** 2, t, p, e))
         a = rows[0]
         for name, tok, t, p, e in rows:
             tx = f"{a[1] / tok:.1f}"

@@ -4,6 +4,10 @@ Used by TokenSchedulerController (schedule_model), ScheduledFusion's fallback ch
 repatch_with_preset) and the benches. Per-run telemetry is reset in an OUTER_SAMPLE wrapper, which logs one INFO
 summary line per sampling run; a PREDICT_NOISE wrapper sends live stats when a server listens.
 
+The step cache (Schedule.cache_*, scheduling/step_cache.py) rides on the same clone: a DIFFUSION_MODEL wrapper and an
+output_block_patch under the same key, its per-run state reset by the same OUTER_SAMPLE wrapper, its counters in the
+same summary line.
+
 "Scheduling off" (the artifact fallback) = a clone with TokenFuse's attn1 patches, wrappers and attention override
 removed (another pack's override that ours wrapped is put back) and `transformer_options["tokenfuse_disabled"]` set,
 which every TokenFuse patch honours.
@@ -77,7 +81,7 @@ def chain_attention_override(ours: Callable[..., Any], previous: Callable[..., A
 
 def _is_ours(fn: Any) -> bool:
     mod = getattr(fn, "__module__", "") or ""
-    return mod.endswith(".scheduling.patches") or mod.endswith(".nodes.model_patching")
+    return mod.endswith((".scheduling.patches", ".scheduling.step_cache", ".nodes.model_patching"))
 
 
 def remove_scheduling(m: Any) -> bool:
@@ -90,7 +94,7 @@ def remove_scheduling(m: Any) -> bool:
     to = dict(m.model_options.get("transformer_options", {}))
     patches = {k: list(v) for k, v in to.get("patches", {}).items()}
     found = False
-    for name in ("attn1_patch", "attn1_output_patch"):
+    for name in ("attn1_patch", "attn1_output_patch", "output_block_patch"):
         if name in patches:
             kept = [p for p in patches[name] if not _is_ours(p)]
             found |= len(kept) != len(patches[name])
@@ -108,7 +112,7 @@ def remove_scheduling(m: Any) -> bool:
     if "patches" in to:
         to["patches"] = patches
     m.model_options = {**m.model_options, "transformer_options": to}
-    for kind in ("OUTER_SAMPLE", "PREDICT_NOISE"):
+    for kind in ("OUTER_SAMPLE", "PREDICT_NOISE", "DIFFUSION_MODEL"):
         patcher.remove_wrapper(m, kind, WRAPPER_KEY)
     return True
 
@@ -191,20 +195,36 @@ class _LiveStats:
         }
 
 
+def _start_cache_run(cache: Any, schedule: Schedule, executor: Any) -> None:
+    """Reset the step cache for a run; its sigma window from the sampled model's model_sampling (the guider's)."""
+    window = None
+    model = getattr(getattr(executor, "class_obj", None), "model_patcher", None)
+    try:
+        window = patcher.sigma_window(model, schedule.cache_start_percent, schedule.cache_end_percent)
+    except (AttributeError, TypeError, ValueError) as exc:
+        log.warning("TokenFuse step cache: no sigma window (%s); every step counts as inside it", exc)
+    cache.state.reset(window)
+
+
 def _make_run_wrapper(
-    telemetry: Any, schedule: Schedule, device: Any, label: str, live: _LiveStats
+    telemetry: Any, schedule: Schedule, device: Any, label: str, live: _LiveStats, cache: Any = None
 ) -> Callable[..., Any]:
     """OUTER_SAMPLE wrapper: reset per-run state, run sampling, log one summary line (also on error/cancel)."""
 
     def tokenfuse_outer_sample(executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         telemetry.reset()
         live.reset()
+        if cache is not None:
+            _start_cache_run(cache, schedule, executor)
         peak, live.peak_mib = _peak_memory_start(device)
         try:
             return executor(*args, **kwargs)
         finally:
             # summary_line: tokens saved, calls reduced, wall time since reset (= this run), patch time
             line = f"{telemetry.summary_line()}, {peak()} [{label}{', preset off' if schedule.is_off else ''}]"
+            if cache is not None:
+                line += f", {cache.state.summary()}"
+                cache.state.reset()  # the cached features never outlive the run
             log.info("%s", line)
             if telemetry.calls == 0 and not schedule.is_off:
                 log.warning(
@@ -248,6 +268,23 @@ def _check_model(model: Any) -> None:
         )
 
 
+def _attach_step_cache(m: Any, schedule: Schedule) -> Any:
+    """Attach the step cache's hooks to the clone `m` (U-Net only); returns the hooks (their state is per run)."""
+    from ..scheduling.step_cache import build_step_cache
+
+    hooks = build_step_cache(
+        schedule.cache_interval,
+        schedule.cache_depth,
+        schedule.cache_threshold,
+        patcher.timestep_embedding(),
+        PLAN_KEY,
+        DISABLED_KEY,
+    )
+    m.set_model_output_block_patch(hooks.output_block_patch)
+    patcher.add_wrapper(m, "DIFFUSION_MODEL", WRAPPER_KEY, hooks.diffusion_model_wrapper)
+    return hooks
+
+
 def schedule_model(
     model: Any,
     schedule: Schedule,
@@ -278,6 +315,7 @@ def schedule_model(
         previous = m.model_options.get("transformer_options", {}).get(OVERRIDE_KEY)
         ours = build_attention_override(schedule, telemetry)
         patcher.set_transformer_option(m, OVERRIDE_KEY, chain_attention_override(ours, previous))
+    cache = _attach_step_cache(m, schedule) if schedule.cache_on and family.route == "unet" else None
     if plan is not None:
         patcher.set_transformer_option(m, PLAN_KEY, plan)
     if preset:
@@ -285,6 +323,7 @@ def schedule_model(
     label = f"{family.name} ({family.family})"
     live = _LiveStats(node_id)
     device = getattr(m, "load_device", None)
-    patcher.add_outer_sample_wrapper(m, WRAPPER_KEY, _make_run_wrapper(telemetry, schedule, device, label, live))
+    run_wrapper = _make_run_wrapper(telemetry, schedule, device, label, live, cache)
+    patcher.add_outer_sample_wrapper(m, WRAPPER_KEY, run_wrapper)
     patcher.add_wrapper(m, "PREDICT_NOISE", WRAPPER_KEY, _make_step_wrapper(telemetry, live))
     return m, telemetry

@@ -40,9 +40,16 @@ def schedule_from_widgets(preset: str, strategy: str, ratio: float, family: str,
 
 
 def describe_schedule(schedule: Schedule) -> str:
-    """One line: strategy, per-level ratios, window."""
+    """One line: strategy, per-level ratios, window (and the step cache when on)."""
+    cache = ""
+    if schedule.cache_on:
+        cache = (
+            f"step cache every {schedule.cache_interval} steps, depth {schedule.cache_depth}, "
+            f"window {schedule.cache_start_percent:.0%}-{schedule.cache_end_percent:.0%}"
+            + (f", threshold {schedule.cache_threshold:g}" if schedule.cache_threshold > 0 else "")
+        )
     if schedule.is_off:
-        return "off (identity)"
+        return f"tokens off; {cache}" if cache else "off (identity)"
     levels = " ".join(f"/{lv}:{r:.2f}" for lv, r in schedule.ratios.items() if r > 0) or "-"
     parts = [f"strategy {schedule.strategy}", f"ratios {levels}"]
     if schedule.dit_ratio > 0:
@@ -54,7 +61,7 @@ def describe_schedule(schedule: Schedule) -> str:
         parts.append(f"ramp +{schedule.ramp_step:.2f}/{schedule.ramp_every} blocks to {schedule.ramp_cap:.2f}")
     if schedule.adaptive > 0:
         parts.append(f"adaptive {schedule.adaptive:.2f}")
-    return ", ".join(parts)
+    return ", ".join(parts) + (f"; {cache}" if cache else "")
 
 
 class TokenSchedulerController:
@@ -124,7 +131,9 @@ class TokenSchedulerController:
                         "multiline": True,
                         "default": "",
                         "tooltip": "Optional JSON or YAML overriding any schedule field after the widgets, e.g. "
-                        '{"ratios": {"8": 0.5}, "end_percent": 0.6}. Empty = widgets only.',
+                        '{"ratios": {"8": 0.5}, "end_percent": 0.6}. Step cache (U-Net): {"cache_interval": 3} '
+                        "reuses the deep features for 2 of every 3 steps (cache_depth, cache_start_percent / "
+                        "cache_end_percent, cache_threshold tune it). Empty = widgets only.",
                     },
                 ),
             },

@@ -7,6 +7,9 @@ Ratios mean the same thing for every strategy: the fraction of a level's tokens 
 - `todo`: fraction of K/V tokens removed by spatial pooling; snapped down to a pooling kernel (0.5 -> 1x2, 0.75 -> 2x2,
   0.89 -> 3x3). <= 0.75 (2x2) recommended.
 - `topk`: fraction of K/V tokens dropped (the least important ones).
+
+The time axis is a second, independent strategy in the same Schedule: the step cache (`cache_*` fields; core in
+step_cache.py) reuses a U-Net's deep features across steps and recomputes only the shallow high-resolution blocks.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ TELEMETRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}\.jsonl")
 SCHEDULE_TEXT_MAX_CHARS = 16_384
 SCHEDULE_TEXT_MAX_DEPTH = 8
 ECHO_MAX_CHARS = 80
+# Step cache: input blocks a cached step recomputes (1 = conv_in only); SD1.5/SDXL have 12/9 input blocks.
+CACHE_MAX_DEPTH = 11
+CACHE_MAX_INTERVAL = 10
+CACHE_MAX_THRESHOLD = 10.0
 # Which levels have self-attention in each U-Net family (SDXL has none at full latent resolution).
 FAMILY_LEVELS: dict[str, tuple[int, ...]] = {"sd15": LEVELS, "sdxl": (16, 32), "dit": ()}
 
@@ -78,6 +85,16 @@ class Schedule:
     telemetry_jsonl: optional JSONL path for per-call telemetry ("" = off); time_calls: record patch wall time.
     device_aware: reduce a level only where a short calibration on the first sampling run measures a gain on this
         device at this shape (scheduling/calibrate.py); the run's summary line names the levels kept and dropped.
+    cache_interval: step cache (U-Net only; DeepCache's idea). 0 or 1 = off; k >= 2 = inside the cache window one
+        full U-Net step every k steps, the k - 1 steps between reuse the deep features of the last full step and
+        recompute only the shallow blocks. The first and the last step are always full. 2-3 recommended.
+    cache_depth: input blocks a cached step recomputes (with their matching output blocks): 1 = conv_in only
+        (cheapest, roughest), 2 = conv_in + the first full-resolution block (default), up to 11.
+    cache_start_percent / cache_end_percent: the cache window in ComfyUI's sampling percent (0 = pure noise,
+        1 = clean; converted to sigmas once per run, like EasyCache's); steps outside it are full.
+    cache_threshold: region-aware early refresh (0 = off, the fixed interval alone). A cached step becomes full when
+        the relative L1 change of the model input since the last full step exceeds it, measured on the face tokens
+        of the TOKEN_PLAN only (outside the noise mask the latent is reset every step). Costs one host sync per step.
     """
 
     strategy: Strategy = "todo"
@@ -98,6 +115,11 @@ class Schedule:
     telemetry_jsonl: str = ""
     time_calls: bool = False
     device_aware: bool = False
+    cache_interval: int = 0
+    cache_depth: int = 2
+    cache_start_percent: float = 0.0
+    cache_end_percent: float = 1.0
+    cache_threshold: float = 0.0
 
     def __post_init__(self) -> None:
         if self.strategy not in get_args(Strategy):
@@ -148,7 +170,18 @@ class Schedule:
             raise ScheduleError(f"Schedule field 'time_calls' must be true or false, got {echo(self.time_calls)}")
         if not isinstance(self.device_aware, bool):
             raise ScheduleError(f"Schedule field 'device_aware' must be true or false, got {echo(self.device_aware)}")
-        for name in ("ramp_step", "ramp_cap", "start_percent", "end_percent", "adaptive", "dit_ratio"):
+        _check_range("cache_interval", self.cache_interval, 0, CACHE_MAX_INTERVAL, integer=True)
+        _check_range("cache_depth", self.cache_depth, 1, CACHE_MAX_DEPTH, integer=True)
+        _check_range("cache_start_percent", self.cache_start_percent, 0.0, 1.0)
+        _check_range("cache_end_percent", self.cache_end_percent, 0.0, 1.0)
+        if self.cache_end_percent < self.cache_start_percent:
+            raise ScheduleError(
+                "Schedule field 'cache_end_percent' must be >= cache_start_percent "
+                f"({self.cache_start_percent}), got {self.cache_end_percent}"
+            )
+        _check_range("cache_threshold", self.cache_threshold, 0.0, CACHE_MAX_THRESHOLD)
+        floats = ("ramp_step", "ramp_cap", "start_percent", "end_percent", "adaptive", "dit_ratio")
+        for name in floats + ("cache_start_percent", "cache_end_percent", "cache_threshold"):
             object.__setattr__(self, name, float(getattr(self, name)))
 
     def __hash__(self) -> int:  # ratios is a dict; hash its items so the frozen object stays hashable
@@ -164,6 +197,12 @@ class Schedule:
         """True when no call can ever be reduced (all ratios 0, or an empty window)."""
         empty_window = self.end_percent <= self.start_percent
         return empty_window or (not any(self.ratios.values()) and self.dit_ratio == 0.0)
+
+    @property
+    def cache_on(self) -> bool:
+        """True when the step cache can skip deep blocks (interval >= 2 and a non-empty window). Independent of
+        is_off, which is about attention tokens only."""
+        return self.cache_interval >= 2 and self.cache_end_percent > self.cache_start_percent
 
     def active_at(self, progress: float) -> bool:
         """progress: fraction of sampling done, in [0, 1]."""
@@ -276,7 +315,6 @@ def _parse_mapping(text: str) -> dict[str, Any]:
     if len(text) > SCHEDULE_TEXT_MAX_CHARS:
         raise ScheduleError(
             f"schedule text is {len(text)} characters; at most {SCHEDULE_TEXT_MAX_CHARS} are accepted (a schedule has "
-            "18 fields: see the node's tooltip)"
         )
     if _nesting_depth(text) > SCHEDULE_TEXT_MAX_DEPTH:
         raise ScheduleError(

@@ -64,6 +64,20 @@ def set_transformer_option(model: Any, key: str, value: Any) -> None:
     model.model_options = opts
 
 
+def timestep_embedding() -> Callable[..., Any]:
+    """ComfyUI's sinusoidal timestep embedding (what UNetModel._forward uses; the step cache's shallow forward too)."""
+    from comfy.ldm.modules.diffusionmodules.util import timestep_embedding as embed
+
+    return embed
+
+
+def sigma_window(model: Any, start_percent: float, end_percent: float) -> tuple[float, float]:
+    """(start, end) sigmas of a window given in ComfyUI's sampling percent (0 = pure noise, 1 = clean), from the
+    model's model_sampling, as EasyCache converts its start/end percent. `model`: a ModelPatcher."""
+    sampling = model.get_model_object("model_sampling")
+    return float(sampling.percent_to_sigma(start_percent)), float(sampling.percent_to_sigma(end_percent))
+
+
 # ------------------------------------------------------------------------------------------------ family detection
 Route = Literal["unet", "override", "none"]
 

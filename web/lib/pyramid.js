@@ -92,6 +92,7 @@ export function presetSchedule(name, family = "sd15") {
 export const SCHEDULE_FIELDS = Object.freeze([
   "strategy", "ratios", "protect_blocks", "ramp_start", "ramp_step", "ramp_every", "ramp_cap", "start_percent",
   "end_percent", "adaptive", "pool", "sx", "sy", "dit_ratio", "seed", "telemetry_jsonl", "time_calls", "device_aware",
+  "cache_interval", "cache_depth", "cache_start_percent", "cache_end_percent", "cache_threshold",
 ]);
 
 const DRAWN_FIELDS = Object.freeze({

@@ -1,0 +1,386 @@
+"""Step cache side by side: speed on the ScheduledFusion face crop, quality on the trained face model (issue 11.3).
+
+One process, one seed, the real ScheduledFusion node (ComfyUI's sampler, masked denoise, fallback off), variants:
+
+    unpatched        the model as loaded
+    tome             ComfyUI's TomePatchModel (ratio 0.3, its default)
+    easycache        ComfyUI's EasyCache  (reuse_threshold 0.2, start 0.15, end 0.95: its defaults)
+    lazycache        ComfyUI's LazyCache  (same defaults)
+    ours-tokens      TokenSchedulerController, preset balanced
+    ours-cache       TokenSchedulerController, preset off + the step cache (--cache, JSON schedule_text)
+    ours-both        TokenSchedulerController, preset balanced + the step cache
+Our variants get a token plan (ScheduledFusion then builds the crop-space plan from the face mask, as in a workflow
+with PatchTokenize); --no-plan drops it.
+
+    --part speed    full SD1.5 U-Net (random weights: valid for cost only) on the astronaut frame's face crop at
+                    --guide (512), small random VAE (the VAE is not timed). Time = inside the U-Net forward: wall
+                    and the thread's CPU time (robust on a shared, loaded CPU: torch runs on 1 thread here).
+    --part calls    the same U-Net and crop, but 3-step runs (full, cached, full call) timing each U-Net call; the
+                    --steps total is projected from each variant's full/cached step count (EasyCache/LazyCache are
+                    adaptive, so they are left out: see the quality part for their measured skips). For a CPU too
+                    slow or too loaded to run the speed part.
+    --part quality  the trained face model (devkit/face_model) on held-out faces (--faces DIR, --limit N):
+                    PSNR / SSIM of each variant's face crop vs the unpatched crop (over the face mask, as
+                    bench/quality.py), and the U-Net time ratio on that (small) model.
+
+    python bench/step_cache.py --comfyui /work/comfyui --part speed --json out/speed.json
+    python bench/step_cache.py --comfyui /work/comfyui --part quality --faces /work/data/fm256/heldout --limit 8
+    python bench/step_cache.py ... --cache '{"cache_interval": 3}' --cache '{"cache_interval": 2}'   # several
+Attention backend: PyTorch SDPA (printed). Steps 20, denoise 0.45, euler/normal, seed 0 unless told.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CACHE = '{"cache_interval": 3, "cache_depth": 2}'
+
+
+class UNetTimer:
+    """Wall and thread-CPU seconds spent inside a U-Net's forward, and its call count (hooks on the shared module)."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+        self.calls = 0
+        self.per_call: list[float] = []  # thread-CPU seconds of each call
+
+    @contextmanager
+    def on(self, unet: torch.nn.Module) -> Iterator[UNetTimer]:
+        start: list[tuple[float, float]] = []
+
+        def pre(*_: Any) -> None:
+            start.append((time.perf_counter(), time.thread_time()))
+
+        def post(*_: Any) -> None:
+            w, c = start.pop()
+            self.wall += time.perf_counter() - w
+            self.cpu += time.thread_time() - c
+            self.per_call.append(time.thread_time() - c)
+            self.calls += 1
+
+        h1, h2 = unet.register_forward_pre_hook(pre), unet.register_forward_hook(post)
+        try:
+            yield self
+        finally:
+            h1.remove()
+            h2.remove()
+
+
+def cache_name(text: str, prefix: str) -> str:
+    d = json.loads(text)
+    name = f"{prefix} i{d.get('cache_interval', 0)} d{d.get('cache_depth', 2)}"
+    if d.get("cache_threshold"):
+        name += f" t{d['cache_threshold']}"
+    if "cache_start_percent" in d or "cache_end_percent" in d:
+        name += f" w{d.get('cache_start_percent', 0)}-{d.get('cache_end_percent', 1)}"
+    return name
+
+
+def build_variants(pack: Any, model: Any, caches: list[str], plan: Any, which: set[str]) -> list[tuple[str, Any, Any]]:
+    """[(name, patched model, token plan for ScheduledFusion or None)], in table order."""
+    from comfy_extras.nodes_easycache import EasyCacheNode, LazyCacheNode
+    from comfy_extras.nodes_tomesd import TomePatchModel
+
+    sched = pack.NODE_CLASS_MAPPINGS["TokenFuseTokenSchedulerController"]()
+    out: list[tuple[str, Any, Any, str]] = [("unpatched", model, None, "")]
+    if "tome" in which:
+        out.append(("tome 0.3", TomePatchModel.execute(model, 0.3).result[0], None, ""))
+    if "easycache" in which:
+        out.append(("easycache", EasyCacheNode.execute(model, 0.2, 0.15, 0.95, False).result[0], None, ""))
+    if "lazycache" in which:
+        out.append(("lazycache", LazyCacheNode.execute(model, 0.2, 0.15, 0.95, False).result[0], None, ""))
+    if "ours-tokens" in which:
+        out.append(("ours-tokens", sched.apply(model, "balanced", "preset", 0.0, plan)[0], plan, ""))
+    for text in caches:
+        if "ours-cache" in which:
+            m = sched.apply(model, "off", "preset", 0.0, plan, schedule_text=text)[0]
+            out.append((cache_name(text, "ours-cache"), m, plan, text))
+        if "ours-both" in which:
+            m = sched.apply(model, "balanced", "preset", 0.0, plan, schedule_text=text)[0]
+            out.append((cache_name(text, "ours-both"), m, plan, text))
+    return out
+
+
+def fuse(pack: Any, model: Any, vae: Any, cond: Any, image: Any, faces: Any, a: argparse.Namespace, plan: Any) -> Any:
+    """ScheduledFusion on the main face; returns the aligned crop [S, S, 3] float32 0..1."""
+    import cv2
+
+    crops, _, _ = pack.NODE_CLASS_MAPPINGS["TokenFuseScheduledFusion"]().fuse(
+        model=model,
+        vae=vae,
+        positive=cond[0],
+        negative=cond[1],
+        image=image,
+        faces=faces,
+        seed=a.seed,
+        steps=a.steps,
+        cfg=a.cfg,
+        sampler_name="euler",
+        scheduler="normal",
+        denoise=a.denoise,
+        guide_size=a.guide,
+        max_size=max(1024, a.guide),
+        crop_factor=1.0,
+        feather=0.04,
+        faces_per_batch=1,
+        fallback="off",
+        token_plan=plan,
+    )
+    crop = crops[0].float().numpy()
+    if crop.shape[0] != 512:
+        crop = cv2.resize(crop, (512, 512), interpolation=cv2.INTER_AREA)
+    return np.clip(crop, 0.0, 1.0).astype(np.float32)
+
+
+def table(rows: list[dict[str, Any]], quality: bool) -> None:
+    head = f"{'variant':<28} {'U-Net calls':>11} {'wall s':>8} {'cpu s':>8} {'x wall':>7} {'x cpu':>7}"
+    if quality:
+        head += f" {'PSNR dB':>8} {'PSNR p5':>8} {'SSIM':>7} {'SSIM p5':>8} {'gate':>5}"
+    print(head)
+    for r in rows:
+        line = (
+            f"{r['variant']:<28} {r['calls']:>11} {r['wall_s']:>8.2f} {r['cpu_s']:>8.2f} "
+            f"{r['x_wall']:>7.2f} {r['x_cpu']:>7.2f}"
+        )
+        if quality:
+            g = "pass" if r["psnr_mean"] >= 30.0 and r["ssim_mean"] >= 0.95 else "FAIL"
+            line += f" {r['psnr_mean']:>8.2f} {r['psnr_p5']:>8.2f} {r['ssim_mean']:>7.4f} {r['ssim_p5']:>8.4f} {g:>5}"
+        print(line, flush=True)
+
+
+def speed_part(pack: Any, a: argparse.Namespace, which: set[str]) -> list[dict[str, Any]]:
+    import comfy.model_management as mm
+
+    sys.path.insert(0, str(REPO / "devkit"))
+    import comfy_models as cm
+    from astronaut import astronaut_faces, astronaut_frame
+    from tokenfuse.scheduling.plan import TokenPlan
+
+    model = cm.build_model("sd15", model_channels=320, tiny=False)
+    vae = cm.build_vae(32)  # not timed: a small VAE keeps the run short; latents keep the SD /8 x 4 shape
+    cond = (cm.conditioning("sd15", seed=1), cm.conditioning("sd15", seed=2))
+    plan = None if a.no_plan else TokenPlan(importance=torch.ones(1, 8, 8), image_size=(8, 8))
+    variants = build_variants(pack, model, a.cache, plan, which)
+    mm.load_models_gpu([model])
+    image = torch.from_numpy(astronaut_frame(a.frame))[None]
+    faces = astronaut_faces(a.frame)
+    unet = model.model.diffusion_model
+    warm = argparse.Namespace(**{**vars(a), "steps": 1})
+    fuse(pack, model, vae, cond, image, faces, warm, None)
+    print(
+        f"# speed: full SD1.5 U-Net (random weights), astronaut frame {a.frame}, face crop at guide {a.guide} "
+        f"(latent {a.guide // 8}x{a.guide // 8}), steps {a.steps}, denoise {a.denoise}, cfg {a.cfg} "
+        f"(batch {2 if a.cfg != 1.0 else 1}), seed {a.seed}, attention {cm.attention_backend()}, CPU, "
+        f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+    rows = []
+    for name, m, p, _text in variants:
+        timer = UNetTimer()
+        with timer.on(unet), torch.inference_mode():
+            fuse(pack, m, vae, cond, image, faces, a, p)
+        rows.append({"variant": name, "calls": timer.calls, "wall_s": timer.wall, "cpu_s": timer.cpu})
+        print(f"#   {name}: {timer.calls} calls, {timer.wall:.1f} s wall, {timer.cpu:.1f} s cpu", flush=True)
+    base = rows[0]
+    for r in rows:
+        r["x_wall"] = base["wall_s"] / r["wall_s"]
+        r["x_cpu"] = base["cpu_s"] / r["cpu_s"]
+    table(rows, quality=False)
+    return rows
+
+
+def calls_part(pack: Any, a: argparse.Namespace, which: set[str]) -> list[dict[str, Any]]:
+    """Per-call U-Net cost at full SD1.5 size on the real fusion path (3-step runs: full, cached, full), projected
+    to --steps with each variant's full/cached step count. For a CPU too loaded to run 20 full-size steps 7 times."""
+    import comfy.model_management as mm
+
+    sys.path.insert(0, str(REPO / "devkit"))
+    import comfy_models as cm
+    from astronaut import astronaut_faces, astronaut_frame
+    from tokenfuse.scheduling.plan import TokenPlan
+    from tokenfuse.scheduling.schedule import Schedule, parse_schedule_text
+    from tokenfuse.scheduling.step_cache import plan_full_steps
+
+    model = cm.build_model("sd15", model_channels=320, tiny=False)
+    vae = cm.build_vae(32)
+    cond = (cm.conditioning("sd15", seed=1), cm.conditioning("sd15", seed=2))
+    plan = None if a.no_plan else TokenPlan(importance=torch.ones(1, 8, 8), image_size=(8, 8))
+    which = which - {"easycache", "lazycache"}  # adaptive: their skips need a real 20-step trajectory
+    variants = build_variants(pack, model, a.cache, plan, which)
+    mm.load_models_gpu([model])
+    image = torch.from_numpy(astronaut_frame(a.frame))[None]
+    faces = astronaut_faces(a.frame)
+    unet = model.model.diffusion_model
+    short = argparse.Namespace(**{**vars(a), "steps": 3})
+    fuse(pack, model, vae, cond, image, faces, argparse.Namespace(**{**vars(a), "steps": 1}), None)  # warm-up
+    print(
+        f"# calls: full SD1.5 U-Net (random weights), face crop at guide {a.guide} (latent {a.guide // 8}x"
+        f"{a.guide // 8}), cfg {a.cfg} (batch {2 if a.cfg != 1.0 else 1}), 3-step runs, projected to {a.steps} "
+        f"steps; attention {cm.attention_backend()}, CPU thread time, torch threads {torch.get_num_threads()}, "
+        f"load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+    rows = []
+    for name, m, p, text in variants:
+        timer = UNetTimer()
+        with timer.on(unet), torch.inference_mode():
+            fuse(pack, m, vae, cond, image, faces, short, p)
+        c = timer.per_call
+        sched = parse_schedule_text(text, Schedule()) if text else None
+        if sched is not None and sched.cache_on:
+            full_cost, cached_cost = (c[0] + c[2]) / 2, c[1]
+            n_full = sum(plan_full_steps(a.steps, sched.cache_interval, [True] * a.steps))
+        else:
+            full_cost = cached_cost = sum(c) / len(c)
+            n_full = a.steps
+        projected = n_full * full_cost + (a.steps - n_full) * cached_cost
+        rows.append(
+            {
+                "variant": name,
+                "full_call_s": full_cost,
+                "cached_call_s": cached_cost,
+                "full_steps": n_full,
+                "projected_s": projected,
+                "per_call": c,
+            }
+        )
+        print(f"#   {name}: per-call cpu s {[round(v, 2) for v in c]}", flush=True)
+    base = rows[0]["projected_s"]
+    print(f"{'variant':<28} {'full call s':>11} {'cached call s':>13} {'full steps':>10} {'proj. s':>8} {'x':>6}")
+    for r in rows:
+        r["x"] = base / r["projected_s"]
+        print(
+            f"{r['variant']:<28} {r['full_call_s']:>11.2f} {r['cached_call_s']:>13.2f} "
+            f"{r['full_steps']:>7}/{a.steps:<2} {r['projected_s']:>8.1f} {r['x']:>6.2f}"
+        )
+    return rows
+
+
+def quality_part(pack: Any, a: argparse.Namespace, which: set[str]) -> tuple[list[dict[str, Any]], list[str]]:
+    from tokenfuse.devkit.face_model import loader
+    from tokenfuse.devkit.face_model import quality as q
+    from tokenfuse.scheduling.plan import TokenPlan
+
+    fm = loader.load_face_model()
+    cond = (fm.conditioning(), fm.conditioning())
+    plan = None if a.no_plan else TokenPlan(importance=torch.ones(1, 8, 8), image_size=(8, 8))
+    variants = build_variants(pack, fm.model, a.cache, plan, which)
+    unet = fm.model.model.diffusion_model
+    paths = q.list_photos(Path(a.faces))[: a.limit or None]
+    qa = argparse.Namespace(**{**vars(a), "cfg": 1.0})  # the face model is unconditional: cfg 1, one row per step
+    print(
+        f"# quality: trained face model ({fm.meta.get('unet_steps')} U-Net steps), {len(paths)} photo(s) from "
+        f"{a.faces}, guide {a.guide}, steps {a.steps}, denoise {a.denoise}, cfg 1, seed {a.seed}; PSNR/SSIM vs "
+        "unpatched over the face mask",
+        flush=True,
+    )
+    timers = {v[0]: UNetTimer() for v in variants}
+    metrics: dict[str, list[tuple[float, float]]] = {v[0]: [] for v in variants}
+    used = []
+    for i, path in enumerate(paths):
+        rgb = q.read_photo(path)
+        photo = q.prepare_photo(pack, path.name, rgb, 512) if rgb is not None else None
+        if photo is None:
+            print(f"#   [{i + 1}/{len(paths)}] {path.name}: no face, skipped", flush=True)
+            continue
+        used.append(path.name)
+        crops = {}
+        seen = {k: len(t.per_call) for k, t in timers.items()}
+        for name, m, p, _text in variants:
+            with timers[name].on(unet), torch.inference_mode():
+                crops[name] = fuse(pack, m, fm.vae, cond, photo.image, photo.faces, qa, p)
+        base = crops["unpatched"]
+        for name, crop in crops.items():
+            metrics[name].append((q.psnr(crop, base, photo.mask), q.ssim(crop, base, photo.mask)))
+        per = ", ".join(
+            f"{k} {v[-1][0]:.1f} dB/{v[-1][1]:.3f}/{sum(timers[k].per_call[seen[k] :]):.1f}s"
+            for k, v in metrics.items()
+        )
+        print(f"#   [{i + 1}/{len(paths)}] {path.name}: PSNR/SSIM/U-Net cpu s {per}", flush=True)
+    rows = []
+    b = timers["unpatched"]
+    for name, *_ in variants:
+        t, ps = timers[name], np.array(metrics[name])
+        rows.append(
+            {
+                "variant": name,
+                "calls": t.calls,
+                "wall_s": t.wall,
+                "cpu_s": t.cpu,
+                "x_wall": b.wall / t.wall,
+                "x_cpu": b.cpu / t.cpu,
+                "psnr_mean": float(ps[:, 0].mean()),
+                "psnr_p5": float(np.percentile(ps[:, 0], 5)),
+                "ssim_mean": float(ps[:, 1].mean()),
+                "ssim_p5": float(np.percentile(ps[:, 1], 5)),
+            }
+        )
+    table(rows, quality=True)
+    print("# 100 dB = identical to unpatched; gate: PSNR mean >= 30 dB and SSIM mean >= 0.95")
+    return rows, used
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--comfyui", default=os.environ.get("COMFYUI_PATH", ""), help="ComfyUI checkout")
+    ap.add_argument("--part", default="both", choices=["speed", "calls", "quality", "both"])
+    ap.add_argument("--variants", default="tome,easycache,lazycache,ours-tokens,ours-cache,ours-both")
+    ap.add_argument("--cache", action="append", default=[], help=f"step-cache schedule_text (default {DEFAULT_CACHE})")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--denoise", type=float, default=0.45)
+    ap.add_argument("--cfg", type=float, default=7.0, help="speed part (the face model always runs cfg 1)")
+    ap.add_argument("--guide", type=int, default=512)
+    ap.add_argument("--frame", type=int, default=768, help="astronaut frame side for the speed part")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--faces", default="/work/data/fm256/heldout")
+    ap.add_argument("--limit", type=int, default=8)
+    ap.add_argument("--no-plan", action="store_true", help="run our variants without a token plan")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", default="", help="write {'speed': rows, 'quality': rows, 'settings': ...}")
+    a = ap.parse_args(argv)
+    if not a.comfyui:
+        ap.error("needs ComfyUI: --comfyui PATH or COMFYUI_PATH")
+    a.cache = a.cache or [DEFAULT_CACHE]
+    torch.set_num_threads(a.threads)
+    sys.path.insert(0, str(REPO / "devkit"))
+    import comfy_models
+    from pack_loader import load_pack
+
+    comfy_models.setup_comfy(a.comfyui, cpu=True, sdpa=True)
+    import comfy.utils
+
+    comfy.utils.PROGRESS_BAR_ENABLED = False
+    pack = load_pack()
+    which = {v.strip() for v in a.variants.split(",") if v.strip()}
+    out: dict[str, Any] = {"settings": {k: v for k, v in vars(a).items() if k != "comfyui"}}
+    out["settings"]["attention"] = comfy_models.attention_backend()
+    t0 = time.time()
+    run: dict[str, Callable[[], Any]] = {
+        "speed": lambda: speed_part(pack, a, which),
+        "quality": lambda: quality_part(pack, a, which),
+        "calls": lambda: calls_part(pack, a, which),
+    }
+    for part in ("speed", "quality") if a.part == "both" else (a.part,):
+        out[part] = run[part]()
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(out, indent=2, default=str))
+        print(f"wrote {a.json} ({time.time() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    with torch.inference_mode():
+        sys.exit(main())
