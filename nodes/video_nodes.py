@@ -40,7 +40,7 @@ class FaceTrack:
         "shake. Connect its tracks and the same video to VideoFaceFusion."
     )
     CATEGORY = "TokenFuse/video"
-    FUNCTION = "track"
+    FUNCTION = "track_and_show"
     RETURN_TYPES = ("FACE_TRACKS", "IMAGE", "STRING")
     RETURN_NAMES = ("face_tracks", "preview", "report")
     OUTPUT_TOOLTIPS = (
@@ -203,6 +203,11 @@ class FaceTrack:
             log.warning("FaceTrack: no face track in %s; VideoFaceFusion will copy it through", tracks.name)
         return tracks, preview, report
 
+    def track_and_show(self, **inputs: Any) -> dict[str, Any]:
+        """ComfyUI's entry point: track(), plus its report shown in the node (ui.text, web/tokenfuse_report.js)."""
+        result = self.track(**inputs)
+        return {"ui": {"text": [result[2]]}, "result": result}
+
 
 class VideoFaceFusion:
     DESCRIPTION = (
@@ -211,7 +216,7 @@ class VideoFaceFusion:
         "keeps frame count, timestamps and audio."
     )
     CATEGORY = "TokenFuse/video"
-    FUNCTION = "fuse"
+    FUNCTION = "fuse_and_show"
     RETURN_TYPES = ("VIDEO", "STRING")
     RETURN_NAMES = ("video", "report")
     OUTPUT_TOOLTIPS = (
@@ -381,6 +386,11 @@ class VideoFaceFusion:
             report += "\n" + "\n".join(sorted(set(notes)))
         log.info("%s", report.splitlines()[0])
         return video_glue.video_output(path), report
+
+    def fuse_and_show(self, **inputs: Any) -> dict[str, Any]:
+        """ComfyUI's entry point: fuse(), plus its report shown in the node (ui.text, web/tokenfuse_report.js)."""
+        result = self.fuse(**inputs)
+        return {"ui": {"text": [result[1]]}, "result": result}
 
 
 def make_refine(sf_args: dict[str, Any], backend: Any, crop_factor: float, notes: list[str]) -> Any:
