@@ -10,13 +10,13 @@ import logging
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
-from ..faces.types import DetectorBackend, FaceOrder
+from ..faces.types import DetectorBackend
 from .checks import checked_inputs
 from .glue import env, paths, ui
+from .input_specs import DetectDevice, build_selection, device_input, identity_inputs, selection_inputs
 
 log = logging.getLogger(__name__)
 
-DetectDevice = Literal["cpu", "auto"]
 PreviewLevel = Literal["8", "16", "32", "64"]
 
 _BACKEND_TIP = (
@@ -85,48 +85,7 @@ class FaceDetect:
             "required": {
                 "image": ("IMAGE", {"tooltip": "Frames to search (a batch is processed frame by frame)."}),
                 "backend": (list(get_args(DetectorBackend)), {"default": "auto", "tooltip": _BACKEND_TIP}),
-                "score_threshold": (
-                    "FLOAT",
-                    {
-                        "default": 0.5,
-                        "min": 0.05,
-                        "max": 1.0,
-                        "step": 0.01,
-                        "tooltip": "Minimum detector confidence. Lower finds small or side "
-                        "faces but adds false positives; 0.5 suits most photos.",
-                    },
-                ),
-                "order": (
-                    list(get_args(FaceOrder)),
-                    {"default": "large-small", "tooltip": "Order of the faces before indices / max_faces."},
-                ),
-                "indices": (
-                    "STRING",
-                    {
-                        "default": "",
-                        "tooltip": "Face positions to keep after ordering, e.g. '0' or "
-                        "'0,2' or '-1'; empty = all faces.",
-                    },
-                ),
-                "max_faces": (
-                    "INT",
-                    {
-                        "default": 0,
-                        "min": 0,
-                        "max": 64,
-                        "tooltip": "Keep at most this many faces per frame (0 = no limit).",
-                    },
-                ),
-                "min_face_size": (
-                    "INT",
-                    {
-                        "default": 0,
-                        "min": 0,
-                        "max": 4096,
-                        "tooltip": "Ignore faces whose box is smaller than this (pixels, shorter "
-                        "side). Tiny faces gain little from diffusion refinement.",
-                    },
-                ),
+                **selection_inputs("face"),
                 "crop_size": (
                     "INT",
                     {
@@ -161,43 +120,10 @@ class FaceDetect:
                         "for small faces in large frames.",
                     },
                 ),
-                "device": (
-                    list(get_args(DetectDevice)),
-                    {
-                        "default": "cpu",
-                        "tooltip": "cpu leaves VRAM to the diffusion model; auto "
-                        "uses CUDA when onnxruntime-gpu is installed.",
-                    },
-                ),
+                "device": device_input("face"),
             },
             "optional": {
-                "model_name": (
-                    "STRING",
-                    {
-                        "default": "",
-                        "tooltip": "yunet: ONNX file in models/facedetection; "
-                        "insightface: pack name (default buffalo_l). "
-                        "Names resolve inside the model folders only. Empty = default.",
-                    },
-                ),
-                "reference_faces": (
-                    "FACES",
-                    {
-                        "tooltip": "Keep only faces similar to the first embedded face here "
-                        "(needs insightface embeddings on both sides)."
-                    },
-                ),
-                "similarity_threshold": (
-                    "FLOAT",
-                    {
-                        "default": 0.3,
-                        "min": -1.0,
-                        "max": 1.0,
-                        "step": 0.01,
-                        "tooltip": "ArcFace cosine similarity needed to match the "
-                        "reference; 0.3-0.4 is the same person.",
-                    },
-                ),
+                **identity_inputs("face"),
                 "frame_smoothing": (
                     "FLOAT",
                     {
@@ -240,19 +166,13 @@ class FaceDetect:
         from ..faces.analyse import AlignOptions, detect_batch, load_backend
         from ..faces.draw import draw_faces, face_mask_image
         from ..faces.images import as_rgb_float, to_uint8
-        from ..faces.select import Selection, parse_indices
         from ..faces.types import FaceSet
 
         frames = as_rgb_float(image)
         b, h, w = frames.shape[:3]
-        sel = Selection(
-            order=cast(FaceOrder, order),
-            indices=None if (idx := parse_indices(indices)) is None else tuple(idx),
-            max_faces=max_faces,
-            min_size=float(min_face_size),
-            score_threshold=score_threshold,
-            reference=None if reference_faces is None else _reference_embedding(reference_faces),
-            similarity_threshold=similarity_threshold,
+        reference = None if reference_faces is None else _reference_embedding(reference_faces)
+        sel = build_selection(
+            order, indices, max_faces, min_face_size, score_threshold, reference, similarity_threshold
         )
         if b == 0:
             log.warning("FaceDetect got an empty batch: nothing to detect")
