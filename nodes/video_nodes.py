@@ -333,6 +333,12 @@ class VideoFaceFusion:
         )
         self.last_stats = stats  # for bench/video.py
         report = f"VideoFaceFusion ({mode}, guide {size}): {stats.summary()}"
+        w, h = face_tracks.width, face_tracks.height
+        if not stats.copied and (w % 2 or h % 2):
+            report += (
+                f"\nnote: {w}x{h} is odd: written as {w + w % 2}x{h + h % 2} with the edge row/column repeated "
+                "(H.264 yuv420p needs even sides; no input pixel is lost)"
+            )
         if notes:
             report += "\n" + "\n".join(sorted(set(notes)))
         log.info("%s", report.splitlines()[0])
