@@ -6,7 +6,7 @@ The workflows are loaded as shipped (real sizes: guide 512/1024, 20-25 steps), t
 `node tools/make_workflows.mjs shots`. No real weights exist here, so a test-only custom node folder (written to a
 temp dir, never into the repo) replaces CheckpointLoaderSimple's loading: the checkpoint names the workflows use
 exist as empty files (so the frontend and validation accept them) and load as seeded random-weight models of the
-family the name says (SD1.5 or SDXL architecture, width 32, bench/comfy_models), a random SD VAE (width 32) and a
+family the name says (SD1.5 or SDXL architecture, width 32, devkit/comfy_models), a random SD VAE (width 32) and a
 CLIP stand-in giving seeded random conditioning. GFPGANv1.4.pth is spandrel's GFPGAN with random weights;
 inswapper_128.onnx / w600k_r50.onnx are tests/test_swap.py's synthetic models. Photos: skimage's public-domain
 astronaut under the workflows' file names, three of them side by side as the group photo, and for the video workflow
@@ -48,9 +48,9 @@ import sys
 
 import nodes
 
-BENCH = {bench!r}
-if BENCH not in sys.path:
-    sys.path.insert(0, BENCH)
+DEVKIT = {devkit!r}
+if DEVKIT not in sys.path:
+    sys.path.insert(0, DEVKIT)
 _cache = {{}}
 
 
@@ -71,10 +71,9 @@ def _load_random(self, ckpt_name):
     family = "sdxl" if "xl" in ckpt_name.lower() else "sd15"
     if family not in _cache:
         import comfy_models
-        import fusion
 
         _cache[family] = (comfy_models.build_model(family, model_channels=32, tiny=True, seed=0),
-                          _ClipStandIn(family), fusion.build_vae(ch=32, seed=0))
+                          _ClipStandIn(family), comfy_models.build_vae(ch=32, seed=0))
     return _cache[family]
 
 
@@ -129,7 +128,7 @@ def editor_server(comfy_server_factory, tmp_path_factory: pytest.TempPathFactory
     base = tmp_path_factory.mktemp("editor_base")
     pack = tmp_path_factory.mktemp("editor_pack") / TEST_PACK
     pack.mkdir()
-    (pack / "__init__.py").write_text(RANDOM_CHECKPOINTS.format(bench=str(REPO / "bench")), encoding="utf-8")
+    (pack / "__init__.py").write_text(RANDOM_CHECKPOINTS.format(devkit=str(REPO / "devkit")), encoding="utf-8")
     models = base / "models"
     for sub in ("checkpoints", "facerestore_models", "insightface"):
         (models / sub).mkdir(parents=True)
