@@ -46,14 +46,16 @@ def copyable_subtitles(streams: list[Any] | tuple[Any, ...], fmt: str, name: str
         if codec in _SUBTITLE_CODECS.get(fmt, set()):
             keep.append(st)
         else:
+            fix = f" (use .mkv for {codec})" if fmt != "matroska" else ""
+            held = "/".join(sorted(_SUBTITLE_CODECS.get(fmt, set()))) or "no"
             log.warning(
-                "%s: subtitle stream #%d (%s) is not copied: a %s file holds %s subtitles only (use .mkv for %s)",
+                "%s: subtitle stream #%d (%s) is not copied: a %s file holds %s subtitles only%s",
                 name,
                 st.index,
                 codec,
                 fmt,
-                "/".join(sorted(_SUBTITLE_CODECS.get(fmt, set()))) or "no",
-                codec,
+                held,
+                fix,
             )
     return keep
 
