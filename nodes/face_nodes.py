@@ -10,10 +10,11 @@ import logging
 from pathlib import Path
 from typing import Any, cast, get_args
 
-from ..faces.types import DetectorBackend, FaceOrder
+from ..faces.types import DetectorBackend
 from ..scheduling.vocabulary import LEVELS, Device
 from .checks import checked_inputs
 from .glue import env, paths, ui
+from .input_specs import build_selection, device_input, identity_inputs, selection_inputs
 
 log = logging.getLogger(__name__)
 
@@ -83,48 +84,7 @@ class FaceDetect:
             "required": {
                 "image": ("IMAGE", {"tooltip": "Frames to search (a batch is processed frame by frame)."}),
                 "backend": (list(get_args(DetectorBackend)), {"default": "auto", "tooltip": _BACKEND_TIP}),
-                "score_threshold": (
-                    "FLOAT",
-                    {
-                        "default": 0.5,
-                        "min": 0.05,
-                        "max": 1.0,
-                        "step": 0.01,
-                        "tooltip": "Minimum detector confidence. Lower finds small or side "
-                        "faces but adds false positives; 0.5 suits most photos.",
-                    },
-                ),
-                "order": (
-                    list(get_args(FaceOrder)),
-                    {"default": "large-small", "tooltip": "Order of the faces before indices / max_faces."},
-                ),
-                "indices": (
-                    "STRING",
-                    {
-                        "default": "",
-                        "tooltip": "Face positions to keep after ordering, e.g. '0' or "
-                        "'0,2' or '-1'; empty = all faces.",
-                    },
-                ),
-                "max_faces": (
-                    "INT",
-                    {
-                        "default": 0,
-                        "min": 0,
-                        "max": 64,
-                        "tooltip": "Keep at most this many faces per frame (0 = no limit).",
-                    },
-                ),
-                "min_face_size": (
-                    "INT",
-                    {
-                        "default": 0,
-                        "min": 0,
-                        "max": 4096,
-                        "tooltip": "Ignore faces whose box is smaller than this (pixels, shorter "
-                        "side). Tiny faces gain little from diffusion refinement.",
-                    },
-                ),
+                **selection_inputs("face"),
                 "crop_size": (
                     "INT",
                     {
@@ -159,41 +119,22 @@ class FaceDetect:
                         "for small faces in large frames.",
                     },
                 ),
-                "device": (
-                    list(get_args(Device)),
-                    {
-                        "default": "cpu",
-                        "tooltip": "cpu leaves VRAM to the diffusion model; auto "
-                        "uses CUDA when onnxruntime-gpu is installed.",
-                    },
-                ),
+                "device": device_input("face"),
             },
             "optional": {
-                "model_name": (
-                    "STRING",
-                    {
-                        "default": "",
-                        "tooltip": "yunet: ONNX file in models/facedetection; "
-                        "insightface: pack name (default buffalo_l). "
-                        "Names resolve inside the model folders only. Empty = default.",
-                    },
-                ),
-                "reference_faces": (
-                    "FACES",
-                    {
-                        "tooltip": "Keep only faces similar to the first embedded face here "
-                        "(needs insightface embeddings on both sides)."
-                    },
-                ),
-                "similarity_threshold": (
+                **identity_inputs("face"),
+                "frame_smoothing": (
                     "FLOAT",
                     {
-                        "default": 0.3,
-                        "min": -1.0,
-                        "max": 1.0,
-                        "step": 0.01,
-                        "tooltip": "ArcFace cosine similarity needed to match the "
-                        "reference; 0.3-0.4 is the same person.",
+                        "default": 2.0,
+                        "min": 0.0,
+                        "max": 30.0,
+                        "step": 0.5,
+                        "tooltip": "For a batch of video frames: faces are linked across consecutive frames of one "
+                        "shot (the same people kept in every frame, in the same order, missed frames filled) and "
+                        "each face's alignment is smoothed over time with this sigma in frames (2-4 stops the crop "
+                        "shaking; no lag). Frames that do not continue the previous one (unrelated photos, a cut) "
+                        "are never linked. 0 = every frame on its own.",
                     },
                 ),
             },
@@ -216,6 +157,7 @@ class FaceDetect:
         model_name: str = "",
         reference_faces: Any = None,
         similarity_threshold: float = 0.3,
+        frame_smoothing: float = 2.0,
     ) -> tuple:
         import numpy as np
         import torch
@@ -223,19 +165,13 @@ class FaceDetect:
         from ..faces.analyse import AlignOptions, detect_batch, load_backend
         from ..faces.draw import draw_faces, face_mask_image
         from ..faces.images import as_rgb_float, to_uint8
-        from ..faces.select import Selection, parse_indices
         from ..faces.types import FaceSet
 
         frames = as_rgb_float(image)
         b, h, w = frames.shape[:3]
-        sel = Selection(
-            order=cast(FaceOrder, order),
-            indices=None if (idx := parse_indices(indices)) is None else tuple(idx),
-            max_faces=max_faces,
-            min_size=float(min_face_size),
-            score_threshold=score_threshold,
-            reference=None if reference_faces is None else _reference_embedding(reference_faces),
-            similarity_threshold=similarity_threshold,
+        reference = None if reference_faces is None else _reference_embedding(reference_faces)
+        sel = build_selection(
+            order, indices, max_faces, min_face_size, score_threshold, reference, similarity_threshold
         )
         if b == 0:
             log.warning("FaceDetect got an empty batch: nothing to detect")
@@ -249,15 +185,13 @@ class FaceDetect:
             )
         u8 = np.stack([to_uint8(f) for f in frames])
         bar = env.progress_bar(b)
-        faceset = detect_batch(
-            u8,
-            detector,
-            embedder,
-            sel,
-            AlignOptions(crop_size, crop_factor),
-            detect_size,
-            on_frame=lambda: bar.update(1),
-        )
+        align = AlignOptions(crop_size, crop_factor)
+        linked = _detect_linked(u8, detector, embedder, sel, align, detect_size, frame_smoothing, bar)
+        if linked is not None:
+            faceset, link_note = FaceSet(image_size=(h, w), faces=linked[0]), f"; {linked[1].summary()}"
+        else:
+            link_note = ""
+            faceset = detect_batch(u8, detector, embedder, sel, align, detect_size, on_frame=lambda: bar.update(1))
         ran = backend if detector.name == backend else f"{backend}: {detector.name}"  # "auto: mtcnn"
         empty = sum(1 for f in faceset.faces if not f)
         if empty:
@@ -268,8 +202,28 @@ class FaceDetect:
                 drawn = draw_faces(u8[i], faceset.faces[i], f"detector: {detector.name}")
                 preview[i] = torch.from_numpy(drawn).float() / 255
         mask = torch.from_numpy(np.stack([face_mask_image(h, w, faceset.faces[i]) for i in range(b)]))
-        log.info("FaceDetect (%s): %d face(s) in %d frame(s)", ran, faceset.count, b)
+        log.info("FaceDetect (%s): %d face(s) in %d frame(s)%s", ran, faceset.count, b, link_note)
         return faceset, preview, mask
+
+
+def _detect_linked(
+    u8: Any, detector: Any, embedder: Any, sel: Any, align: Any, detect_size: int, sigma: float, bar: Any
+) -> tuple[Any, Any] | None:
+    """(faces per frame, link report) when some consecutive frames of the batch form one shot and frame_smoothing
+    is on; None = the photo path (every frame on its own), e.g. a batch of unrelated photos (video/batch_faces.py)."""
+    if sigma <= 0 or len(u8) < 2:
+        return None
+    from ..video.batch_faces import BatchLinkOptions, detect_linked, shot_starts
+    from ..video.tracks import make_detect
+
+    opts = BatchLinkOptions(sigma_frames=sigma)
+    starts = shot_starts(list(u8), opts)
+    if len(starts) == len(u8) - 1:
+        return None
+    detect = make_detect(detector, detect_size, sel.score_threshold, embedder)
+    return detect_linked(
+        u8, starts, detect, sel, align.crop_size, align.crop_factor, align.feather, opts, lambda: bar.update(1)
+    )
 
 
 class PatchTokenize:

@@ -20,6 +20,7 @@ from ..scheduling.keys import PLAN_KEY, PRESET_KEY
 from ..scheduling.vocabulary import PRESET_ORDER
 from .checks import checked_inputs
 from .glue import env, paths, sampling
+from .input_specs import seed_input
 from .model_patching import _transformer_option, repatch_with_preset, strip_tokenfuse
 
 log = logging.getLogger(__name__)
@@ -81,16 +82,7 @@ class ScheduledFusion:
                 "negative": ("CONDITIONING", {"tooltip": "Negative conditioning for the faces."}),
                 "image": ("IMAGE", {"tooltip": "The frames the FACES were detected on."}),
                 "faces": ("FACES", {"tooltip": "Faces from FaceDetect (or PatchTokenize) on the same frames."}),
-                "seed": (
-                    "INT",
-                    {
-                        "default": 0,
-                        "min": 0,
-                        "max": 0xFFFFFFFFFFFFFFFF,
-                        "control_after_generate": True,
-                        "tooltip": "Base seed; face k (frame-major order) uses seed + k, stable across reruns.",
-                    },
-                ),
+                "seed": seed_input("Base seed; face k (frame-major order) uses seed + k, stable across reruns."),
                 "steps": (
                     "INT",
                     {

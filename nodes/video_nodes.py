@@ -13,12 +13,13 @@ import logging
 from dataclasses import replace
 from typing import Any, Literal, get_args
 
-from ..faces.types import DetectorBackend, FaceOrder
+from ..faces.types import DetectorBackend
 from ..video.encode import Preset
 from .checks import checked_inputs
 from .face_nodes import _BACKEND_TIP, _folders, _reference_embedding
 from .glue import env
 from .glue import video as video_glue
+from .input_specs import build_selection, device_input, identity_inputs, seed_input, selection_inputs
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class FaceTrack:
         "shake. Connect its tracks and the same video to VideoFaceFusion."
     )
     CATEGORY = "TokenFuse/video"
-    FUNCTION = "track"
+    FUNCTION = "track_and_show"
     RETURN_TYPES = ("FACE_TRACKS", "IMAGE", "STRING")
     RETURN_NAMES = ("face_tracks", "preview", "report")
     OUTPUT_TOOLTIPS = (
@@ -56,23 +57,7 @@ class FaceTrack:
             "required": {
                 "video": ("VIDEO", {"tooltip": "The video (core Load Video node); streamed, never decoded whole."}),
                 "backend": (list(get_args(DetectorBackend)), {"default": "auto", "tooltip": _BACKEND_TIP}),
-                "score_threshold": _float(0.5, 0.05, 1.0, 0.01, "Minimum detector confidence (0.5 suits most clips)."),
-                "order": (
-                    list(get_args(FaceOrder)),
-                    {"default": "large-small", "tooltip": "Order of each scene's tracks before indices / max_faces."},
-                ),
-                "indices": (
-                    "STRING",
-                    {
-                        "default": "",
-                        "tooltip": "Track positions to keep in each scene after ordering, e.g. '0' (the main face) "
-                        "or '0,1'; empty = all tracks.",
-                    },
-                ),
-                "max_faces": _int(0, 0, 64, "Keep at most this many tracks per scene (0 = no limit)."),
-                "min_face_size": _int(
-                    0, 0, 4096, "Ignore tracks whose median box is smaller (px, shorter side); tiny faces gain little."
-                ),
+                **selection_inputs("track"),
                 "detect_size": _int(
                     480,
                     0,
@@ -100,30 +85,9 @@ class FaceTrack:
                 "crop_factor": _float(
                     1.0, 1.0, 4.0, 0.05, "Zoom out around the face in the aligned crop (1 = FFHQ framing)."
                 ),
-                "device": (
-                    ["cpu", "auto"],
-                    {
-                        "default": "cpu",
-                        "tooltip": "cpu leaves VRAM to diffusion; auto uses onnxruntime-gpu if present.",
-                    },
-                ),
+                "device": device_input("track"),
             },
-            "optional": {
-                "model_name": (
-                    "STRING",
-                    {"default": "", "tooltip": "yunet file / insightface pack name (empty = default), as FaceDetect."},
-                ),
-                "reference_faces": (
-                    "FACES",
-                    {
-                        "tooltip": "Keep only tracks of this person (FaceDetect with insightface embeddings on the "
-                        "reference image; this node then needs the insightface backend too)."
-                    },
-                ),
-                "similarity_threshold": _float(
-                    0.3, -1.0, 1.0, 0.01, "ArcFace similarity to the reference needed (0.3-0.4 = same person)."
-                ),
-            },
+            "optional": identity_inputs("track"),
         }
 
     @checked_inputs()
@@ -149,7 +113,6 @@ class FaceTrack:
         import torch
 
         from ..faces.analyse import load_backend
-        from ..faces.select import Selection, parse_indices
         from ..video.decode import probe
         from ..video.preview import draw_tracks, fit_width, preview_indices
         from ..video.track_pass import TrackOptions, track_video
@@ -157,14 +120,9 @@ class FaceTrack:
 
         source = video_glue.stream_source(video)
         info = probe(source)
-        sel = Selection(
-            order=order,  # type: ignore[arg-type]
-            indices=None if (idx := parse_indices(indices)) is None else tuple(idx),
-            max_faces=max_faces,
-            min_size=float(min_face_size),
-            score_threshold=score_threshold,
-            reference=None if reference_faces is None else _reference_embedding(reference_faces),
-            similarity_threshold=similarity_threshold,
+        reference = None if reference_faces is None else _reference_embedding(reference_faces)
+        sel = build_selection(
+            order, indices, max_faces, min_face_size, score_threshold, reference, similarity_threshold
         )
         folders, name = _folders(backend, model_name.strip())
         detector, embedder = load_backend(backend, folders, name, device)  # type: ignore[arg-type]
@@ -204,6 +162,11 @@ class FaceTrack:
             log.warning("FaceTrack: no face track in %s; VideoFaceFusion will copy it through", tracks.name)
         return tracks, preview, report
 
+    def track_and_show(self, **inputs: Any) -> dict[str, Any]:
+        """ComfyUI's entry point: track(), plus its report shown in the node (ui.text, web/tokenfuse_report.js)."""
+        result = self.track(**inputs)
+        return {"ui": {"text": [result[2]]}, "result": result}
+
 
 class VideoFaceFusion:
     DESCRIPTION = (
@@ -212,7 +175,7 @@ class VideoFaceFusion:
         "keeps frame count, timestamps and audio."
     )
     CATEGORY = "TokenFuse/video"
-    FUNCTION = "fuse"
+    FUNCTION = "fuse_and_show"
     RETURN_TYPES = ("VIDEO", "STRING")
     RETURN_NAMES = ("video", "report")
     OUTPUT_TOOLTIPS = (
@@ -234,16 +197,9 @@ class VideoFaceFusion:
                 "vae": req["vae"],
                 "positive": req["positive"],
                 "negative": req["negative"],
-                "seed": (
-                    "INT",
-                    {
-                        "default": 0,
-                        "min": 0,
-                        "max": 0xFFFFFFFFFFFFFFFF,
-                        "control_after_generate": True,
-                        "tooltip": "Track i uses seed + i on every one of its frames (the same noise along a track "
-                        "keeps the refinement steady).",
-                    },
+                "seed": seed_input(
+                    "Track i uses seed + i on every one of its frames (the same noise along a track keeps the "
+                    "refinement steady)."
                 ),
                 "steps": req["steps"],
                 "cfg": req["cfg"],
@@ -378,10 +334,21 @@ class VideoFaceFusion:
         )
         self.last_stats = stats  # for bench/video.py
         report = f"VideoFaceFusion ({mode}, guide {size}): {stats.summary()}"
+        w, h = face_tracks.width, face_tracks.height
+        if not stats.copied and (w % 2 or h % 2):
+            report += (
+                f"\nnote: {w}x{h} is odd: written as {w + w % 2}x{h + h % 2} with the edge row/column repeated "
+                "(H.264 yuv420p needs even sides; no input pixel is lost)"
+            )
         if notes:
             report += "\n" + "\n".join(sorted(set(notes)))
         log.info("%s", report.splitlines()[0])
         return video_glue.video_output(path), report
+
+    def fuse_and_show(self, **inputs: Any) -> dict[str, Any]:
+        """ComfyUI's entry point: fuse(), plus its report shown in the node (ui.text, web/tokenfuse_report.js)."""
+        result = self.fuse(**inputs)
+        return {"ui": {"text": [result[1]]}, "result": result}
 
 
 def make_refine(sf_args: dict[str, Any], backend: Any, crop_factor: float, notes: list[str]) -> Any:

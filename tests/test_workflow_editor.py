@@ -19,9 +19,7 @@ from tokenfuse.nodes import NODE_CLASS_MAPPINGS
 from tokenfuse.nodes.enhance_node import NO_MODEL
 
 REPO = Path(__file__).resolve().parents[1]
-# The photo workflows; the video workflow (issue 9) was generated before the after-run layout and card tooling and is
-# checked by tests/test_workflows.py only until it is regenerated with `make_workflows.mjs shots` (noted in issue 9).
-WORKFLOWS = sorted(p for p in (REPO / "workflows").glob("*.json") if "_video_" not in p.name)
+WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))  # the photo workflows and the video workflow (issue 9)
 ids = [p.stem for p in WORKFLOWS]
 TITLE_H = 30  # LiteGraph.NODE_TITLE_HEIGHT in comfyui-frontend-package 1.27
 # What comfyui-frontend-package 1.27.x downloads from a node's properties.models without asking (MissingModelsWarning)
@@ -83,9 +81,10 @@ def test_gfpgan_file_named_alike_in_workflows_and_messages() -> None:
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=ids)
 def test_face_detect_uses_the_node_default_backend(path: Path) -> None:
-    default = NODE_CLASS_MAPPINGS["TokenFuseFaceDetect"].INPUT_TYPES()["required"]["backend"][1]["default"]
-    for node in _nodes(path, "TokenFuseFaceDetect"):
-        assert node["widgets_values"][0] == default, "tools/workflow_specs.mjs must not pin a FaceDetect backend"
+    for node_type in ("TokenFuseFaceDetect", "TokenFuseFaceTrack"):
+        default = NODE_CLASS_MAPPINGS[node_type].INPUT_TYPES()["required"]["backend"][1]["default"]
+        for node in _nodes(path, node_type):
+            assert node["widgets_values"][0] == default, f"tools/workflow_specs*.mjs must not pin a {node_type} backend"
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=ids)
@@ -100,6 +99,11 @@ def test_layout_leaves_room_for_after_run_sizes(path: Path) -> None:
                 f"{ia}:{ta} overlaps {ib}:{tb}"
             )
     sizes = {n["type"]: n["size"] for n in nodes}
+    if "_video_" in path.name:
+        # room for what a run adds: the tracked-faces grid, the playing result, the two report panels
+        assert sizes["PreviewImage"][1] >= 400 and sizes["SaveVideo"][1] >= 400 and sizes["LoadVideo"][1] >= 380
+        assert sizes["TokenFuseFaceTrack"][1] >= 480 and sizes["TokenFuseVideoFaceFusion"][1] >= 620
+        return
     # room for what a run adds: the photo previews, the plan preview + saving, the report panel
     assert sizes["PreviewImage"][1] >= 400 and sizes["SaveImage"][1] >= 400
     assert sizes["TokenFusePatchTokenize"][1] >= 600 and sizes["TokenFuseScheduledFusion"][1] >= 650

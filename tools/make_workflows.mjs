@@ -13,7 +13,8 @@
 //                                                                       picture (copy it to workflows/<name>.jpg)
 //        (shots needs the server to have the models the workflows name, e.g. random weights; see
 //         tests/integration/test_editor_after_run.py. For CPU speed the QUEUED prompt samples small: ScheduledFusion
-//         steps 2, guide/max size 64, FaceDetect crop 128; the editor keeps showing the workflow's own settings.)
+//         steps 2, guide/max size 64, FaceDetect crop 128, VideoFaceFusion steps 2, guide 64, crf 23 ultrafast; the
+//         editor keeps showing the workflow's own settings.)
 // The server must have this pack loaded (see README "Workflows"). Graphs are built with LiteGraph.createNode and
 // node.connect in the page, never by writing widget lists by hand.
 // env: PLAYWRIGHT_CORE_DIR (folder with node_modules/playwright-core), CHROMIUM (default /usr/bin/chromium)
@@ -177,6 +178,7 @@ async function runOne(page, name, workflow, shot, timeoutMs, spec) {
       for (const node of Object.values(p.output)) {
         if (node.class_type === "TokenFuseScheduledFusion") Object.assign(node.inputs, { steps: 2, guide_size: 64, max_size: 64 });
         if (node.class_type === "TokenFuseFaceDetect") node.inputs.crop_size = 128;
+        if (node.class_type === "TokenFuseVideoFaceFusion") Object.assign(node.inputs, { steps: 2, guide_size: 64, crf: 23, preset: "ultrafast" });
       }
       await api.queuePrompt(0, p);
     } catch (err) {
@@ -200,7 +202,8 @@ async function runOne(page, name, workflow, shot, timeoutMs, spec) {
   await page.waitForTimeout(700);
   await page.screenshot({ path: shot });
   // Close-ups of the nodes that draw their own panels, at 130 % (text readable in the screenshot).
-  for (const type of ["TokenFuseTokenSchedulerController", "TokenFuseScheduledFusion", "TokenFusePatchTokenize", "TokenFuseBlend"]) {
+  for (const type of ["TokenFuseTokenSchedulerController", "TokenFuseScheduledFusion", "TokenFusePatchTokenize", "TokenFuseBlend",
+    "TokenFuseFaceTrack", "TokenFuseVideoFaceFusion"]) {
     if (await zoomTo(page, type)) await page.screenshot({ path: shot.replace(/\.png$/, `__${type.replace("TokenFuse", "")}.png`) });
   }
   await fitView(page);
@@ -216,6 +219,36 @@ async function runOne(page, name, workflow, shot, timeoutMs, spec) {
 async function resultCard(page, card, file) {
   const b64 = await page.evaluate(async ([card, size]) => {
     const { app } = window;
+    const tracked = app.graph.nodes.find((n) => n.type === "PreviewImage" && n.title === "Tracked faces")?.imgs ?? [];
+    if (tracked.length) {
+      // the video workflow: FaceTrack's frames with the followed face drawn, and its crop jitter raw -> smoothed
+      const trackNode = app.graph.nodes.find((n) => n.type === "TokenFuseFaceTrack");
+      const jitter = /crop jitter ([\d.]+) -> ([\d.]+)/.exec(app.nodeOutputs?.[String(trackNode?.id)]?.text?.[0] ?? "");
+      const c = document.createElement("canvas");
+      c.width = c.height = size;
+      const g = c.getContext("2d");
+      g.fillStyle = "#202128";
+      g.fillRect(0, 0, size, size);
+      g.fillStyle = "#f2f2f2";
+      g.font = "bold 40px sans-serif";
+      g.fillText(card.title, 24, 58);
+      g.fillStyle = "#b9c3d6";
+      g.font = "23px sans-serif";
+      g.fillText(card.subtitle, 24, 94);
+      const top = 122, pad = 24, gap = 12, caption = 34, cols = 2, rows = 2;
+      const w = (size - 2 * pad - gap * (cols - 1)) / cols, h = (size - top - pad - caption - gap * (rows - 1)) / rows;
+      const shown = [0, 2, 3, 5].map((i) => tracked[Math.min(i, tracked.length - 1)]);
+      shown.forEach((img, k) => {
+        const x = pad + (k % cols) * (w + gap), y = top + Math.floor(k / cols) * (h + gap);
+        const s = Math.min(w / img.naturalWidth, h / img.naturalHeight);
+        const dw = img.naturalWidth * s, dh = img.naturalHeight * s;
+        g.drawImage(img, x + (w - dw) / 2, y + (h - dh) / 2, dw, dh);
+      });
+      g.fillStyle = "#d8d8d8";
+      g.font = "20px sans-serif";
+      g.fillText(jitter ? `face tracked · crop jitter ${jitter[1]} -> ${jitter[2]} px/frame²` : "face tracked", pad, size - pad);
+      return c.toDataURL("image/jpeg", 0.86).split(",")[1];
+    }
     const faces = app.graph.nodes.find((n) => n.type === "PreviewImage" && n.title === "Detected faces")?.imgs?.[0];
     const planNode = app.graph.nodes.find((n) => n.type === "TokenFusePatchTokenize");
     const plan = planNode?.imgs?.[0];

@@ -112,9 +112,11 @@ def probe(source: Source) -> VideoInfo:
 class VideoReader:
     """Iterate decoded frames of the first video stream, in presentation order, as upright RGB uint8.
 
-    With keep_audio the audio packets met while demuxing are queued (no decoding) for `pop_audio`, so a writer
-    can copy them without a second pass over the input. Errors while decoding raise VideoReadError naming the
-    input and the frame; a stream that ends early (a truncated file) ends the iteration and `truncated` says so.
+    With keep_audio the audio and subtitle packets met while demuxing are queued (no decoding) for `pop_audio`, so
+    a writer can copy them without a second pass over the input; data and attachment streams (timecode, telemetry,
+    fonts) and further video streams are not copied, and a warning names them. Errors while decoding raise
+    VideoReadError naming the input and the frame; a stream that ends early (a truncated file) ends the iteration
+    and `truncated` says so.
 
         with VideoReader(path) as reader:
             for frame in reader: ...
@@ -126,6 +128,18 @@ class VideoReader:
         self.video = self.container.streams.video[0]
         self.video.thread_type = "AUTO"
         self.audio = list(self.container.streams.audio) if keep_audio else []
+        self.subtitles = list(self.container.streams.subtitles) if keep_audio else []
+        if keep_audio:
+            left = [
+                st
+                for st in self.container.streams
+                if st.type not in ("audio", "subtitle") and st.index != self.video.index
+            ]
+            for st in left:
+                codec = getattr(getattr(st, "codec_context", None), "name", None) or "unknown codec"
+                log.warning(
+                    "video %s: stream #%d (%s, %s) is not copied to the output", self.name, st.index, st.type, codec
+                )
         self.time_base = Fraction(self.video.time_base or Fraction(1, 90000))
         self.frames_read = 0
         self._audio_queue: list[Any] = []
@@ -150,7 +164,7 @@ class VideoReader:
         return n is not None and self.frames_read < n
 
     def pop_audio(self) -> list[Any]:
-        """The audio packets demuxed so far and not yet taken (av.Packet, their stream is an input stream)."""
+        """The audio and subtitle packets demuxed so far and not yet taken (av.Packet of an input stream)."""
         out, self._audio_queue = self._audio_queue, []
         return out
 
@@ -158,8 +172,8 @@ class VideoReader:
         import av
 
         try:
-            for packet in self.container.demux(self.video, *self.audio):
-                if packet.stream.type == "audio":
+            for packet in self.container.demux(self.video, *self.audio, *self.subtitles):
+                if packet.stream.type in ("audio", "subtitle"):
                     if packet.dts is not None:  # flush packets carry no data
                         self._audio_queue.append(packet)
                     continue

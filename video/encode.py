@@ -6,6 +6,8 @@
   packets without dts skipped).
 - yuv420p needs even width and height: an odd size is padded by one replicated row/column (logged), since libx264
   refuses odd sizes for 4:2:0 and players expect 4:2:0.
+- Subtitle streams are copied packet by packet too when the output container can hold their codec (MP4/MOV:
+  mov_text; Matroska: the text and bitmap subtitle codecs); otherwise a warning names the stream it leaves out.
 - The file is written under a temporary name and renamed only by `finish()`: a cancelled or failed run leaves no
   file that looks finished (the temporary one is deleted).
 """
@@ -28,6 +30,34 @@ log = logging.getLogger(__name__)
 Preset = Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow"]
 PRESETS: tuple[str, ...] = get_args(Preset)
 _FORMATS = {".mp4": "mp4", ".m4v": "mp4", ".mov": "mov", ".mkv": "matroska"}
+# Subtitle codecs each output container takes as they are (ffmpeg's mp4/mov muxer takes mov_text only).
+_SUBTITLE_CODECS = {
+    "mp4": {"mov_text"},
+    "mov": {"mov_text"},
+    "matroska": {"ass", "ssa", "subrip", "srt", "webvtt", "text", "dvd_subtitle", "hdmv_pgs_subtitle", "dvb_subtitle"},
+}
+
+
+def copyable_subtitles(streams: list[Any] | tuple[Any, ...], fmt: str, name: str) -> list[Any]:
+    """The input subtitle streams an output of container format `fmt` can hold; a warning names each other one."""
+    keep = []
+    for st in streams:
+        codec = st.codec_context.name
+        if codec in _SUBTITLE_CODECS.get(fmt, set()):
+            keep.append(st)
+        else:
+            fix = f" (use .mkv for {codec})" if fmt != "matroska" else ""
+            held = "/".join(sorted(_SUBTITLE_CODECS.get(fmt, set()))) or "no"
+            log.warning(
+                "%s: subtitle stream #%d (%s) is not copied: a %s file holds %s subtitles only%s",
+                name,
+                st.index,
+                codec,
+                fmt,
+                held,
+                fix,
+            )
+    return keep
 
 
 class VideoWriteError(RuntimeError):
@@ -81,6 +111,7 @@ class VideoWriter:
         time_base: Fraction,
         audio_streams: list[Any] | tuple[Any, ...] = (),
         options: EncodeOptions = EncodeOptions(),
+        subtitle_streams: list[Any] | tuple[Any, ...] = (),
     ) -> None:
         import av
 
@@ -97,6 +128,7 @@ class VideoWriter:
         self.rate = Fraction(rate) if rate else Fraction(30)
         self.frames_written = 0
         self.audio_packets = 0
+        self.subtitle_packets = 0
         self._last_pts: int | None = None
         self._done = False
         if width % 2 or height % 2:
@@ -118,7 +150,7 @@ class VideoWriter:
             self.stream.codec_context.time_base = self.time_base
             self.stream.options = {"crf": str(int(options.crf)), "preset": options.preset}
             self._audio_map = {}
-            for a in audio_streams:
+            for a in [*audio_streams, *copyable_subtitles(subtitle_streams, fmt, self.path.name)]:
                 self._audio_map[a.index] = self.container.add_stream_from_template(a)
         except Exception:
             self._abort()
@@ -157,14 +189,19 @@ class VideoWriter:
         self.frames_written += 1
 
     def mux_audio(self, packets: list[Any]) -> None:
-        """Copy input audio packets (from VideoReader.pop_audio) unchanged; packets without dts are skipped."""
+        """Copy input audio and subtitle packets (from VideoReader.pop_audio) unchanged; packets without dts are
+        skipped."""
         for packet in packets:
             out = self._audio_map.get(packet.stream.index)
             if out is None or packet.dts is None:
                 continue
+            kind = packet.stream.type
             packet.stream = out
             self.container.mux(packet)
-            self.audio_packets += 1
+            if kind == "audio":
+                self.audio_packets += 1
+            else:
+                self.subtitle_packets += 1
 
     def finish(self) -> Path:
         """Flush the encoder, close the file and give it its final name. Returns the path."""
@@ -200,7 +237,7 @@ def remux_copy(source: Any, path: str | os.PathLike[str]) -> Path:
     opts = {"movflags": "+faststart"} if fmt in ("mp4", "mov") else {}
     try:
         with av.open(str(tmp), "w", format=fmt, options=opts) as out:
-            streams = [source.video, *source.audio]
+            streams = [source.video, *source.audio, *copyable_subtitles(source.subtitles, fmt, path.name)]
             mapping = {s.index: out.add_stream_from_template(s) for s in streams}
             for packet in source.container.demux(*streams):
                 if packet.dts is None:

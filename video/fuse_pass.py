@@ -60,7 +60,8 @@ class FuseOptions:
 @dataclass
 class VideoStats:
     """What a run did: frames written, face crops (one per track and frame), key frames chosen, frames diffused
-    because their flow failed, refine calls (diffusion runs) and crops refined, audio packets copied."""
+    because their flow failed, refine calls (diffusion runs) and crops refined, audio packets copied.
+    announced_frames: set when the input was truncated (its header announced more frames than decoded)."""
 
     frames: int = 0
     faces: int = 0
@@ -73,15 +74,21 @@ class VideoStats:
     seconds: float = 0.0
     max_buffered: int = 0
     output: str = ""
+    announced_frames: int | None = None
 
     def summary(self) -> str:
+        cut = (
+            f"; WARNING: input truncated, {self.frames} of {self.announced_frames} announced frames decoded and written"
+            if self.announced_frames
+            else ""
+        )
         if self.copied:
-            return f"{self.frames} frames copied without re-encoding (no face tracks) in {self.seconds:.1f} s"
+            return f"{self.frames} frames copied without re-encoding (no face tracks) in {self.seconds:.1f} s{cut}"
         per = self.seconds / max(self.frames, 1)
         return (
             f"{self.frames} frames, {self.faces} face crops: {self.key_frames} key frames + {self.flow_failures} flow "
             f"failures diffused in {self.diffusion_runs} runs ({self.crops_refined} crops), "
-            f"{self.faces - self.crops_refined} propagated; {self.seconds:.1f} s ({per:.3f} s/frame)"
+            f"{self.faces - self.crops_refined} propagated; {self.seconds:.1f} s ({per:.3f} s/frame){cut}"
         )
 
 
@@ -293,7 +300,7 @@ def fuse_video(
     with VideoReader(source, keep_audio=True) as reader:
         rate = reader.video.average_rate
         with VideoWriter(
-            out_path, tracks.width, tracks.height, rate, reader.time_base, reader.audio, opts.encode
+            out_path, tracks.width, tracks.height, rate, reader.time_base, reader.audio, opts.encode, reader.subtitles
         ) as writer:
             fuser = _Fuser(tracks, refine, opts, writer)
             last = 0
@@ -313,6 +320,7 @@ def fuse_video(
             writer.finish()
             stats = fuser.stats
             stats.audio_packets = writer.audio_packets
+            stats.announced_frames = reader.expected_frames if reader.truncated else None
     stats.seconds = time.perf_counter() - t0
     stats.output = str(out_path)
     log.info("fused %s -> %s: %s", tracks.name, out_path.name, stats.summary())

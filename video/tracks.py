@@ -222,6 +222,11 @@ _ORDER: dict[str, Callable[[np.ndarray, float], float]] = {
 }
 
 
+def rank_tracks(tracks: Sequence[Track], order: str) -> list[Track]:
+    """Tracks sorted by FaceDetect's order (judged by each track's median box and mean detection score)."""
+    return sorted(tracks, key=lambda tr: _ORDER[order](tr.median_box(), float(tr.scores[tr.detected].mean())))
+
+
 def select_tracks(tracks: Sequence[Track], sel: Selection) -> list[Track]:
     """FaceDetect's selection applied to tracks, scene by scene (a cut starts new tracks of the same people).
 
@@ -241,7 +246,7 @@ def select_tracks(tracks: Sequence[Track], sel: Selection) -> list[Track]:
         by_scene.setdefault(tr.segment, []).append(tr)
     kept: list[Track] = []
     for scene in by_scene.values():
-        scene.sort(key=lambda tr: _ORDER[sel.order](tr.median_box(), float(tr.scores[tr.detected].mean())))
+        scene = rank_tracks(scene, sel.order)
         if sel.indices is not None:
             n = len(scene)
             scene = [scene[i] for i in sel.indices if -n <= i < n]

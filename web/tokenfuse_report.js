@@ -1,5 +1,6 @@
 // What a TokenFuse node says about its run, inside the node: ScheduledFusion's per-face report (fallbacks,
-// warnings), Blend's pasted count or pass-through warning, PatchTokenize's expected token saving.
+// warnings), Blend's pasted count or pass-through warning, PatchTokenize's expected token saving, FaceTrack's and
+// VideoFaceFusion's reports.
 //
 // The nodes return {"ui": {"text": [...]}}; ComfyUI sends it to the editor as the node's `executed` message. The
 // panel is a canvas widget (not serialized) of fixed height, reserved when the node is created, so a run never
@@ -17,6 +18,8 @@ const PANELS = {
   TokenFuseScheduledFusion: { lines: 12, idle: "per-face report (seed, tokens, time, fallbacks) appears here after a run" },
   TokenFuseBlend: { lines: 2, idle: "after a run: faces pasted, or a warning when the photo passed through" },
   TokenFusePatchTokenize: { lines: 2, idle: "after a run: the expected token saving of this plan" },
+  TokenFuseFaceTrack: { lines: 5, idle: "after a run: frames, scene cuts, tracks kept, crop jitter raw -> smoothed" },
+  TokenFuseVideoFaceFusion: { lines: 6, idle: "after a run: frames, key frames, diffusion runs, time per frame, warnings" },
 };
 const COLORS = { text: "#c8c8c8", warn: "#e0a84f", dim: "#6c6c6c" };
 const lastReport = new WeakMap(); // node -> [{text, warn}]

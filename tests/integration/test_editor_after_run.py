@@ -9,9 +9,10 @@ exist as empty files (so the frontend and validation accept them) and load as se
 family the name says (SD1.5 or SDXL architecture, width 32, devkit/comfy_models), a random SD VAE (width 32) and a
 CLIP stand-in giving seeded random conditioning. GFPGANv1.4.pth is spandrel's GFPGAN with random weights;
 inswapper_128.onnx / w600k_r50.onnx are tests/test_swap.py's synthetic models. Photos: skimage's public-domain
-astronaut under the workflows' file names, three of them side by side as the group photo (so the template cards made
-from these runs hold public-domain pictures only). For CPU speed the queued prompt samples small (make_workflows.mjs
-`shots`: steps 2, guide 64, FaceDetect crop 128); the editor keeps the shipped settings. Random weights say nothing
+astronaut under the workflows' file names, three of them side by side as the group photo, and for the video workflow
+a 2 s clip panning and zooming over it (so the template cards made from these runs hold public-domain pictures
+only). For CPU speed the queued prompt samples small (make_workflows.mjs `shots`: steps 2, guide 64, FaceDetect
+crop 128); the editor keeps the shipped settings. Random weights say nothing
 about image quality.
 
 Regenerating the template cards: run this test with TOKENFUSE_SHOTS_DIR=<dir>, then copy <dir>/<name>.card.jpg to
@@ -70,16 +71,37 @@ def _load_random(self, ckpt_name):
     family = "sdxl" if "xl" in ckpt_name.lower() else "sd15"
     if family not in _cache:
         import comfy_models
-        import fusion
 
         _cache[family] = (comfy_models.build_model(family, model_channels=32, tiny=True, seed=0),
-                          _ClipStandIn(family), fusion.build_vae(ch=32, seed=0))
+                          _ClipStandIn(family), comfy_models.build_vae(ch=32, seed=0))
     return _cache[family]
 
 
 nodes.CheckpointLoaderSimple.load_checkpoint = _load_random
 NODE_CLASS_MAPPINGS = {{}}
 '''
+
+
+def _pan_clip(rgb: np.ndarray, path: Path, frames: int = 48, size: int = 320) -> None:
+    """A 2 s, 24 fps H.264 clip: a window drifting and zooming over the photo (the face moves like a slow head
+    motion). Written with PyAV directly."""
+    import av
+    import cv2
+
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libx264", rate=24)
+        stream.width = stream.height = size
+        stream.pix_fmt = "yuv420p"
+        stream.options = {"crf": "18", "preset": "ultrafast"}
+        for i in range(frames):
+            t = i / (frames - 1)
+            side = int(400 - 60 * t)
+            x0, y0 = int(40 + 50 * t), int(10 + 20 * np.sin(np.pi * t))
+            crop = cv2.resize(rgb[y0 : y0 + side, x0 : x0 + side], (size, size), interpolation=cv2.INTER_AREA)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(crop), format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
 
 
 def _checkpoint_names() -> set[str]:
@@ -126,6 +148,7 @@ def editor_server(comfy_server_factory, tmp_path_factory: pytest.TempPathFactory
     cv2.imwrite(str(base / "input" / "source_face.png"), np.ascontiguousarray(photo[:, ::-1]))
     group = np.hstack([photo, np.ascontiguousarray(photo[:, ::-1]), photo])
     cv2.imwrite(str(base / "input" / "group.jpg"), cv2.resize(group, (1152, 384)))
+    _pan_clip(astronaut(), base / "input" / "talking_head.mp4")
     settings = base / "user" / "default" / "comfy.settings.json"
     settings.parent.mkdir(parents=True)
     settings.write_text('{"Comfy.TutorialCompleted": true, "Comfy.Minimap.Visible": false}', encoding="utf-8")
@@ -169,6 +192,17 @@ def test_workflow_runs_in_the_editor_without_overlap(after_run: dict[str, Any], 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=[p.stem for p in WORKFLOWS])
 def test_nodes_show_what_they_did(after_run: dict[str, Any], path: Path) -> None:
     outputs = after_run["results"][path.name]["outputs"]
+    if "_video_" in path.name:
+        (track,) = _by_type(outputs, "TokenFuseFaceTrack")
+        assert track["text"][0].startswith("FaceTrack: 48 frames") and "1 track(s) kept" in track["text"][0], track
+        (fusion,) = _by_type(outputs, "TokenFuseVideoFaceFusion")
+        assert fusion["text"][0].startswith("VideoFaceFusion (keyframes, guide 64): 48 frames"), fusion
+        (tracked,) = _by_type(outputs, "PreviewImage")
+        (saved,) = _by_type(outputs, "SaveVideo")
+        assert tracked["images"] == 6 and saved["images"] >= 1, (tracked, saved)
+        card = after_run["results"][path.name]["card"]
+        assert card and Path(card).stat().st_size > 10_000, "no template card made from the run"
+        return
     (plan,) = _by_type(outputs, "TokenFusePatchTokenize")
     assert plan["images"] >= 1 and "% fewer tokens than uniform" in plan["text"][0], plan
     (fusion,) = _by_type(outputs, "TokenFuseScheduledFusion")
