@@ -33,25 +33,21 @@ import logging
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from .anchor_mode import AnchorMode, pool_for
+
 log = logging.getLogger(__name__)
 
-AnchorMode = Literal["off", "full", "pooled"]
-"""off: no cross-frame attention; full: the anchor's tokens as they are (pool 1); pooled: 2x2 average-pooled."""
+__all__ = ["AnchorMode", "AnchorBatch", "AnchorStore", "build_anchor_patch", "grid_of", "pool_for", "pool_tokens"]
 
 SiteKey = tuple[Any, ...]  # (block, block_index, n_tokens)
 TokenKey = tuple[SiteKey, float, int]  # (site, sigma, cond_or_uncond row type)
 
 AttnPatch = Any  # (n, ctx, val, extra_options) -> (n, ctx, val), as scheduling/patches.py
-
-
-def pool_for(mode: str) -> int:
-    """The pooling factor of an AnchorMode (0 = off)."""
-    return {"off": 0, "full": 1, "pooled": 2}[mode]
 
 
 def grid_of(n_tokens: int, original_shape: Any) -> tuple[int, int] | None:
