@@ -66,20 +66,23 @@ def _status(field: str) -> int | None:
     return None
 
 
-def make_clip(path: Path, frames: int, fps: int = 30) -> Path:
-    """A 1280x720 30 fps talking head of `frames` frames (ping-pong loop of the WebP's 56 frames), H.264."""
+def make_clip(path: Path, frames: int, fps: int = 30, height: int = 720) -> Path:
+    """A 16:9 30 fps talking head (1280x720 by default) of `frames` frames (ping-pong loop of the WebP's 56 frames),
+    H.264; the face fills the frame's height."""
     import av
 
     src, _ = webp_frames("api_kling_avatar2-1.webp")
     cycle = src + src[-2:0:-1]
     with av.open(str(path), "w") as out:
         s = out.add_stream("libx264", rate=fps)
-        s.width, s.height, s.pix_fmt = 1280, 720, "yuv420p"
+        width = height * 16 // 9 // 2 * 2
+        s.width, s.height, s.pix_fmt = width, height, "yuv420p"
         s.options = {"crf": "18", "preset": "ultrafast"}
-        canvas = np.zeros((720, 1280, 3), np.uint8)
+        canvas = np.zeros((height, width, 3), np.uint8)
+        x0 = (width - height) // 2
         for i in range(frames):
-            face = cv2.resize(cycle[i % len(cycle)], (720, 720), interpolation=cv2.INTER_CUBIC)
-            canvas[:, 280:1000] = face
+            face = cv2.resize(cycle[i % len(cycle)], (height, height), interpolation=cv2.INTER_CUBIC)
+            canvas[:, x0 : x0 + height] = face
             vf = av.VideoFrame.from_ndarray(canvas, format="rgb24")
             vf.pts = i
             for p in s.encode(vf):
@@ -198,6 +201,7 @@ def main() -> None:
     p.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32")
     p.add_argument("--channels", type=int, default=320, help="U-Net model_channels (320 = real SD1.5 size)")
     p.add_argument("--guide", type=int, default=512)
+    p.add_argument("--height", type=int, default=720, help="clip height (16:9; 720 = the issue's 1280x720)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch", type=int, default=2, help="faces_per_batch")
     p.add_argument("--kps", type=float, default=2.0, help="key frames per second")
@@ -224,10 +228,10 @@ def main() -> None:
     rows = []
     warm: list[bool] = []
     for n in [int(x) for x in args.frames.split(",")]:
-        clip = work / f"head720_{n}.mp4"
+        clip = work / (f"head720_{n}.mp4" if args.height == 720 else f"head{args.height}_{n}.mp4")
         if not clip.exists():
             print(f"making {clip.name} ...", flush=True)
-            make_clip(clip, n)
+            make_clip(clip, n, height=args.height)
         t0 = time.perf_counter()
         tracks = track_video(clip, detect, progress=lambda d, t: print(f"\r  pass 1 {d}/{t}", end="", flush=True))
         t_track = (time.perf_counter() - t0) / n
@@ -300,7 +304,8 @@ def main() -> None:
             f"denoise {args.denoise}, torch threads {args.threads}"
         )
     print(
-        f"\nVideo fusion, 1280x720 30 fps talking head, guide {args.guide}, batch {args.batch}, {args.kps} key/s, "
+        f"\nVideo fusion, {args.height * 16 // 9 // 2 * 2}x{args.height} 30 fps talking head, guide {args.guide}, "
+        f"batch {args.batch}, {args.kps} key/s, "
         f"refine: {backend}; pass 1 (detect 480 px + track) shown separately; flicker over the first "
         f"{args.stability_frames} frames"
     )
