@@ -186,6 +186,15 @@ def comfy_refine_runner(args: argparse.Namespace) -> Any:
     return run
 
 
+def table_row(r: dict[str, Any]) -> str:
+    return (
+        f"| {r['frames']} | {r['mode']} | {r['anchor']} ({r['anchor_mb']:.1f} MB) | {r['keys']} (+{r['fails']}) | "
+        f"{r['runs']} | {r['spf']:.3f} ({r['cpf']:.3f}) | {r['track_spf']:.3f} | "
+        f"{r['peak']:.0f} MB ({r['base']:.0f}) | "
+        f"{r['flicker']:.3f} | {r['jraw']:.2f} -> {r['jsm']:.2f} |"
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--frames", default="1000,4000", help="clip lengths (frames at 30 fps)")
@@ -291,6 +300,7 @@ def main() -> None:
                     jsm=tracks.smooth_jitter,
                 )
             )
+            print("row " + table_row(rows[-1]), flush=True)  # each row as soon as it is measured
     backend = {
         "fake": "stand-in sampler (no diffusion)",
         "sd15": f"random-weight SD1.5 U-Net ch {args.channels}, cfg 5",
@@ -316,12 +326,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(
-            f"| {r['frames']} | {r['mode']} | {r['anchor']} ({r['anchor_mb']:.1f} MB) | {r['keys']} (+{r['fails']}) | "
-            f"{r['runs']} | {r['spf']:.3f} ({r['cpf']:.3f}) | {r['track_spf']:.3f} | "
-            f"{r['peak']:.0f} MB ({r['base']:.0f}) | "
-            f"{r['flicker']:.3f} | {r['jraw']:.2f} -> {r['jsm']:.2f} |"
-        )
+        print(table_row(r))
     by = {(r["frames"], r["mode"], r["anchor"]): r for r in rows}
     for n in sorted({r["frames"] for r in rows}):
         k, pf = by.get((n, "keyframes", "off")), by.get((n, "per_frame", "off"))
