@@ -16,9 +16,16 @@ of pass 2 (VmHWM, reset per run), added flicker and crop jitter.
 --refine sd15   : ComfyUI's sampler on a random-weight SD1.5 U-Net + SD VAE through VideoFaceFusion (needs
                   --comfyui); random weights: valid for cost and memory, never for quality (flicker numbers on
                   random weights mean nothing).
+--refine face   : ComfyUI's sampler on the project's trained face model (devkit/face_model: SD1.5-shaped U-Net at
+                  32 base channels + its VAE, cfg 1 with its learned context) through VideoFaceFusion (needs
+                  --comfyui): the real sampler path with trained attention, so flicker numbers mean something.
+--anchors       : anchor_attention settings to run key-frame (and per-frame) mode with, e.g. off,full,pooled
+                  (ComfyUI samplers only; the stand-in sampler has no attention).
 
     python bench/video.py --frames 1000,4000 --refine fake
     python bench/video.py --comfyui /path/to/ComfyUI --refine sd15 --device cuda --dtype fp16 --guide 512 --steps 20
+    python bench/video.py --comfyui /path/to/ComfyUI --refine face --frames 60 --guide 256 --steps 10 \
+        --anchors off,full,pooled --stability-frames 60
 """
 
 from __future__ import annotations
@@ -59,20 +66,23 @@ def _status(field: str) -> int | None:
     return None
 
 
-def make_clip(path: Path, frames: int, fps: int = 30) -> Path:
-    """A 1280x720 30 fps talking head of `frames` frames (ping-pong loop of the WebP's 56 frames), H.264."""
+def make_clip(path: Path, frames: int, fps: int = 30, height: int = 720) -> Path:
+    """A 16:9 30 fps talking head (1280x720 by default) of `frames` frames (ping-pong loop of the WebP's 56 frames),
+    H.264; the face fills the frame's height."""
     import av
 
     src, _ = webp_frames("api_kling_avatar2-1.webp")
     cycle = src + src[-2:0:-1]
     with av.open(str(path), "w") as out:
         s = out.add_stream("libx264", rate=fps)
-        s.width, s.height, s.pix_fmt = 1280, 720, "yuv420p"
+        width = height * 16 // 9 // 2 * 2
+        s.width, s.height, s.pix_fmt = width, height, "yuv420p"
         s.options = {"crf": "18", "preset": "ultrafast"}
-        canvas = np.zeros((720, 1280, 3), np.uint8)
+        canvas = np.zeros((height, width, 3), np.uint8)
+        x0 = (width - height) // 2
         for i in range(frames):
-            face = cv2.resize(cycle[i % len(cycle)], (720, 720), interpolation=cv2.INTER_CUBIC)
-            canvas[:, 280:1000] = face
+            face = cv2.resize(cycle[i % len(cycle)], (height, height), interpolation=cv2.INTER_CUBIC)
+            canvas[:, x0 : x0 + height] = face
             vf = av.VideoFrame.from_ndarray(canvas, format="rgb24")
             vf.pts = i
             for p in s.encode(vf):
@@ -114,13 +124,12 @@ def stability(src: Path, out: Path, tracks: Any, limit: int, size: int = 256) ->
 
 
 def comfy_refine_runner(args: argparse.Namespace) -> Any:
-    """fuse(src, out, tracks, mode) through VideoFaceFusion on a random-weight SD1.5 U-Net + SD VAE."""
+    """fuse(src, out, tracks, mode, anchor) through VideoFaceFusion on a random-weight SD1.5 U-Net + SD VAE
+    (--refine sd15) or the trained face model (--refine face)."""
     import torch
 
     sys.path.insert(0, str(REPO / "bench"))
     import comfy_models
-
-    import fusion as fusion_bench
 
     comfy_models.setup_comfy(args.comfyui, cpu=args.device == "cpu", sdpa=True)
     import comfy.utils
@@ -128,12 +137,22 @@ def comfy_refine_runner(args: argparse.Namespace) -> Any:
 
     comfy.utils.PROGRESS_BAR_ENABLED = False
     dtype = torch.float16 if args.dtype == "fp16" else torch.float32
-    model = comfy_models.build_model("sd15", model_channels=args.channels, tiny=args.channels < 320, seed=0)
-    vae = fusion_bench.build_vae(ch=128 if args.channels >= 320 else 32, seed=0, dtype=dtype)
-    cond = comfy_models.conditioning("sd15", seed=1), comfy_models.conditioning("sd15", seed=2)
+    cfg = 5.0
+    if args.refine == "face":
+        from tokenfuse.devkit.face_model import loader
+
+        fm = loader.load_face_model(dtype=dtype)
+        model, vae, cfg = fm.model, fm.vae, 1.0
+        cond = fm.conditioning(), fm.conditioning()
+    else:
+        import fusion as fusion_bench
+
+        model = comfy_models.build_model("sd15", model_channels=args.channels, tiny=args.channels < 320, seed=0)
+        vae = fusion_bench.build_vae(ch=128 if args.channels >= 320 else 32, seed=0, dtype=dtype)
+        cond = comfy_models.conditioning("sd15", seed=1), comfy_models.conditioning("sd15", seed=2)
     from tokenfuse.nodes.video_nodes import VideoFaceFusion
 
-    def run(src: Path, out: Path, tracks: Any, mode: str) -> Any:
+    def run(src: Path, out: Path, tracks: Any, mode: str, anchor: str) -> Any:
         node = VideoFaceFusion()
         with torch.inference_mode():
             node.fuse(
@@ -145,10 +164,10 @@ def comfy_refine_runner(args: argparse.Namespace) -> Any:
                 cond[1],
                 seed=1,
                 steps=args.steps,
-                cfg=5.0,
+                cfg=cfg,
                 sampler_name="euler",
                 scheduler="normal",
-                denoise=0.45,
+                denoise=args.denoise,
                 guide_size=args.guide,
                 faces_per_batch=args.batch,
                 mode=mode,
@@ -158,11 +177,22 @@ def comfy_refine_runner(args: argparse.Namespace) -> Any:
                 crf=19,
                 preset=args.preset,
                 fallback="oom-only",
+                anchor_attention=anchor,
                 out_path=str(out),
             )
-        return node.last_stats
+        anchors = node.last_anchors
+        return node.last_stats, (anchors.peak_bytes if anchors is not None else 0)
 
     return run
+
+
+def table_row(r: dict[str, Any]) -> str:
+    return (
+        f"| {r['frames']} | {r['mode']} | {r['anchor']} ({r['anchor_mb']:.1f} MB) | {r['keys']} (+{r['fails']}) | "
+        f"{r['runs']} | {r['spf']:.3f} ({r['cpf']:.3f}) | {r['track_spf']:.3f} | "
+        f"{r['peak']:.0f} MB ({r['base']:.0f}) | "
+        f"{r['flicker']:.3f} | {r['jraw']:.2f} -> {r['jsm']:.2f} |"
+    )
 
 
 def main() -> None:
@@ -170,12 +200,17 @@ def main() -> None:
     p.add_argument("--frames", default="1000,4000", help="clip lengths (frames at 30 fps)")
     p.add_argument("--modes", default="keyframes,per_frame")
     p.add_argument("--per-frame-up-to", type=int, default=0, help="skip per_frame mode on longer clips (0 = never)")
-    p.add_argument("--refine", choices=["fake", "sd15"], default="fake")
+    p.add_argument("--refine", choices=["fake", "sd15", "face"], default="fake")
+    p.add_argument("--anchors", default="off", help="anchor_attention values to run (comma list: off,full,pooled)")
+    p.add_argument("--per-frame-anchors", default="", help="anchor values for per_frame mode (default: --anchors)")
+    p.add_argument("--denoise", type=float, default=0.45)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a busy shared CPU)")
     p.add_argument("--comfyui", default="", help="ComfyUI checkout (for --refine sd15)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32")
     p.add_argument("--channels", type=int, default=320, help="U-Net model_channels (320 = real SD1.5 size)")
     p.add_argument("--guide", type=int, default=512)
+    p.add_argument("--height", type=int, default=720, help="clip height (16:9; 720 = the issue's 1280x720)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch", type=int, default=2, help="faces_per_batch")
     p.add_argument("--kps", type=float, default=2.0, help="key frames per second")
@@ -184,6 +219,9 @@ def main() -> None:
     p.add_argument("--workdir", default="", help="keep clips and outputs here (default: a temp folder)")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    import torch
+
+    torch.set_num_threads(args.threads)
     load_pack()
     from tokenfuse.faces.detect import RetinaFaceDetector
     from tokenfuse.video.encode import EncodeOptions
@@ -194,26 +232,35 @@ def main() -> None:
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tokenfuse_bench_video_"))
     work.mkdir(parents=True, exist_ok=True)
-    runner = comfy_refine_runner(args) if args.refine == "sd15" else None
+    runner = comfy_refine_runner(args) if args.refine != "fake" else None
     detect = make_detect(RetinaFaceDetector(), detect_size=480)
     rows = []
+    warm: list[bool] = []
     for n in [int(x) for x in args.frames.split(",")]:
-        clip = work / f"head720_{n}.mp4"
+        clip = work / (f"head720_{n}.mp4" if args.height == 720 else f"head{args.height}_{n}.mp4")
         if not clip.exists():
             print(f"making {clip.name} ...", flush=True)
-            make_clip(clip, n)
+            make_clip(clip, n, height=args.height)
         t0 = time.perf_counter()
         tracks = track_video(clip, detect, progress=lambda d, t: print(f"\r  pass 1 {d}/{t}", end="", flush=True))
         t_track = (time.perf_counter() - t0) / n
         print()
-        for mode in args.modes.split(","):
-            if mode == "per_frame" and 0 < args.per_frame_up_to < n:
+        anchors = args.anchors.split(",") if runner is not None else ["off"]
+        pf_anchors = args.per_frame_anchors.split(",") if runner is not None and args.per_frame_anchors else anchors
+        if runner is not None and not warm:  # model load, first-call allocations: not part of any timed row
+            print("warm-up run (not timed) ...", flush=True)
+            runner(clip, work / "warmup.mp4", tracks, "keyframes", "off")
+            warm.append(True)
+        for mode, anchor in [(m, a) for m in args.modes.split(",") for a in anchors]:
+            if mode == "per_frame" and (0 < args.per_frame_up_to < n or anchor not in pf_anchors):
                 continue
-            out = work / f"out_{n}_{mode}.mp4"
+            out = work / f"out_{n}_{mode}_{anchor}.mp4"
             base = peak_rss_reset()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
+            anchor_bytes = 0
+            print(f"{n} frames, {mode}, anchor {anchor}", flush=True)
             if runner is not None:
-                stats = runner(clip, out, tracks, mode)
+                stats, anchor_bytes = runner(clip, out, tracks, mode, anchor)
             else:
                 opts = FuseOptions(
                     crop_size=args.guide,
@@ -230,7 +277,7 @@ def main() -> None:
                     opts,
                     progress=lambda d, t: print(f"\r  pass 2 {d}/{t}", end="", flush=True),
                 )
-            secs = time.perf_counter() - t0
+            secs, cpu = time.perf_counter() - t0, time.process_time() - c0
             print()
             peak = _status("VmHWM")
             flick = stability(clip, out, tracks, args.stability_frames)
@@ -238,10 +285,13 @@ def main() -> None:
                 dict(
                     frames=n,
                     mode=mode,
+                    anchor=anchor,
+                    anchor_mb=anchor_bytes / 2**20,
                     keys=stats.key_frames,
                     fails=stats.flow_failures,
                     runs=stats.diffusion_runs,
                     spf=secs / n,
+                    cpf=cpu / n,
                     track_spf=t_track,
                     peak=(peak or 0) / 2**20,
                     base=(base or 0) / 2**20,
@@ -250,31 +300,50 @@ def main() -> None:
                     jsm=tracks.smooth_jitter,
                 )
             )
-    backend = "fake sampler" if runner is None else f"SD1.5 U-Net ch {args.channels}, {args.dtype}, {args.device}"
-    print(
-        f"\nVideo fusion, 1280x720 30 fps talking head, guide {args.guide}, batch {args.batch}, {args.kps} key/s, "
-        f"refine: {backend}; pass 1 (detect 480 px + track) shown separately"
-    )
-    print(
-        "| frames | mode | key frames (+flow fails) | diffusion runs | pass 2 s/frame | pass 1 s/frame | "
-        "peak RSS pass 2 (start) | added flicker | crop jitter raw -> smoothed |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(
-            f"| {r['frames']} | {r['mode']} | {r['keys']} (+{r['fails']}) | {r['runs']} | {r['spf']:.3f} | "
-            f"{r['track_spf']:.3f} | {r['peak']:.0f} MB ({r['base']:.0f}) | {r['flicker']:.2f} | "
-            f"{r['jraw']:.2f} -> {r['jsm']:.2f} |"
+            print("row " + table_row(rows[-1]), flush=True)  # each row as soon as it is measured
+    backend = {
+        "fake": "stand-in sampler (no diffusion)",
+        "sd15": f"random-weight SD1.5 U-Net ch {args.channels}, cfg 5",
+        "face": "trained face model (devkit/face_model, SD1.5-shaped U-Net ch 32), cfg 1",
+    }[args.refine]
+    if runner is not None:
+        from comfy_models import attention_backend
+
+        backend += (
+            f", {args.dtype}, {args.device}, attention {attention_backend()}, {args.steps} steps euler/normal, "
+            f"denoise {args.denoise}, torch threads {args.threads}"
         )
-    by = {(r["frames"], r["mode"]): r for r in rows}
+    print(
+        f"\nVideo fusion, {args.height * 16 // 9 // 2 * 2}x{args.height} 30 fps talking head, guide {args.guide}, "
+        f"batch {args.batch}, {args.kps} key/s, "
+        f"refine: {backend}; pass 1 (detect 480 px + track) shown separately; flicker over the first "
+        f"{args.stability_frames} frames"
+    )
+    print(
+        "| frames | mode | anchor attention (tokens held) | key frames (+flow fails) | diffusion runs | "
+        "pass 2 s/frame wall (CPU) | "
+        "pass 1 s/frame | peak RSS pass 2 (start) | added flicker | crop jitter raw -> smoothed |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(table_row(r))
+    by = {(r["frames"], r["mode"], r["anchor"]): r for r in rows}
     for n in sorted({r["frames"] for r in rows}):
-        k, pf = by.get((n, "keyframes")), by.get((n, "per_frame"))
+        k, pf = by.get((n, "keyframes", "off")), by.get((n, "per_frame", "off"))
         if k and pf:
             print(
                 f"{n} frames: per_frame / keyframes = {pf['runs'] / max(k['runs'], 1):.1f}x diffusion runs, "
-                f"{pf['spf'] / k['spf']:.2f}x time per frame"
+                f"{pf['spf'] / k['spf']:.2f}x time per frame (wall), {pf['cpf'] / k['cpf']:.2f}x CPU time per frame"
             )
-    ks = sorted((r for r in rows if r["mode"] == "keyframes"), key=lambda r: r["frames"])
+        for a in anchors[1:] if runner is not None else []:
+            for mode in args.modes.split(","):
+                on, off = by.get((n, mode, a)), by.get((n, mode, "off"))
+                if on and off:
+                    print(
+                        f"{n} frames {mode}: anchor {a} / off = {on['flicker'] / off['flicker']:.3f}x added flicker, "
+                        f"{on['spf'] / off['spf']:.2f}x time per frame (wall), {on['cpf'] / off['cpf']:.2f}x CPU"
+                    )
+    ks = sorted((r for r in rows if r["mode"] == "keyframes" and r["anchor"] == "off"), key=lambda r: r["frames"])
     if len(ks) > 1:
         ratio = ks[-1]["peak"] / ks[0]["peak"]
         print(f"peak RSS {ks[-1]['frames']} vs {ks[0]['frames']} frames (keyframes): {ratio:.3f}x")

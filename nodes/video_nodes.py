@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any, Literal, get_args
 
 from ..faces.types import DetectorBackend
+from ..scheduling.anchor_mode import AnchorMode, pool_for
 from ..video.encode import Preset
 from .checks import checked_inputs
 from .face_nodes import _BACKEND_TIP, _folders, _reference_embedding
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 VideoMode = Literal["keyframes", "per_frame"]
 PREVIEW_FRAMES = 6
+ANCHOR_DEFAULT: AnchorMode = "off"  # see docs/notes/video_a.md for the measurement behind the default
 
 
 def _float(default: float, lo: float, hi: float, step: float, tip: str) -> tuple[str, dict[str, Any]]:
@@ -237,7 +239,20 @@ class VideoFaceFusion:
                 ),
                 "fallback": req["fallback"],
             },
-            "optional": {k: opt[k] for k in ("swap_model", "arcface_model", "source_image", "source_faces")},
+            "optional": {
+                **{k: opt[k] for k in ("swap_model", "arcface_model", "source_image", "source_faces")},
+                "anchor_attention": (
+                    list(get_args(AnchorMode)),
+                    {
+                        "default": ANCHOR_DEFAULT,
+                        "tooltip": "Cross-frame attention: each key frame of a track also attends to the tokens of "
+                        "the track's first key frame (its anchor) in every self-attention layer and step, so the "
+                        "refinement stays alike along the track. full: anchor tokens as they are (attention keys 2x, "
+                        "memory for all layers and steps of one anchor per track); pooled: 2x2-pooled (keys 1.25x, "
+                        "a quarter of that memory). off: each batch on its own.",
+                    },
+                ),
+            },
         }
 
     @checked_inputs("swap_model", "arcface_model")
@@ -268,6 +283,7 @@ class VideoFaceFusion:
         arcface_model: str = "none",
         source_image: Any = None,
         source_faces: Any = None,
+        anchor_attention: str = ANCHOR_DEFAULT,
         backend: Any = None,
         out_path: str | None = None,
     ) -> tuple[Any, str]:
@@ -310,7 +326,12 @@ class VideoFaceFusion:
                 model, vae, positive, negative, steps, cfg, sampler_name, scheduler, denoise, 1
             )
             backend = replace(backend, progress=env.throw_if_interrupted)  # the chunk bar below is the visible one
-        refine = make_refine(sf_args, backend, face_tracks.crop_factor, notes) if face_tracks.tracks else None
+        anchors = None
+        if pool_for(anchor_attention) and face_tracks.tracks:
+            from ..scheduling.anchor_attention import AnchorStore
+
+            anchors = AnchorStore(pool=pool_for(anchor_attention))
+        refine = make_refine(sf_args, backend, face_tracks.crop_factor, notes, anchors) if face_tracks.tracks else None
         opts = FuseOptions(
             crop_size=size,
             faces_per_batch=int(faces_per_batch),
@@ -333,12 +354,18 @@ class VideoFaceFusion:
             progress=lambda done, total: bar.update_absolute(done, total or None),
         )
         self.last_stats = stats  # for bench/video.py
+        self.last_anchors = anchors
         report = f"VideoFaceFusion ({mode}, guide {size}): {stats.summary()}"
         w, h = face_tracks.width, face_tracks.height
         if not stats.copied and (w % 2 or h % 2):
             report += (
                 f"\nnote: {w}x{h} is odd: written as {w + w % 2}x{h + h % 2} with the edge row/column repeated "
                 "(H.264 yuv420p needs even sides; no input pixel is lost)"
+            )
+        if anchors is not None:
+            report += (
+                f"\nanchor attention {anchor_attention}: {anchors.anchors} anchor(s), "
+                f"{anchors.peak_bytes / 2**20:.1f} MB of anchor tokens held at most"
             )
         if notes:
             report += "\n" + "\n".join(sorted(set(notes)))
@@ -351,13 +378,19 @@ class VideoFaceFusion:
         return {"ui": {"text": [result[1]]}, "result": result}
 
 
-def make_refine(sf_args: dict[str, Any], backend: Any, crop_factor: float, notes: list[str]) -> Any:
+def make_refine(
+    sf_args: dict[str, Any], backend: Any, crop_factor: float, notes: list[str], anchors: Any = None
+) -> Any:
     """refine(crops [N, S, S, 3], seeds) through ScheduledFusion.fuse, one sampler batch for all N crops.
 
     The N aligned crops (from different frames) are laid side by side in one [1, S, N*S, 3] image with one face
     each whose affine is a plain shift, so ScheduledFusion samples them as one batch of N faces (its fallbacks,
     pre-swap and artifact checks included). Its per-face seeds (0 + face number) are mapped to the tracks' seeds
     inside the sampler call.
+
+    anchors: a scheduling.anchor_attention.AnchorStore (or None): each sampler call then runs on a clone of the
+    model with the anchor attn1 patch added last (after TokenFuse's scheduler patches, so it joins to their K/V),
+    with the batch items' tracks (their seeds: one per track) made active around the call.
     """
     import numpy as np
     import torch
@@ -371,8 +404,29 @@ def make_refine(sf_args: dict[str, Any], backend: Any, crop_factor: float, notes
     inner_sample = backend.sample
     current: list[int] = []
 
+    patched: dict[int, tuple[Any, Any]] = {}  # id(model from model_for) -> (that model, clone with the patch)
+    anchor_patch = None
+    if anchors is not None:
+        from ..scheduling.anchor_attention import build_anchor_patch
+
+        anchor_patch = build_anchor_patch(anchors)
+
     def sample(m: Any, latent: Any, mask: Any, seeds: list[int], plan: Any) -> Any:
-        return inner_sample(m, latent, mask, [current[int(s)] for s in seeds], plan)
+        track_seeds = [current[int(s)] for s in seeds]
+        if anchors is None:
+            return inner_sample(m, latent, mask, track_seeds, plan)
+        if id(m) not in patched or patched[id(m)][0] is not m:
+            clone = m.clone()
+            clone.set_model_attn1_patch(anchor_patch)
+            patched[id(m)] = (m, clone)
+        anchors.begin(track_seeds)
+        ok = False
+        try:
+            out = inner_sample(patched[id(m)][1], latent, mask, track_seeds, plan)
+            ok = True
+            return out
+        finally:
+            anchors.end(ok)
 
     backend = replace(backend, sample=sample)  # the backend is frozen: a copy with the seed-mapping sampler
     masks: dict[int, np.ndarray] = {}
