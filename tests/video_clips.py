@@ -13,9 +13,9 @@ from fractions import Fraction
 from pathlib import Path
 
 import av
-import cv2
 import numpy as np
 import pytest
+from tokenfuse.devkit.standin import standin_refine as fake_refine  # noqa: F401  (the video tests' sampler)
 
 
 def package_file(package: str, *parts: str) -> Path:
@@ -136,15 +136,3 @@ def read_frames(path: Path, limit: int | None = None) -> list[np.ndarray]:
             if limit is not None and len(out) >= limit:
                 break
         return out
-
-
-def fake_refine(crops: np.ndarray, seeds: list[int]) -> np.ndarray:
-    """A stand-in for the diffusion sampler with the properties that matter to the video path: it changes the face
-    depending on the crop's content (detail boost, tint) and adds a noise pattern fixed by the seed (same seed =
-    same noise, like a sampler with a fixed seed). crops [N, S, S, 3] float32 0..1."""
-    out = np.empty_like(crops)
-    for i, (c, s) in enumerate(zip(crops, seeds, strict=True)):
-        noise = np.random.default_rng(s).standard_normal(c.shape).astype(np.float32)
-        blur = cv2.GaussianBlur(c, (0, 0), 3)
-        out[i] = np.clip(c + 0.6 * (c - blur) + 0.03 * noise + np.array([0.04, 0.0, -0.03], np.float32), 0, 1)
-    return out
