@@ -30,9 +30,9 @@ import numpy as np
 
 from .decode import Source, VideoReader, probe
 from .encode import _FORMATS, VideoWriter, temp_path
-from .fuse_pass import FuseOptions, Progress, Refine, VideoStats, _Fuser
+from .fuse_pass import FuseOptions, Refine, VideoStats, _Fuser
 from .keyframes import REASON_NONE, choose_keyframes
-from .track_pass import FaceTracks
+from .track_pass import FaceTracks, Progress
 from .types import Frame
 
 log = logging.getLogger(__name__)
