@@ -19,17 +19,19 @@ import logging
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from .items import Item
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from ..video.chunks import Chunk
     from ..video.fuse_pass import FuseOptions, Refine, VideoStats
     from ..video.track_pass import FaceTracks
-    from .ray_pool import RayPool
+    from .ray_pool import Outcome, RayPool
     from .run import Summary
 
 log = logging.getLogger("tokenfuse.runner")
@@ -147,78 +149,107 @@ def chunk_count(tracks: FaceTracks, spec: CoreSpec, workers: int) -> int:
     return max(1, min(n, longest))
 
 
-def fuse_video_ray(
-    pool: RayPool, item: Item, spec: CoreSpec, retries: int = 2, on_dispatch: Any = None
-) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
-    """One video over the pool (module docstring): its report row and output file. Never raises for a bad input:
-    the row says failed and why."""
-    from ..video.chunks import join_chunks, plan_chunks
+@dataclass(eq=False)
+class _Video:
+    """One video item in flight: its tracks and chunk plan, and the chunks' results as they come back."""
+
+    index: int
+    item: Item
+    row: dict[str, Any]
+    t0: float
+    plan: list[Chunk] = field(default_factory=list)
+    refs: tuple[Any, ...] = ()
+    key: str = ""
+    blobs: dict[int, bytes] = field(default_factory=dict)
+    chunks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    files: list[tuple[str, bytes]] | None = None  # set when the item ended without chunks (failed, no faces)
+
+    @property
+    def out_name(self) -> str:
+        return f"{self.item.name}_fused.mp4"
+
+    def fail(self, e: Exception) -> None:
+        log.debug("video %s failed", self.item.path, exc_info=True)
+        self.row.update(status="failed", error=f"{type(e).__name__}: {e}", time_s=self.elapsed())
+        self.files = []
+
+    def elapsed(self) -> float:
+        return round(time.perf_counter() - self.t0, 3)
+
+
+def _prepare(pool: RayPool, index: int, item: Item, spec: CoreSpec) -> _Video:
+    """Analyse a video on the driver and plan its chunks (or finish it: a bad input, a video without faces)."""
+    from ..video.chunks import plan_chunks
     from ..video.fuse_pass import fuse_video
-    from .ray_pool import dispatch
 
-    row: dict[str, Any] = {"item": item.key, "name": item.name, "kind": item.kind}
-    t0 = time.perf_counter()
-    out_name = f"{item.name}_fused.mp4"
+    v = _Video(index, item, {"item": item.key, "name": item.name, "kind": item.kind}, time.perf_counter())
     if item.kind != "video":
-        row.update(status="failed", error="the core video engine takes videos only", time_s=0.0)
+        v.fail(ValueError("the core video engine takes videos only"))
+        return v
+    try:
+        tracks, pts = analyse(item.path, spec)
+        v.row.update(tracks=len(tracks.tracks), cuts=len(tracks.cuts), track_s=round(tracks.seconds, 3))
+        if not tracks.tracks:  # nothing to fuse: copied through on the driver
+            with tempfile.TemporaryDirectory(prefix="tokenfuse_copy_") as tmp:
+                out = Path(tmp) / v.out_name
+                stats = fuse_video(item.path, out, tracks, spec.make_refine(), spec.fuse_options())
+                v.files = [(v.out_name, out.read_bytes())]
+            v.row.update(stats_row(stats), status="ok", chunks=[], join="copied (no face tracks)", time_s=v.elapsed())
+            return v
+        v.plan = plan_chunks(tracks, chunk_count(tracks, spec, len(pool.actors)), spec.fuse_options())
+        v.refs = (pool.ray.put(item.path.read_bytes()), pool.ray.put(tracks), pool.ray.put(pts))
+        v.key = f"{item.key}:{item.path.stat().st_mtime_ns}"
+    except Exception as e:  # noqa: BLE001 - a bad input fails its item only
+        v.fail(e)
+    return v
+
+
+def _record(v: _Video, out: Outcome) -> None:
+    c = out.job[1]
+    info: dict[str, Any] = {"index": c.index, "start": c.start, "stop": c.stop, "boundary": c.boundary}
+    info["attempts"] = out.attempt
+    if out.lost:
+        info["retried"] = out.lost
+    if out.value is None:
+        info["error"] = out.error
+    else:
+        v.blobs[c.index], stats, info["worker"] = out.value
+        info.update(stats)
+    v.chunks[c.index] = info
+
+
+def _join(v: _Video) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+    """Every chunk is back: the report row and the joined file (chunk order, the input's audio copied once)."""
+    from ..video.chunks import join_chunks
+
+    row = v.row
+    row["chunks"] = [v.chunks[i] for i in sorted(v.chunks)]
+    row["workers"] = sorted({c["worker"] for c in row["chunks"] if "worker" in c})
+    row["attempts"] = max(c["attempts"] for c in row["chunks"])
+    lost = [f"chunk {c['index']} {line}" for c in row["chunks"] for line in c.get("retried", [])]
+    if lost:
+        row["retried"] = lost
+    v.refs = ()  # the object store may free the video
+    errors = [f"chunk {c['index']}: {c['error']}" for c in row["chunks"] if "error" in c]
+    if errors:
+        row.update(status="failed", error="; ".join(errors), time_s=v.elapsed())
         return row, []
-    with tempfile.TemporaryDirectory(prefix="tokenfuse_join_") as tmp:
-        try:
-            tracks, pts = analyse(item.path, spec)
-            row.update(tracks=len(tracks.tracks), cuts=len(tracks.cuts), track_s=round(tracks.seconds, 3))
-            if not tracks.tracks:  # nothing to fuse: copied through on the driver
-                stats = fuse_video(item.path, Path(tmp) / out_name, tracks, spec.make_refine(), spec.fuse_options())
-                row.update(stats_row(stats), status="ok", chunks=[], join="copied (no face tracks)")
-                row["time_s"] = round(time.perf_counter() - t0, 3)
-                return row, [(out_name, (Path(tmp) / out_name).read_bytes())]
-            plan = plan_chunks(tracks, chunk_count(tracks, spec, len(pool.actors)), spec.fuse_options())
-            refs = (pool.ray.put(item.path.read_bytes()), pool.ray.put(tracks), pool.ray.put(pts))
-            key = f"{item.key}:{item.path.stat().st_mtime_ns}"
-            blobs: dict[int, bytes] = {}
-            chunks: dict[int, dict[str, Any]] = {}
-            errors = []
-
-            def submit(actor: Any, chunk: Chunk) -> Any:
-                return actor.fuse_chunk.remote(key, refs[0], refs[1], chunk, refs[2])
-
-            for out in dispatch(pool, plan, submit, retries, on_dispatch):
-                c = out.job
-                info: dict[str, Any] = {"index": c.index, "start": c.start, "stop": c.stop, "boundary": c.boundary}
-                info["attempts"] = out.attempt
-                if out.lost:
-                    info["retried"] = out.lost
-                if out.value is None:
-                    errors.append(f"chunk {c.index}: {out.error}")
-                    info["error"] = out.error
-                else:
-                    blobs[c.index], stats, info["worker"] = out.value
-                    info.update(stats)
-                chunks[c.index] = info
-            row["chunks"] = [chunks[i] for i in sorted(chunks)]
-            row["workers"] = sorted({c["worker"] for c in row["chunks"] if "worker" in c})
-            row["attempts"] = max(c["attempts"] for c in row["chunks"])
-            lost = [f"chunk {c['index']} {line}" for c in row["chunks"] for line in c.get("retried", [])]
-            if lost:
-                row["retried"] = lost
-            if errors:
-                row.update(status="failed", error="; ".join(errors), time_s=round(time.perf_counter() - t0, 3))
-                return row, []
+    try:
+        with tempfile.TemporaryDirectory(prefix="tokenfuse_join_") as tmp:
             paths = []
-            for i in sorted(blobs):
+            for i in sorted(v.blobs):
                 paths.append(Path(tmp) / f"chunk_{i}.mp4")
-                paths[-1].write_bytes(blobs.pop(i))
-            join = join_chunks(item.path, paths, Path(tmp) / out_name)
-            for k in ("frames", "faces", "key_frames", "flow_failures", "diffusion_runs", "crops_refined"):
-                row[k] = sum(c[k] for c in row["chunks"])
-            row["join"] = "copied" if join.copied else f"re-encoded ({join.reason})"
-            row["audio_packets"] = join.audio_packets
-            row["status"] = "ok"
-            row["time_s"] = round(time.perf_counter() - t0, 3)
-            return row, [(out_name, (Path(tmp) / out_name).read_bytes())]
-        except Exception as e:  # noqa: BLE001 - a bad input fails its item only
-            log.debug("video %s failed", item.path, exc_info=True)
-            row.update(status="failed", error=f"{type(e).__name__}: {e}", time_s=round(time.perf_counter() - t0, 3))
-            return row, []
+                paths[-1].write_bytes(v.blobs.pop(i))
+            join = join_chunks(v.item.path, paths, Path(tmp) / v.out_name)
+            files = [(v.out_name, (Path(tmp) / v.out_name).read_bytes())]
+    except Exception as e:  # noqa: BLE001 - a failed join fails this item only
+        v.fail(e)
+        return row, []
+    for k in ("frames", "faces", "key_frames", "flow_failures", "diffusion_runs", "crops_refined"):
+        row[k] = sum(c[k] for c in row["chunks"])
+    row["join"] = "copied" if join.copied else f"re-encoded ({join.reason})"
+    row.update(audio_packets=join.audio_packets, status="ok", time_s=v.elapsed())
+    return row, files
 
 
 def run_videos_ray(
@@ -231,19 +262,38 @@ def run_videos_ray(
     retries: int = 2,
     on_dispatch: Any = None,
 ) -> Summary:
-    """Every video item over the pool's VideoWorker actors, one item after another, each item's chunks spread over
-    all workers. Same report, resume and summary as run.run_items."""
+    """Every video item over the pool's VideoWorker actors (module docstring). The chunks of all items form one
+    stream of jobs: while the workers fuse one item's chunks, the driver analyses the next item, so several short
+    videos (one chunk each) also run side by side. Same report, resume and summary as run.run_items;
+    on_dispatch(chunk, actor, attempt): test hook (tests kill a worker there)."""
+    from .ray_pool import dispatch
     from .run import RunLog
 
     run = RunLog(output, len(items), resume, progress)
-    try:
+
+    def jobs() -> Iterator[tuple[_Video, Chunk]]:
         for index, item in enumerate(items, 1):
             if run.skip_done(index, item):
                 continue
-            run.bar.item(index, item.name)
-            row, files = fuse_video_ray(pool, item, spec, retries, on_dispatch)
-            if run.finish(index, item, row, files):
-                break
+            v = _prepare(pool, index, item, spec)
+            if v.files is not None:
+                run.finish(index, item, v.row, v.files)
+                continue
+            for chunk in v.plan:
+                yield v, chunk
+
+    def submit(actor: Any, job: tuple[_Video, Chunk]) -> Any:
+        v, chunk = job
+        return actor.fuse_chunk.remote(v.key, v.refs[0], v.refs[1], chunk, v.refs[2])
+
+    hook = None if on_dispatch is None else (lambda job, actor, attempt: on_dispatch(job[1], actor, attempt))
+    try:
+        for out in dispatch(pool, jobs(), submit, retries, hook):
+            v = out.job[0]
+            _record(v, out)
+            if len(v.chunks) == len(v.plan):
+                row, files = _join(v)
+                run.finish(v.index, v.item, row, files)
     finally:
         run.end(f" (ray core video, {len(pool.actors)} workers)")
     return run.summary

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -228,6 +228,9 @@ def _wait_exit(pids: set[int], deadline: float) -> None:
             pass
 
 
+_END = object()
+
+
 @dataclass
 class Outcome:
     """One job's end in `dispatch`: its value (None when failed), the attempts it took, the worker that ran it,
@@ -243,31 +246,41 @@ class Outcome:
 
 def dispatch(
     pool: RayPool,
-    jobs: list[Any],
+    jobs: Iterable[Any],
     submit: Callable[[Any, Any], Any],
     retries: int = 2,
     on_dispatch: Callable[[Any, Any, int], None] | None = None,
 ) -> Iterator[Outcome]:
     """Run jobs on the pool's workers, one job per idle worker, yielding each job's Outcome as it ends (in
-    completion order). submit(actor, job) -> ObjectRef. A worker that dies (killed, OOM-killed, node lost) is
-    replaced and its job sent again, first in line, up to `retries` more times; every job ends exactly once.
+    completion order). `jobs` is consumed lazily, one job whenever a worker is idle (a generator may prepare the
+    next item's jobs while the workers run the current ones). submit(actor, job) -> ObjectRef. A worker that dies
+    (killed, OOM-killed, node lost) is replaced and its job sent again, first in line, up to `retries` more
+    times; every job ends exactly once.
     submit raising (e.g. an unreadable input) fails that job alone. on_dispatch(job, actor, attempt): test hook
     called after each submission."""
     from ray.exceptions import RayActorError, WorkerCrashedError
 
     idle = list(pool.actors)
-    queue: list[tuple[Any, int]] = [(job, 1) for job in jobs]
+    source = iter(jobs)
+    queue: list[tuple[Any, int]] = []
     running: dict[Any, tuple[Any, int, Any]] = {}
     lost: dict[int, list[str]] = {}
-    while queue or running:
-        while queue and idle:
+    more = True
+    while queue or running or more:
+        while idle and (queue or more):
+            if not queue:
+                job = next(source, _END)
+                if job is _END:
+                    more = False
+                    break
+                queue.append((job, 1))
             job, attempt = queue.pop(0)
             actor = idle.pop(0)
             try:
                 ref = submit(actor, job)
             except Exception as e:  # noqa: BLE001 - this job fails alone
                 idle.append(actor)
-                yield Outcome(job, attempt, actor, lost=lost.get(id(job), []), error=f"{type(e).__name__}: {e}")
+                yield Outcome(job, attempt, actor, lost=lost.pop(id(job), []), error=f"{type(e).__name__}: {e}")
                 continue
             running[ref] = (job, attempt, actor)
             if on_dispatch is not None:
@@ -285,11 +298,11 @@ def dispatch(
             if attempt <= retries:
                 queue.insert(0, (job, attempt + 1))
                 continue
-            yield Outcome(job, attempt, actor, lost=lost[id(job)], error=f"worker lost {attempt} time(s)")
+            yield Outcome(job, attempt, actor, lost=lost.pop(id(job)), error=f"worker lost {attempt} time(s)")
             continue
         if actor in pool.actors:
             idle.append(actor)
-        yield Outcome(job, attempt, actor, value, lost.get(id(job), []))
+        yield Outcome(job, attempt, actor, value, lost.pop(id(job), []))
 
 
 def run_items_ray(

@@ -57,13 +57,18 @@ def rows(folder: Path) -> list[dict[str, Any]]:
 
 
 def test_chunks_spread_over_two_workers_equal_one_worker(cluster: Any, clip: Path, single, tmp_path: Path) -> None:
+    """Two 1 s videos (one chunk each) run side by side, then the 7 s clip's 3 chunks spread over both workers."""
+    shorts = [trim_copy(clip, tmp_path / f"short_{k}.mp4", 1.0) for k in "ab"]
     pool = RayPool("local", 2, SPEC, VideoWorker)
     try:
-        summary = run_videos_ray(pool, expand([clip]), tmp_path, SPEC, progress=False)
+        summary = run_videos_ray(pool, expand([*shorts, clip]), tmp_path / "out", SPEC, progress=False)
     finally:
         pool.close()
-    assert summary.exit_code == 0 and summary.ok == 1, summary.failures
-    (row,) = rows(tmp_path)
+    assert summary.exit_code == 0 and summary.ok == 3, summary.failures
+    by_name = {r["name"]: r for r in rows(tmp_path / "out")}
+    a, b, row = by_name["short_a"], by_name["short_b"], by_name["clip"]
+    assert len(a["chunks"]) == len(b["chunks"]) == 1 and a["workers"] != b["workers"], (a, b)
+    assert a["frames"] == 30 and audio_packets(Path(a["outputs"][0])) == audio_packets(shorts[0])
     assert [c["index"] for c in row["chunks"]] == [0, 1, 2] and len(row["workers"]) == 2, row
     assert row["join"] == "copied" and "retried" not in row, row
     (out,) = row["outputs"]
