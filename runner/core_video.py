@@ -123,6 +123,13 @@ class VideoWorker:
     def ident(self) -> int:
         return self.pid
 
+    def cleanup(self) -> None:
+        """Delete this worker's copies of the videos (RayPool.close calls it before killing the actor)."""
+        import shutil
+
+        shutil.rmtree(self._files, ignore_errors=True)
+        self._videos = {}
+
     def fuse_chunk(
         self, key: str, data: bytes, tracks: FaceTracks, chunk: Chunk, pts: list[int | None]
     ) -> tuple[bytes, dict[str, Any], int]:

@@ -79,6 +79,12 @@ class RunnerWorker:
         row["item"], row["worker"] = item.key, self.pid
         return row, files
 
+    def cleanup(self) -> None:
+        """Delete this worker's scratch files (RayPool.close calls it before killing the actor)."""
+        import shutil
+
+        shutil.rmtree(self._files, ignore_errors=True)
+
     def _write(self, name: str, blob: bytes) -> Path:
         folder = Path(tempfile.mkdtemp(dir=self._files))
         path = folder / Path(name).name
@@ -101,7 +107,10 @@ def connect(address: str, num_cpus: int | None = None) -> Any:
         "worker_process_setup_hook": ray_boot.setup,
         "env_vars": {"TOKENFUSE_PACK_DIR": str(Path(__file__).absolute().parents[1])},
     }
-    if not ray.is_initialized():
+    # Ray waits a fixed 30 s for a new local node to register; a loaded machine can miss that: two retries.
+    for attempt in (1, 2, 3) if address == "local" else (3,):
+        if ray.is_initialized():
+            break
         try:
             if address == "local":
                 ray.init(
@@ -109,9 +118,11 @@ def connect(address: str, num_cpus: int | None = None) -> Any:
                 )
             else:
                 ray.init(address=address, log_to_driver=False, runtime_env=env)
-        except Exception:
+        except Exception as e:
             ray.shutdown()  # never leave a half-started local cluster behind
-            raise
+            if attempt == 3:
+                raise
+            log.warning("starting a local Ray cluster failed (%s); trying again", str(e).splitlines()[0])
     return ray
 
 
@@ -178,6 +189,10 @@ class RayPool:
 
         self._collect_pids()
         actors, self.actors = self.actors, []
+        try:  # scratch files first, while the workers still answer (a killed worker keeps its temp folder)
+            self.ray.get([a.cleanup.remote() for a in actors], timeout=30)
+        except Exception as e:  # noqa: BLE001 - a dead or stuck worker: killed below all the same
+            log.debug("worker cleanup before close: %s", e)
         for a in actors:
             self.ray.kill(a, no_restart=True)
         deadline = time.monotonic() + timeout_s

@@ -7,8 +7,11 @@ same frames and refuses overload with 503 + Retry-After. Skips when Ray is absen
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import json
+import shutil
+import tempfile
 import threading
 import time
 import urllib.error
@@ -30,6 +33,9 @@ from tokenfuse.runner.ray_pool import RayPool, _alive, connect  # noqa: E402
 from video_clips import audio_packets, cut_clip, read_frames, trim_copy, video_pts  # noqa: E402
 
 # Lossless x264 (crf 0): "frame for frame equal" is an exact pixel comparison after decoding.
+N = 105  # frames of the clip
+# A VideoWorker writes chunk 0 to this temporary name (video/encode.temp_path) while fusing it.
+PARTS = f"{tempfile.gettempdir()}/tokenfuse_vworker_*/.chunk_0.mp4.*.part"
 SPEC = CoreSpec(crop_size=128, detect_size=160, crf=0, preset="ultrafast", chunks=3)
 
 
@@ -42,7 +48,8 @@ def cluster() -> Any:
 
 @pytest.fixture(scope="module")
 def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return cut_clip(tmp_path_factory.mktemp("ray_clip"))
+    """105 frames (3.5 s): a face, a faceless cut-in, the face mirrored; AAC audio (half the chunk tests' clip)."""
+    return cut_clip(tmp_path_factory.mktemp("ray_clip"), face_frames=60)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +64,7 @@ def rows(folder: Path) -> list[dict[str, Any]]:
 
 
 def test_chunks_spread_over_two_workers_equal_one_worker(cluster: Any, clip: Path, single, tmp_path: Path) -> None:
-    """Two 1 s videos (one chunk each) run side by side, then the 7 s clip's 3 chunks spread over both workers."""
+    """Two 1 s videos (one chunk each) run side by side, then the 3.5 s clip's 3 chunks spread over both workers."""
     shorts = [trim_copy(clip, tmp_path / f"short_{k}.mp4", 1.0) for k in "ab"]
     pool = RayPool("local", 2, SPEC, VideoWorker)
     try:
@@ -74,7 +81,7 @@ def test_chunks_spread_over_two_workers_equal_one_worker(cluster: Any, clip: Pat
     (out,) = row["outputs"]
     frames = read_frames(Path(out))
     report, one = single
-    assert len(frames) == len(one) == 210 and row["frames"] == report["frames"] == 210
+    assert len(frames) == len(one) == N and row["frames"] == report["frames"] == N
     assert all(np.array_equal(a, b) for a, b in zip(one, frames, strict=True)), "chunked != single-worker frames"
     assert video_pts(Path(out))[0] == video_pts(clip)[0]
     assert audio_packets(Path(out)) == audio_packets(clip)
@@ -82,16 +89,24 @@ def test_chunks_spread_over_two_workers_equal_one_worker(cluster: Any, clip: Pat
 
 
 def test_killed_worker_mid_chunk_is_retried_elsewhere(cluster: Any, clip: Path, single, tmp_path: Path) -> None:
-    """Chunk 0's worker is killed 1 s into its first attempt; a bad file next to the clip fails alone."""
+    """Chunk 0's worker is killed while it writes the chunk (its temporary output file exists: mid-chunk for
+    sure); a bad file next to the clip fails alone."""
     bad = tmp_path / "in" / "broken.mp4"
     bad.parent.mkdir()
     bad.write_bytes(b"\x00\x00\x00\x18ftypmp42 not really a video")
-    killed: list[int] = []
+    killed: list[bool] = []
+    before = set(glob.glob(PARTS))
+
+    def kill_when_writing(actor: Any) -> None:
+        deadline = time.monotonic() + 120
+        while not set(glob.glob(PARTS)) - before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        killed.append(bool(set(glob.glob(PARTS)) - before))
+        ray.kill(actor, no_restart=True)
 
     def kill_chunk0(chunk: Any, actor: Any, attempt: int) -> None:
-        if chunk.index == 0 and not killed:
-            killed.append(attempt)
-            threading.Timer(1.0, lambda: ray.kill(actor, no_restart=True)).start()
+        if chunk.index == 0 and attempt == 1:
+            threading.Thread(target=kill_when_writing, args=(actor,), daemon=True).start()
 
     pool = RayPool("local", 2, SPEC, VideoWorker)
     try:
@@ -100,6 +115,7 @@ def test_killed_worker_mid_chunk_is_retried_elsewhere(cluster: Any, clip: Path, 
         )
     finally:
         pool.close()
+    assert killed == [True], "chunk 0's worker was killed while writing its chunk"
     assert summary.ok == 1 and summary.failed == 1 and summary.exit_code == 1, summary
     failed, ok = rows(tmp_path / "out")
     assert failed["name"] == "broken" and failed["status"] == "failed" and "VideoReadError" in failed["error"]
@@ -107,9 +123,11 @@ def test_killed_worker_mid_chunk_is_retried_elsewhere(cluster: Any, clip: Path, 
     assert ok["chunks"][0]["attempts"] == 2 and "worker lost" in ok["chunks"][0]["retried"][0], ok
     assert ok["retried"] and ok["attempts"] == 2
     frames = read_frames(Path(ok["outputs"][0]))
-    assert all(np.array_equal(a, b) for a, b in zip(single[1], frames, strict=True)) and len(frames) == 210
+    assert all(np.array_equal(a, b) for a, b in zip(single[1], frames, strict=True)) and len(frames) == N
     assert sorted(p.name for p in (tmp_path / "out" / "clip").iterdir()) == ["clip_fused.mp4"]
     assert not any(_alive(p) for p in pool.pids)
+    for part in set(glob.glob(PARTS)) - before:  # the killed worker could not delete its scratch folder
+        shutil.rmtree(Path(part).parent, ignore_errors=True)
 
 
 def _post(url: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -152,11 +170,11 @@ def test_service_video_endpoint_and_overload(cluster: Any, clip: Path, single, t
         status, headers, body = _post(f"{url}/video", clip.read_bytes())
         assert status == 200 and headers["content-type"] == "video/mp4", (status, body[:200])
         report = json.loads(headers["x-tokenfuse-report"])
-        assert report["status"] == "ok" and report["frames"] == 210 and report["tracks"] == 2, report
+        assert report["status"] == "ok" and report["frames"] == N and report["tracks"] == 2, report
         out = tmp_path / "service.mp4"
         out.write_bytes(body)
         frames = read_frames(out)
-        assert all(np.array_equal(a, b) for a, b in zip(single[1], frames, strict=True)) and len(frames) == 210
+        assert all(np.array_equal(a, b) for a, b in zip(single[1], frames, strict=True)) and len(frames) == N
         assert video_pts(out)[0] == video_pts(clip)[0] and audio_packets(out) == audio_packets(clip)
         status, _, body = _post(f"{url}/video", b"not a video")
         assert status == 400 and json.loads(body)["error"] == "not a decodable video"

