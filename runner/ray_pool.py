@@ -111,6 +111,7 @@ def connect(address: str, num_cpus: int | None = None) -> Any:
     for attempt in (1, 2, 3) if address == "local" else (3,):
         if ray.is_initialized():
             break
+        before = _children()
         try:
             if address == "local":
                 ray.init(
@@ -119,11 +120,45 @@ def connect(address: str, num_cpus: int | None = None) -> Any:
             else:
                 ray.init(address=address, log_to_driver=False, runtime_env=env)
         except Exception as e:
-            ray.shutdown()  # never leave a half-started local cluster behind
+            ray.shutdown()  # never leave a half-started local cluster behind: shutdown() misses a node that failed
+            _end_processes(_children() - before)  # to register (its GCS, dashboard, monitors), so end those
             if attempt == 3:
                 raise
             log.warning("starting a local Ray cluster failed (%s); trying again", str(e).splitlines()[0])
     return ray
+
+
+def _children() -> set[int]:
+    """Pids of this process's direct children (Linux /proc; empty elsewhere)."""
+    import os
+
+    me, out = os.getpid(), set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text(encoding="ascii", errors="replace").rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:
+            out.add(int(stat.parent.name))
+    return out
+
+
+def _end_processes(pids: set[int], grace_s: float = 5.0) -> None:
+    """SIGTERM these processes (this process started them), SIGKILL what is left after grace_s."""
+    import os
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while (pids := {p for p in pids if _alive(p)}) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not pids:
+            return
 
 
 class RayPool:
@@ -227,20 +262,15 @@ def _alive(pid: int) -> bool:
 
 
 def _wait_exit(pids: set[int], deadline: float) -> None:
-    """Wait for the pool's worker processes (this machine) to exit; SIGKILL any left at the deadline."""
-    import os
-    import signal
+    """Wait for the pool's worker processes (this machine) to exit; end any left at the deadline."""
 
     left = {p for p in pids if _alive(p)}
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
         left = {p for p in left if _alive(p)}
-    for pid in left:
-        log.warning("Ray worker process %d still alive after close(): killing it", pid)
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    if left:
+        log.warning("Ray worker process(es) %s still alive after close(): ending them", sorted(left))
+        _end_processes(left, grace_s=2.0)
 
 
 _END = object()

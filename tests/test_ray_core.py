@@ -157,7 +157,10 @@ def test_service_video_endpoint_and_overload(cluster: Any, clip: Path, single, t
     server.start()
     url = f"http://127.0.0.1:{port}"
     try:
-        assert ready.wait(300), "service did not start"
+        started = time.monotonic()
+        while not ready.wait(1):  # serve_forever raising (e.g. Serve's proxy not up in its 60 s) ends the thread
+            assert server.is_alive(), "serve_forever failed: see the thread's exception above"
+            assert time.monotonic() - started < 600, "service did not start in 600 s"
         deadline = time.monotonic() + 120
         while True:
             try:
