@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="face-fusion HTTP service on Ray Serve (needs requirements-scale.txt)")
     s.add_argument("--workflow", help="workflow .json with one LoadImage (default: the demo graph)")
     s.add_argument("--demo", action="store_true", help="the demo graph and models (the default without --workflow)")
+    s.add_argument("--video-workflow", help="workflow .json with one LoadVideo and a SaveVideo, for POST /video")
     s.add_argument("--set", action="append", default=[], metavar="NODE.INPUT=JSON", help="override a node input")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default localhost only)")
     s.add_argument("--port", type=int, default=8000)
@@ -106,6 +107,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     if args.workflow:
         config = ServiceConfig(**{**config.__dict__, "workflow": str(Path(args.workflow).resolve())})
+    if args.video_workflow:
+        config = ServiceConfig(**{**config.__dict__, "video_workflow": str(Path(args.video_workflow).resolve())})
     serve_forever(config, args.ray, args.host, args.port, args.replicas, args.max_queued, args.retry_after)
     return 0
 

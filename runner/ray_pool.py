@@ -14,13 +14,13 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .items import Item
-from .report import ReportWriter, done_keys
-from .run import ProgressLine, Summary, account, save_outputs
+from .run import RunLog, Summary
 
 log = logging.getLogger("tokenfuse.runner")
 
@@ -79,6 +79,12 @@ class RunnerWorker:
         row["item"], row["worker"] = item.key, self.pid
         return row, files
 
+    def cleanup(self) -> None:
+        """Delete this worker's scratch files (RayPool.close calls it before killing the actor)."""
+        import shutil
+
+        shutil.rmtree(self._files, ignore_errors=True)
+
     def _write(self, name: str, blob: bytes) -> Path:
         folder = Path(tempfile.mkdtemp(dir=self._files))
         path = folder / Path(name).name
@@ -101,7 +107,11 @@ def connect(address: str, num_cpus: int | None = None) -> Any:
         "worker_process_setup_hook": ray_boot.setup,
         "env_vars": {"TOKENFUSE_PACK_DIR": str(Path(__file__).absolute().parents[1])},
     }
-    if not ray.is_initialized():
+    # Ray waits a fixed 30 s for a new local node to register; a loaded machine can miss that: two retries.
+    for attempt in (1, 2, 3) if address == "local" else (3,):
+        if ray.is_initialized():
+            break
+        before = _children()
         try:
             if address == "local":
                 ray.init(
@@ -109,44 +119,235 @@ def connect(address: str, num_cpus: int | None = None) -> Any:
                 )
             else:
                 ray.init(address=address, log_to_driver=False, runtime_env=env)
-        except Exception:
-            ray.shutdown()  # never leave a half-started local cluster behind
-            raise
+        except Exception as e:
+            ray.shutdown()  # never leave a half-started local cluster behind: shutdown() misses a node that failed
+            _end_processes(_children() - before)  # to register (its GCS, dashboard, monitors), so end those
+            if attempt == 3:
+                raise
+            log.warning("starting a local Ray cluster failed (%s); trying again", str(e).splitlines()[0])
     return ray
 
 
-class RayPool:
-    """`workers` RunnerWorker actors on the cluster at `address` (module docstring); close() kills them and shuts
-    down a local cluster this pool started."""
+def _children() -> set[int]:
+    """Pids of this process's direct children (Linux /proc; empty elsewhere)."""
+    import os
 
-    def __init__(self, address: str, workers: int, spec: WorkerSpec) -> None:
+    me, out = os.getpid(), set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text(encoding="ascii", errors="replace").rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:
+            out.add(int(stat.parent.name))
+    return out
+
+
+def _end_processes(pids: set[int], grace_s: float = 5.0) -> None:
+    """SIGTERM these processes (this process started them), SIGKILL what is left after grace_s."""
+    import os
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while (pids := {p for p in pids if _alive(p)}) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not pids:
+            return
+
+
+class RayPool:
+    """`workers` actors of `worker_cls` (RunnerWorker: a warm embedded ComfyUI; core_video.VideoWorker: the
+    ComfyUI-free video engine), each built from `spec`, on the cluster at `address` (module docstring).
+
+    close() kills them and waits until their processes are gone (and shuts down a local cluster this pool
+    started): a run that returns leaves no worker behind.
+    """
+
+    def __init__(self, address: str, workers: int, spec: Any, worker_cls: type = RunnerWorker) -> None:
         self.local = address == "local"
         self.actors: list[Any] = []
-        self.ray = connect(address, num_cpus=max(workers, 1) if self.local else None)
-        gpus = self.ray.cluster_resources().get("GPU", 0)
-        num_gpus = spec.num_gpus or (1.0 if gpus >= 1 else 0.0)
-        self.spec = spec
-        self.actor_cls = self.ray.remote(num_gpus=num_gpus, num_cpus=spec.num_cpus, max_restarts=0)(RunnerWorker)
+        self._idents: list[Any] = []
+        self.pids: set[int] = set()
         try:
-            self.actors = [self.actor_cls.remote(spec) for _ in range(max(workers, 1))]
+            import ray as _ray
+
+            was_running = _ray.is_initialized()
+        except ImportError:
+            was_running = False
+        self.ray = connect(address, num_cpus=max(workers, 1) if self.local else None)
+        self.owns_cluster = self.local and not was_running
+        gpus = self.ray.cluster_resources().get("GPU", 0)
+        num_gpus = getattr(spec, "num_gpus", 0.0) or (1.0 if gpus >= 1 else 0.0)
+        self.spec = spec
+        self.actor_cls = self.ray.remote(num_gpus=num_gpus, num_cpus=getattr(spec, "num_cpus", 1.0), max_restarts=0)(
+            worker_cls
+        )
+        try:
+            for _ in range(max(workers, 1)):
+                self._start()
         except Exception:
             self.close()
             raise
+
+    def _start(self) -> Any:
+        actor = self.actor_cls.remote(self.spec)
+        self.actors.append(actor)
+        self._idents.append(actor.ident.remote())  # its pid, collected lazily (close waits for it to exit)
+        return actor
 
     def node_defs(self) -> dict[str, dict[str, Any]]:
         return dict(self.ray.get(self.actors[0].node_defs.remote()))
 
     def replace(self, actor: Any) -> Any:
-        new = self.actor_cls.remote(self.spec)
-        self.actors = [a for a in self.actors if a is not actor] + [new]
-        return new
+        """A new worker in place of a lost one."""
+        self.actors = [a for a in self.actors if a is not actor]
+        return self._start()
 
-    def close(self) -> None:
-        for a in self.actors:
-            self.ray.kill(a)
-        self.actors = []
-        if self.local:
+    def _collect_pids(self) -> None:
+        for ref in self._idents:
+            try:
+                self.pids.add(int(self.ray.get(ref, timeout=30)))
+            except Exception:  # noqa: BLE001 - an actor killed before it answered: nothing to wait for
+                continue
+        self._idents = []
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Kill the workers and wait until their processes have exited (local cluster: by pid; any cluster: until
+        Ray reports each actor dead); then shut down a local cluster this pool started. Idempotent."""
+        from ray.exceptions import GetTimeoutError
+
+        self._collect_pids()
+        actors, self.actors = self.actors, []
+        try:  # scratch files first, while the workers still answer (a killed worker keeps its temp folder)
+            self.ray.get([a.cleanup.remote() for a in actors], timeout=30)
+        except Exception as e:  # noqa: BLE001 - a dead or stuck worker: killed below all the same
+            log.debug("worker cleanup before close: %s", e)
+        for a in actors:
+            self.ray.kill(a, no_restart=True)
+        deadline = time.monotonic() + timeout_s
+        for a in actors:  # a call on a killed actor fails once Ray has seen it die
+            try:
+                self.ray.get(a.ident.remote(), timeout=max(deadline - time.monotonic(), 0.1))
+                log.warning("Ray worker still answering after kill")
+            except GetTimeoutError:
+                log.warning("Ray worker did not report dead within %.0f s", timeout_s)
+            except Exception:  # noqa: BLE001 - RayActorError: dead, as wanted
+                pass
+        if self.owns_cluster and self.ray.is_initialized():
             self.ray.shutdown()
+        if self.local:
+            _wait_exit(self.pids, deadline)
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped by its raylet) counts as gone
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _wait_exit(pids: set[int], deadline: float) -> None:
+    """Wait for the pool's worker processes (this machine) to exit; end any left at the deadline."""
+
+    left = {p for p in pids if _alive(p)}
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = {p for p in left if _alive(p)}
+    if left:
+        log.warning("Ray worker process(es) %s still alive after close(): ending them", sorted(left))
+        _end_processes(left, grace_s=2.0)
+
+
+_END = object()
+
+
+@dataclass
+class Outcome:
+    """One job's end in `dispatch`: its value (None when failed), the attempts it took, the worker that ran it,
+    and one line per lost attempt."""
+
+    job: Any
+    attempt: int
+    actor: Any
+    value: Any = None
+    lost: list[str] = field(default_factory=list)
+    error: str = ""
+
+
+def dispatch(
+    pool: RayPool,
+    jobs: Iterable[Any],
+    submit: Callable[[Any, Any], Any],
+    retries: int = 2,
+    on_dispatch: Callable[[Any, Any, int], None] | None = None,
+) -> Iterator[Outcome]:
+    """Run jobs on the pool's workers, one job per idle worker, yielding each job's Outcome as it ends (in
+    completion order). `jobs` is consumed lazily, one job whenever a worker is idle (a generator may prepare the
+    next item's jobs while the workers run the current ones). submit(actor, job) -> ObjectRef. A worker that dies
+    (killed, OOM-killed, node lost) is replaced and its job sent again, first in line, up to `retries` more
+    times; every job ends exactly once.
+    submit raising (e.g. an unreadable input) fails that job alone. on_dispatch(job, actor, attempt): test hook
+    called after each submission."""
+    from ray.exceptions import RayActorError, WorkerCrashedError
+
+    idle = list(pool.actors)
+    source = iter(jobs)
+    queue: list[tuple[Any, int]] = []
+    running: dict[Any, tuple[Any, int, Any]] = {}
+    lost: dict[int, list[str]] = {}
+    more = True
+    while queue or running or more:
+        while idle and (queue or more):
+            if not queue:
+                job = next(source, _END)
+                if job is _END:
+                    more = False
+                    break
+                queue.append((job, 1))
+            job, attempt = queue.pop(0)
+            actor = idle.pop(0)
+            try:
+                ref = submit(actor, job)
+            except Exception as e:  # noqa: BLE001 - this job fails alone
+                idle.append(actor)
+                yield Outcome(job, attempt, actor, lost=lost.pop(id(job), []), error=f"{type(e).__name__}: {e}")
+                continue
+            running[ref] = (job, attempt, actor)
+            if on_dispatch is not None:
+                on_dispatch(job, actor, attempt)
+        if not running:
+            continue
+        done, _ = pool.ray.wait(list(running), num_returns=1)
+        job, attempt, actor = running.pop(done[0])
+        try:
+            value = pool.ray.get(done[0])
+        except (RayActorError, WorkerCrashedError) as e:
+            lost.setdefault(id(job), []).append(f"attempt {attempt}: worker lost ({type(e).__name__})")
+            log.warning("Ray worker lost on attempt %d; %s", attempt, "retrying" if attempt <= retries else "giving up")
+            idle.append(pool.replace(actor))
+            if attempt <= retries:
+                queue.insert(0, (job, attempt + 1))
+                continue
+            yield Outcome(job, attempt, actor, lost=lost.pop(id(job)), error=f"worker lost {attempt} time(s)")
+            continue
+        if actor in pool.actors:
+            idle.append(actor)
+        yield Outcome(job, attempt, actor, value, lost.pop(id(job), []))
 
 
 def run_items_ray(
@@ -161,77 +362,36 @@ def run_items_ray(
     retries: int = 2,
     on_dispatch: Any = None,
 ) -> Summary:
-    """Like run.run_items, on `workers` Ray actors. on_dispatch(item, actor, attempt): test hook, called after each
-    submission (tests kill a worker there)."""
+    """Like run.run_items, on the pool's RunnerWorker actors (one item per idle worker; see `dispatch` for lost
+    workers). on_dispatch(item, actor, attempt): test hook (tests kill a worker there)."""
     ray = pool.ray
-    from ray.exceptions import RayActorError, WorkerCrashedError
-
-    started = time.perf_counter()
-    report_path = output / "report.jsonl"
-    finished = done_keys(report_path) if resume else set()
-    writer = ReportWriter(report_path, append=resume)
-    summary = Summary()
-    bar = ProgressLine(len(items), enabled=progress)
-    const = {nid: (p.name, p.read_bytes()) for nid, p in constants.items()}
-    const_ref = ray.put(const)
+    run = RunLog(output, len(items), resume, progress)
+    const_ref = ray.put({nid: (p.name, p.read_bytes()) for nid, p in constants.items()})
     prompt_ref = ray.put(prompt)
-    idle = list(pool.actors)
-    queue: list[tuple[int, Item, int]] = []
-    for index, item in enumerate(items, 1):
-        if item.key in finished:
-            summary.skipped += 1
-            bar.item(index, item.name)
-            bar.done("skipped (done in a previous run)")
-        else:
-            queue.append((index, item, 1))
-    running: dict[Any, tuple[int, Item, int, Any]] = {}
-    lost: dict[str, list[str]] = {}
+    todo = [(index, item) for index, item in enumerate(items, 1) if not run.skip_done(index, item)]
+
+    def submit(actor: Any, job: tuple[int, Item]) -> Any:
+        item = job[1]
+        try:
+            data = item.path.read_bytes()
+        except OSError as e:
+            raise OSError(f"cannot read input: {e}") from e
+        return actor.run.remote(prompt_ref, slot, const_ref, item, data)
+
     try:
-        while queue or running:
-            while queue and idle:
-                index, item, attempt = queue.pop(0)
-                actor = idle.pop(0)
-                try:
-                    data = item.path.read_bytes()
-                except OSError as e:
-                    row = {"item": item.key, "name": item.name, "kind": item.kind, "status": "failed"}
-                    row["error"] = f"cannot read input: {e}"
-                    writer.write(row)
-                    bar.item(index, item.name)
-                    account(summary, bar, row)
-                    idle.append(actor)
-                    continue
-                ref = actor.run.remote(prompt_ref, slot, const_ref, item, data)
-                running[ref] = (index, item, attempt, actor)
-                if on_dispatch is not None:
-                    on_dispatch(item, actor, attempt)
-            done, _ = ray.wait(list(running), num_returns=1)
-            ref = done[0]
-            index, item, attempt, actor = running.pop(ref)
-            bar.item(index, item.name)
-            try:
-                row, files = ray.get(ref)
-            except (RayActorError, WorkerCrashedError) as e:
-                lost.setdefault(item.key, []).append(f"attempt {attempt}: worker lost ({type(e).__name__})")
-                idle.append(pool.replace(actor))
-                if attempt <= retries:
-                    bar.done(f"worker lost, retrying (attempt {attempt + 1})")
-                    queue.insert(0, (index, item, attempt + 1))
-                    continue
-                row = {"item": item.key, "name": item.name, "kind": item.kind, "status": "failed"}
-                row["error"], files = f"worker lost {attempt} time(s)", []
-            if actor in pool.actors:
-                idle.append(actor)
-            row["attempts"] = attempt
-            if item.key in lost:
-                row["retried"] = lost[item.key]
-            if row["status"] == "ok":
-                row["outputs"] = save_outputs(files, output / item.name)
-            writer.write(row)
-            if account(summary, bar, row):
+        for out in dispatch(pool, todo, submit, retries, on_dispatch and (lambda j, a, n: on_dispatch(j[1], a, n))):
+            index, item = out.job
+            if out.value is not None:
+                row, files = out.value
+            else:
+                row = {"item": item.key, "name": item.name, "kind": item.kind, "status": "failed", "error": out.error}
+                row["error"] = out.error.removeprefix("OSError: ")
+                files = []
+            row["attempts"] = out.attempt
+            if out.lost:
+                row["retried"] = out.lost
+            if run.finish(index, item, row, files):
                 break
     finally:
-        writer.close()
-    summary.seconds = time.perf_counter() - started
-    log.info("TokenFuse runner (ray, %d workers): %s; report %s", len(pool.actors), summary.line(), report_path)
-    return summary
+        run.end(f" (ray, {len(pool.actors)} workers)")
+    return run.summary

@@ -144,6 +144,47 @@ def account(summary: Summary, bar: ProgressLine, row: dict[str, Any]) -> bool:
     return False
 
 
+class RunLog:
+    """The bookkeeping every runner loop shares (in-process, --server, --ray items, --ray video chunks): skip items
+    a previous run finished (--resume), file an item's outputs under `<output>/<item name>/`, append its report
+    row, count it into the summary and the progress line, log one summary line at the end."""
+
+    def __init__(self, output: Path, total: int, resume: bool = False, progress: bool = True) -> None:
+        self.started = time.perf_counter()
+        self.output, self.report_path = output, output / "report.jsonl"
+        self.finished = done_keys(self.report_path) if resume else set()
+        self.writer = ReportWriter(self.report_path, append=resume)
+        self.summary = Summary()
+        self.bar = ProgressLine(total, enabled=progress)
+        self._ended = False
+
+    def skip_done(self, index: int, item: Item) -> bool:
+        """True (counted and shown) when --resume found the item finished in the report."""
+        if item.key not in self.finished:
+            return False
+        self.summary.skipped += 1
+        self.bar.item(index, item.name)
+        self.bar.done("skipped (done in a previous run)")
+        return True
+
+    def finish(self, index: int, item: Item, row: dict[str, Any], files: list[tuple[str, bytes]]) -> bool:
+        """File an item's outputs (when ok), write its row, count and show it; True when the run must stop."""
+        self.bar.item(index, item.name)
+        if row["status"] == "ok":
+            row["outputs"] = save_outputs(files, self.output / item.name)
+        self.writer.write(row)
+        return account(self.summary, self.bar, row)
+
+    def end(self, label: str = "") -> Summary:
+        """Close the report, set the run time, log the one summary line (idempotent)."""
+        if not self._ended:
+            self._ended = True
+            self.writer.close()
+            self.summary.seconds = time.perf_counter() - self.started
+            log.info("TokenFuse runner%s: %s; report %s", label, self.summary.line(), self.report_path)
+        return self.summary
+
+
 def run_items(
     engine: Engine,
     prompt: dict[str, dict[str, Any]],
@@ -155,12 +196,7 @@ def run_items(
     progress: bool = True,
 ) -> Summary:
     """Run every item; returns the summary (its exit_code: 0 all ok, 1 some failed, 130 interrupted)."""
-    started = time.perf_counter()
-    report_path = output / "report.jsonl"
-    finished = done_keys(report_path) if resume else set()
-    writer = ReportWriter(report_path, append=resume)
-    summary = Summary()
-    bar = ProgressLine(len(items), enabled=progress)
+    run = RunLog(output, len(items), resume, progress)
     stop = {"requested": False}
 
     def on_sigint(signum: int, frame: Any) -> None:
@@ -175,26 +211,19 @@ def run_items(
         fixed = {nid: engine.stage(path) for nid, path in constants.items()}
         for index, item in enumerate(items, 1):
             if stop["requested"]:
-                summary.interrupted = True
+                run.summary.interrupted = True
                 break
-            bar.item(index, item.name)
-            if item.key in finished:
-                summary.skipped += 1
-                bar.done("skipped (done in a previous run)")
+            if run.skip_done(index, item):
                 continue
-            row, files = process_item(engine, prompt, slot, fixed, item, bar.step)
-            if row["status"] == "ok":
-                row["outputs"] = save_outputs(files, output / item.name)
-            writer.write(row)
-            if account(summary, bar, row):
+            run.bar.item(index, item.name)
+            row, files = process_item(engine, prompt, slot, fixed, item, run.bar.step)
+            if run.finish(index, item, row, files):
                 break
     finally:
-        writer.close()
+        run.end()
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
-    summary.seconds = time.perf_counter() - started
-    log.info("TokenFuse runner: %s; report %s", summary.line(), report_path)
-    return summary
+    return run.summary
 
 
 def _main_thread() -> bool:

@@ -1,7 +1,9 @@
 """`serve`: TokenFuse face fusion behind Ray Serve.
 
 POST /  (body: an image file) -> JSON {"status", "faces", "fallbacks", "time_s", "batch_size", "image_png_base64",
-"report"}; GET /health -> {"status": "ok", ...}. One replica per GPU (num_gpus=1 when the cluster has GPUs), each
+"report"}; POST /video (body: a video file) -> the fused MP4 (same frames, timestamps and audio; video/mp4) with
+the JSON report in the X-TokenFuse-Report header, or JSON {"status": "failed", "error"} with 400; GET /health ->
+{"status": "ok", ...}. One replica per GPU (num_gpus=1 when the cluster has GPUs), each
 holding a warm embedded ComfyUI. Concurrent requests are batched (`@serve.batch`, at most `max_batch` photos,
 waiting at most `batch_wait_s`): photos of one size become one IMAGE batch through the workflow, so their faces
 share ScheduledFusion's sampler calls (faces_per_batch). Backpressure: more than `max_queued` waiting requests per
@@ -35,6 +37,8 @@ class ServiceConfig:
     sdpa: bool = False
     max_batch: int = 4
     batch_wait_s: float = 0.05
+    video_workflow: str | None = None  # UI or API workflow with one LoadVideo, for POST /video (ComfyUI replicas)
+    core: dict[str, Any] | None = None  # runner.core_video.CoreSpec fields: the ComfyUI-free video engine instead
 
 
 class FusionReplica:
@@ -51,16 +55,28 @@ class FusionReplica:
         self.fuse.set_batch_wait_timeout_s(self.cfg.batch_wait_s)
         self.served = 0
         self.batches = 0
+        self.videos = 0
 
     def _start(self, config: dict[str, Any]) -> None:
+        cfg = ServiceConfig(**config)
+        self.cfg = cfg
+        self.video_prompt: dict[str, Any] | None = None
+        if cfg.core is not None:  # no ComfyUI: videos through the pack's video core (runner/core_video.py)
+            from tokenfuse.runner.core_video import CoreSpec
+
+            self.engine, self.core = None, CoreSpec(**cfg.core)
+            self.refine = self.core.make_refine()
+            return
+        self.core = None
+        self._start_comfy(cfg)
+
+    def _start_comfy(self, cfg: ServiceConfig) -> None:
         from tokenfuse.runner.cli import apply_sets, load_prompt
         from tokenfuse.runner.demo import DEMO_LOADER, DemoModels, demo_prompt, fill_defaults
         from tokenfuse.runner.embedded import EmbeddedComfy
         from tokenfuse.runner.items import item_slot
         from tokenfuse.service.batch_node import BATCH_LOADER, LoadBatch
 
-        cfg = ServiceConfig(**config)
-        self.cfg = cfg
         extra = {BATCH_LOADER: LoadBatch, **({DEMO_LOADER: DemoModels} if cfg.demo else {})}
         self.engine = EmbeddedComfy(cfg.comfyui, cpu=cfg.cpu, sdpa=cfg.sdpa, extra_nodes=extra)
         defs = self.engine.node_defs()
@@ -72,19 +88,78 @@ class FusionReplica:
         self.slot = item_slot(prompt, set())
         prompt[self.slot] = {"class_type": BATCH_LOADER, "inputs": {"files": ""}, "_meta": {"title": "batch"}}
         self.prompt = prompt
+        if cfg.video_workflow:
+            self.video_prompt = load_prompt(Path(cfg.video_workflow), defs)
+            apply_sets(self.video_prompt, list(cfg.sets))
+            self.video_slot = item_slot(self.video_prompt, set(), "video")
 
     async def __call__(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
 
-        if request.method == "GET" and request.url.path.rstrip("/").endswith("health"):
-            return JSONResponse({"status": "ok", "served": self.served, "batches": self.batches})
+        path = request.url.path.rstrip("/")
+        if request.method == "GET" and path.endswith("health"):
+            return JSONResponse({"status": "ok", "served": self.served, "batches": self.batches, "videos": self.videos})
         if request.method != "POST":
-            return JSONResponse({"error": "POST an image file, or GET /health"}, status_code=405)
+            return JSONResponse({"error": "POST an image file to /, a video file to /video, or GET /health"}, 405)
         body = await request.body()
         if not body:
-            return JSONResponse({"error": "empty body: POST the image bytes"}, status_code=400)
+            return JSONResponse({"error": "empty body: POST the file's bytes"}, status_code=400)
+        if path.endswith("/video"):
+            return await self._video(body)
+        if self.core is not None:
+            return JSONResponse({"error": "this service runs the video engine only: POST videos to /video"}, 400)
         result = await self.fuse(body)
         return JSONResponse(result, status_code=200 if result["status"] == "ok" else 400)
+
+    async def _video(self, body: bytes) -> Any:
+        import json
+
+        from starlette.responses import JSONResponse, Response
+
+        # One video at a time per replica, on the ComfyUI thread (videos are not batched across requests: the
+        # fuse pass already batches a video's face crops, faces_per_batch).
+        status, report, mp4 = await asyncio.get_running_loop().run_in_executor(self._pool, self._video_sync, body)
+        if status != 200:
+            return JSONResponse(report, status_code=status)
+        headers = {"X-TokenFuse-Report": json.dumps(report, sort_keys=True, default=str)}
+        return Response(mp4, media_type="video/mp4", headers=headers)
+
+    def _video_sync(self, body: bytes) -> tuple[int, dict[str, Any], bytes]:
+        """(HTTP status, report, MP4 bytes): the same streaming path as the runner's video items."""
+        import tempfile
+
+        from tokenfuse.runner.items import Item
+        from tokenfuse.video.decode import VideoReadError, probe
+
+        with tempfile.TemporaryDirectory(prefix="tokenfuse_req_") as tmp:
+            path = Path(tmp) / "request.mp4"
+            path.write_bytes(body)
+            try:
+                info = probe(path)
+            except VideoReadError:
+                return 400, {"status": "failed", "error": "not a decodable video"}, b""
+            self.videos += 1
+            if self.core is not None:
+                from tokenfuse.runner.core_video import fuse_file
+
+                out = Path(tmp) / "fused.mp4"
+                try:
+                    report = {"status": "ok", **fuse_file(path, out, self.core, self.refine)}
+                except Exception as e:  # noqa: BLE001 - a bad request fails alone; the replica goes on
+                    return 400, {"status": "failed", "error": f"{type(e).__name__}: {e}"}, b""
+                return 200, {**report, "width": info.width, "height": info.height}, out.read_bytes()
+            if self.video_prompt is None:
+                return 400, {"status": "failed", "error": "no video workflow: start serve with --video-workflow"}, b""
+            from tokenfuse.runner.run import process_item
+
+            row, files = process_item(
+                self.engine, self.video_prompt, self.video_slot, {}, Item(path, "request", "video")
+            )
+            videos = [data for name, data in files if Path(name).suffix.lower() in (".mp4", ".mov", ".mkv", ".webm")]
+            if row["status"] != "ok" or not videos:
+                row.setdefault("error", "the workflow saved no video (it needs a SaveVideo node)")
+                return 400, {**row, "status": "failed"}, b""
+            return 200, row, videos[0]
 
     from ray import serve as _serve  # noqa: E402 - decorator needs Ray; this module is imported only when serving
 

