@@ -29,7 +29,6 @@ import copy
 import importlib
 import json
 import shutil
-import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -38,10 +37,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from comfy_http import frontend_check
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "tools" / "make_workflows.mjs"
 WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
 TEST_LOADER = "TokenFuseTestRandomCheckpoint"
 if str(REPO / "tests") not in sys.path:
@@ -54,18 +53,7 @@ def frontend(browser_tools: tuple[str, dict[str, str]], comfy_server: SimpleName
     settings = Path(comfy_server.log).parent / "user" / "default" / "comfy.settings.json"
     settings.parent.mkdir(parents=True, exist_ok=True)  # no first-start template dialog over the canvas
     settings.write_text('{"Comfy.TutorialCompleted": true, "Comfy.Minimap.Visible": false}', encoding="utf-8")
-    node, env = browser_tools
-    out = subprocess.run(
-        [node, str(SCRIPT), "check", comfy_server.url, str(REPO / "workflows")],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout)
+    return frontend_check(browser_tools, comfy_server.url)
 
 
 def test_workflows_exist() -> None:
