@@ -1,15 +1,21 @@
 """The runner against a running ComfyUI server (`--server URL`): GET /object_info for the node definitions,
-POST /upload/image to hand over each input, POST /prompt, poll /history/<id> until it ends, GET /view for the
-saved files, POST /interrupt on Ctrl-C. Standard library only.
+POST /upload/image to hand over each input, POST /prompt, follow the prompt on the server's websocket (per-step
+progress, node errors, the pack's stats: runner/server_ws.py), GET /history/<id> for its outcome and UI outputs,
+GET /view for the saved files; Ctrl-C deletes the prompt from the queue and interrupts it (POST /queue, /interrupt
+with its prompt_id, so other clients' prompts are left alone).
 
-Differences from the embedded engine: no per-step progress (the server reports steps on its websocket; this
-client polls /history), no STRING report outputs (the server keeps only UI outputs), so the JSONL rows have no
-face / fallback counts, and peak memory is not known.
+The report rows match the embedded engine's: faces / fallbacks come from ScheduledFusion's report, which the node
+also returns as UI text (the server keeps only UI outputs, so the GFPGANEnhance and TokenSchedulerController report
+strings are not in `reports`); peak memory is what the pack's stats say at the end of sampling (the server
+process's CUDA max_memory_allocated, never reset, or its peak RSS on CPU) and unknown when no TokenFuse-scheduled
+model samples. Without aiohttp (ComfyUI's Python has it) the client polls /history: no per-step progress and no
+peak memory then. HTTP with the standard library.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import urllib.error
 import urllib.parse
@@ -18,21 +24,48 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from .embedded import REPORT_SLOTS, _error_message, _validation_message
 from .engine import ExecResult, OutputFile, Progress
+from .server_ws import PromptEvents, WebsocketUnavailable, watch_prompt, websocket_available
+
+log = logging.getLogger("tokenfuse.runner")
+NO_WEBSOCKET = "not known: no websocket (aiohttp missing), so the pack's stats did not reach the runner"
 
 
 class ServerError(ConnectionError):
-    """The server refused or failed a request; the message carries its answer."""
+    """The server refused or failed a request; the message carries its answer (`body`: its JSON, when it sent
+    one)."""
+
+    def __init__(self, message: str, body: Any = None) -> None:
+        super().__init__(message)
+        self.body = body
 
 
 class ServerComfy:
-    """A ComfyUI server at `url` (http://host:port). poll_s: /history polling interval."""
+    """A ComfyUI server at `url` (http://host:port).
 
-    def __init__(self, url: str, timeout_s: float = 3600.0, poll_s: float = 0.25) -> None:
+    websocket: follow prompts on /ws (needs aiohttp); False, or aiohttp missing, polls /history every `poll_s`.
+    timeout_s: a prompt still unfinished after this long is interrupted and fails.
+    """
+
+    def __init__(self, url: str, timeout_s: float = 3600.0, poll_s: float = 0.25, websocket: bool = True) -> None:
         self.url = url.rstrip("/")
         self.timeout_s, self.poll_s = timeout_s, poll_s
         self.client_id = str(uuid.uuid4())
+        self._running: str | None = None  # the prompt id queued by execute() now
+        self._stop = False  # interrupt() was called during this prompt
         self._request("GET", "/system_stats")  # fail early with a clear message when nothing answers
+        self.websocket = websocket and websocket_available()
+        if websocket and not self.websocket:
+            log.warning(
+                "aiohttp is not installed: --server polls /history (no per-step progress, no peak memory); "
+                "run the runner with ComfyUI's Python or pip install aiohttp"
+            )
+
+    @property
+    def ws_url(self) -> str:
+        scheme, rest = self.url.split("://", 1)
+        return f"{'wss' if scheme == 'https' else 'ws'}://{rest}/ws?clientId={self.client_id}"
 
     def _request(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> Any:
         req = urllib.request.Request(self.url + path, data=body, method=method, headers=headers or {})
@@ -41,9 +74,17 @@ class ServerComfy:
                 data = r.read()
                 return json.loads(data) if r.headers.get_content_type() == "application/json" else data
         except urllib.error.HTTPError as e:
-            raise ServerError(f"{method} {path}: HTTP {e.code}: {e.read()[:2000].decode(errors='replace')}") from e
+            text = e.read()[:20000].decode(errors="replace")
+            try:
+                answer = json.loads(text)
+            except json.JSONDecodeError:
+                answer = None
+            raise ServerError(f"{method} {path}: HTTP {e.code}: {text[:2000]}", answer) from e
         except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
             raise ServerError(f"ComfyUI server at {self.url} did not answer ({e}); is it running?") from e
+
+    def _post_json(self, path: str, data: dict[str, Any]) -> Any:
+        return self._request("POST", path, json.dumps(data).encode(), {"Content-Type": "application/json"})
 
     def node_defs(self) -> dict[str, dict[str, Any]]:
         return dict(self._request("GET", "/object_info"))
@@ -66,31 +107,91 @@ class ServerComfy:
         return f"{sub}/{answer['name']}" if sub else str(answer["name"])
 
     def execute(self, prompt: dict[str, dict[str, Any]], progress: Progress | None = None) -> ExecResult:
-        body = json.dumps({"prompt": prompt, "client_id": self.client_id}).encode()
-        try:
-            answer = self._request("POST", "/prompt", body, {"Content-Type": "application/json"})
-        except ServerError as e:
-            return ExecResult(ok=False, error=f"the server refused the prompt: {e}")
-        prompt_id = answer["prompt_id"]
+        prompt_id = str(uuid.uuid4())  # ComfyUI takes the id from the request: messages can be matched at once
         deadline = time.monotonic() + self.timeout_s
+        self._stop = False
+
+        def submit() -> str:
+            self._running = prompt_id  # before the request: a Ctrl-C during it must know what to delete
+            try:
+                self._post_json("/prompt", {"prompt": prompt, "client_id": self.client_id, "prompt_id": prompt_id})
+            except ServerError as e:
+                raise _Refused(_refusal(e)) from e
+            if self._stop:  # interrupted while queueing: the deletion may have come before the prompt
+                self.interrupt()
+            return prompt_id
+
+        events: PromptEvents | None = None
+        try:
+            if self.websocket:
+                try:
+                    events = watch_prompt(self.ws_url, submit, progress, lambda ev: self._give_up(prompt_id, deadline))
+                except WebsocketUnavailable as e:
+                    log.warning("no websocket (%s): polling /history instead", e)
+                    self.websocket = False
+            if events is None:
+                submit()
+            entry = self._wait_history(prompt_id, deadline)
+        except _Refused as e:  # /prompt answered with an error: validation
+            return ExecResult(ok=False, error=str(e))
+        finally:
+            self._running = None
+        memory = (events.peak_mib, events.memory_kind) if events is not None else (None, NO_WEBSOCKET)
+        if entry is None:
+            if self._stop:
+                return ExecResult(ok=False, error="interrupted", interrupted=True)
+            return ExecResult(ok=False, error=f"no result after {self.timeout_s:.0f} s (interrupted it)")
+        return self._result(prompt, entry, events, memory)
+
+    def _give_up(self, prompt_id: str, deadline: float) -> bool:
+        """While the websocket is quiet: True when the wait must end (time-out, or the prompt left the queue
+        without a history entry: deleted by interrupt())."""
+        if time.monotonic() > deadline:
+            return True
+        return self._stop and self._gone(prompt_id)
+
+    def _gone(self, prompt_id: str) -> bool:
+        """Neither queued, running nor finished (history is read after the queue: a prompt that ended in between
+        is in the history by then)."""
+        queue = self._request("GET", "/queue")
+        queued = {str(item[1]) for key in ("queue_running", "queue_pending") for item in queue.get(key, [])}
+        return prompt_id not in queued and prompt_id not in self._request("GET", f"/history/{prompt_id}")
+
+    def _wait_history(self, prompt_id: str, deadline: float) -> dict[str, Any] | None:
+        """The prompt's /history entry, polling until it exists; None when it timed out (then interrupted) or was
+        deleted from the queue by interrupt()."""
         while True:
             history = self._request("GET", f"/history/{prompt_id}")
             if prompt_id in history:
-                break
+                return dict(history[prompt_id])
+            if self._stop and self._gone(prompt_id):
+                return None
             if time.monotonic() > deadline:
+                self._running = prompt_id
                 self.interrupt()
-                return ExecResult(ok=False, error=f"no result after {self.timeout_s:.0f} s")
+                return None
             time.sleep(self.poll_s)
-        entry = history[prompt_id]
+
+    def _result(
+        self,
+        prompt: dict[str, dict[str, Any]],
+        entry: dict[str, Any],
+        events: PromptEvents | None,
+        memory: tuple[float | None, str],
+    ) -> ExecResult:
+        peak, kind = memory
         status = entry.get("status", {})
-        messages = status.get("messages", [])
         if status.get("status_str") != "success":
+            messages = status.get("messages", [])
             interrupted = any(m[0] == "execution_interrupted" for m in messages)
             errors = [m[1] for m in messages if m[0] == "execution_error"]
-            text = "interrupted" if interrupted else _error_text(errors)
-            return ExecResult(ok=False, error=text, interrupted=interrupted)
+            if not errors and events is not None and events.outcome == "error":
+                errors = [events.error]
+            text = "interrupted" if interrupted else _error_message(errors)
+            return ExecResult(ok=False, error=text, interrupted=interrupted, peak_memory_mib=peak, memory_kind=kind)
+        ui = {**(events.ui if events is not None else {}), **entry.get("outputs", {})}
         files = []
-        for node_out in entry.get("outputs", {}).values():
+        for node_out in ui.values():
             for entries in node_out.values():
                 for e in entries if isinstance(entries, list) else []:
                     if isinstance(e, dict) and e.get("type") == "output" and "filename" in e:
@@ -98,11 +199,23 @@ class ServerComfy:
                             {"filename": e["filename"], "subfolder": e.get("subfolder", ""), "type": "output"}
                         )
                         files.append(OutputFile(e["filename"], e.get("subfolder", ""), _reader(self, f"/view?{query}")))
-        return ExecResult(ok=True, outputs=files)
+        texts = {
+            nid: "\n".join(str(v) for v in ui[nid]["text"])
+            for nid, node in prompt.items()
+            if node["class_type"] in REPORT_SLOTS and isinstance(ui.get(nid, {}).get("text"), list)
+        }
+        return ExecResult(ok=True, outputs=files, texts=texts, peak_memory_mib=peak, memory_kind=kind)
 
     def interrupt(self) -> None:
+        """Stop the prompt this client runs now: delete it from the queue (when still pending) and interrupt it
+        (when running); prompts of other clients go on."""
+        self._stop = True
+        prompt_id = self._running
+        if prompt_id is None:
+            return
         try:
-            self._request("POST", "/interrupt", b"{}", {"Content-Type": "application/json"})
+            self._post_json("/queue", {"delete": [prompt_id]})
+            self._post_json("/interrupt", {"prompt_id": prompt_id})
         except ServerError:
             pass  # the server is gone: nothing left to interrupt
 
@@ -110,12 +223,17 @@ class ServerComfy:
         pass
 
 
+class _Refused(Exception):
+    """/prompt refused the prompt (not a connection problem: the item fails, the run goes on)."""
+
+
 def _reader(client: ServerComfy, path: str) -> Any:
     return lambda: bytes(client._request("GET", path))
 
 
-def _error_text(errors: list[dict[str, Any]]) -> str:
-    if not errors:
-        return "execution failed"
-    e = errors[0]
-    return f"node {e.get('node_id')} ({e.get('node_type')}): {e.get('exception_type')}: {e.get('exception_message')}"
+def _refusal(e: ServerError) -> str:
+    """The /prompt answer to an invalid prompt, worded like the embedded engine's validation message."""
+    body = e.body
+    if isinstance(body, dict) and ("error" in body or "node_errors" in body):
+        return _validation_message(body.get("error", ""), body.get("node_errors") or {})
+    return f"the server refused the prompt: {e}"

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def http_json(url: str, data: dict | None = None, timeout: float = 30.0) -> dict:
@@ -26,3 +30,21 @@ def wait_history(url: str, prompt_id: str, timeout: float = 180.0) -> dict:
             return hist[prompt_id]
         time.sleep(0.5)
     pytest.fail(f"prompt {prompt_id} did not finish in {timeout} s")
+
+
+def frontend_check(browser_tools: tuple[str, dict[str, str]], url: str) -> dict:
+    """`node tools/make_workflows.mjs check URL workflows/`: the real frontend (headless Chromium) loads every example
+    workflow from the server at `url`; per file: missing node types, the round trip and app.graphToPrompt's prompt.
+    `browser_tools` is the conftest fixture's (node, env)."""
+    node, env = browser_tools
+    out = subprocess.run(
+        [node, str(REPO / "tools" / "make_workflows.mjs"), "check", url, str(REPO / "workflows")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return dict(json.loads(out.stdout))

