@@ -135,7 +135,7 @@ def test_interrupt_leaves_other_clients_prompts_alone(photos: list[Path], tmp_pa
     with fake_comfy(tmp_path / "server", step_s=0.05) as fake:
         engine = ServerComfy(fake.url)
         name = engine.stage(photos[0])
-        body = json.dumps({"prompt": _prompt(steps=40, image=name), "client_id": "someone-else"}).encode()
+        body = json.dumps({"prompt": _prompt(steps=300, image=name), "client_id": "someone-else"}).encode()
         req = urllib.request.Request(fake.url + "/prompt", body, {"Content-Type": "application/json"})
         other = json.loads(urllib.request.urlopen(req, timeout=10).read())["prompt_id"]
         results: list[Any] = []
@@ -150,10 +150,10 @@ def test_interrupt_leaves_other_clients_prompts_alone(photos: list[Path], tmp_pa
         engine.interrupt()
         worker.join(10)
         waited = time.monotonic() - t0
-        while other not in fake.history and time.monotonic() < deadline + 10:
+        while other not in fake.history and time.monotonic() < deadline + 30:
             time.sleep(0.05)
     (result,) = results
-    assert result.interrupted and result.error == "interrupted" and waited < 1.5, waited
+    assert result.interrupted and result.error == "interrupted" and waited < 8.0, waited  # the other prompt runs 15 s
     assert ("/queue", {"delete": [ours]}) in fake.requests and ("/interrupt", {"prompt_id": ours}) in fake.requests
     assert fake.history[other]["status"]["status_str"] == "success" and ours not in fake.history
 
