@@ -45,6 +45,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "devkit"))
 sys.path.insert(0, str(REPO / "tests"))  # the clip helpers and the stand-in sampler the tests use
 from pack_loader import load_pack  # noqa: E402
+
+load_pack()  # video_clips imports the stand-in sampler from the pack (tokenfuse.devkit.standin); the root is light
 from video_clips import fake_refine, webp_frames  # noqa: E402
 
 
