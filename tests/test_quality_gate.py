@@ -7,7 +7,8 @@ attention patches. Face: skimage's public-domain astronaut (never in training), 
 
 CI settings, cheaper than the bench (bench/quality.py: guide 512, 20 steps, ComfyUI): guide 256 (a 32x32 latent,
 1 024 top-level tokens), 8 steps at denoise 0.45, seed 0, cfg 1, euler/normal. Gate: PSNR >= 30 dB and SSIM >= 0.95
-of each preset's face vs the unscheduled one. A deliberately broken patch (balanced with its pooled K/V summed instead
+of each preset's face vs the unscheduled one; with dlib installed, balanced's identity distance to the input face at
+most 0.05 above the unscheduled run's. A deliberately broken patch (balanced with its pooled K/V summed instead
 of averaged, i.e. a pooling that forgets to divide by the kernel area) must fail the same gate, so the gate can see
 damage on this model. About 30-40 s on 2 shared CPU cores.
 """
@@ -41,8 +42,17 @@ def st() -> Iterator[SimpleNamespace]:
     photo = gate.astronaut_photo(tokenfuse)
     params = q.FusionParams(**PARAMS)
     base = gate.fuse_torch(tokenfuse, model, photo, params)
-    yield SimpleNamespace(pack=tokenfuse, model=model, photo=photo, params=params, base=base, gate=gate, q=q)
+    yield SimpleNamespace(pack=tokenfuse, model=model, photo=photo, params=params, base=base, gate=gate, q=q, runs={})
     torch.set_num_threads(threads)
+
+
+def _output(st: SimpleNamespace, preset: str) -> Any:
+    """The preset's FaceRun (cached: the gate and the identity test share it)."""
+    from tokenfuse.devkit.face_model.torch_sampling import scheduled
+
+    if preset not in st.runs:
+        st.runs[preset] = st.gate.fuse_torch(st.pack, scheduled(st.model, preset), st.photo, st.params)
+    return st.runs[preset]
 
 
 def _run(st: SimpleNamespace, model: Any) -> Any:
@@ -60,9 +70,7 @@ def test_unscheduled_output_is_a_refined_face(st: SimpleNamespace) -> None:
 
 @pytest.mark.parametrize("preset", ["balanced", "lowvram_8gb", "lowvram_6gb", "lowvram_4gb"])
 def test_preset_passes_the_quality_gate(st: SimpleNamespace, preset: str) -> None:
-    from tokenfuse.devkit.face_model.torch_sampling import scheduled
-
-    res = _run(st, scheduled(st.model, preset))
+    res = st.gate.compare(_output(st, preset), st.base, st.photo)
     assert res.psnr < st.q.PSNR_CAP, f"{preset} left the face bit-identical: its patches never ran"
     assert res.passed, f"{preset}: PSNR {res.psnr:.2f} dB, SSIM {res.ssim:.4f} vs unscheduled (gate 30 dB, 0.95)"
 
@@ -82,3 +90,15 @@ def test_a_broken_patch_fails_the_quality_gate(st: SimpleNamespace) -> None:
 
     res = _run(st, with_patches(st.model, [summed_pooling], []))
     assert not res.passed, f"a K/V pooling that sums instead of averaging passed the gate ({res.psnr:.2f} dB)"
+
+
+def test_balanced_keeps_identity(st: SimpleNamespace) -> None:
+    """dlib's 128-d face distance to the input face (same person < 0.6) grows by <= 0.05 under balanced (skipped
+    without the test-only packages dlib-bin + face-recognition-models)."""
+    ident, note = st.q.identity_backend()
+    if ident is None:
+        pytest.skip(note)
+    ref = ident.embed(st.photo.input_crop)
+    base = float(np.linalg.norm(ident.embed(st.base.crop) - ref))
+    ours = float(np.linalg.norm(ident.embed(_output(st, "balanced").crop) - ref))
+    assert ours <= base + 0.05, f"identity distance {ours:.3f} vs unscheduled {base:.3f}"

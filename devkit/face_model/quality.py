@@ -229,8 +229,7 @@ def identity_backend() -> tuple[DlibIdentity | None, str]:
     except Exception as exc:  # ImportError, or pkg_resources missing with setuptools >= 81
         return (
             None,
-            f"identity skipped: {type(exc).__name__}: {exc} "
-            "(pip install dlib-bin face-recognition-models)",
+            f"identity skipped: {type(exc).__name__}: {exc} (pip install dlib-bin face-recognition-models)",
         )
 
 
