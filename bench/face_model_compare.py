@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=0, help="first N photos only (0 = all)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--vae-only", action="store_true", help="skip the sampling numbers (astronaut)")
+    ap.add_argument("--sampling-only", action="store_true", help="skip the VAE reconstruction numbers")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     sys.path.insert(0, str(REPO / "devkit"))
@@ -97,14 +98,18 @@ def main(argv: list[str] | None = None) -> int:
     from tokenfuse.devkit.face_model.torch_sampling import load_torch_face_model
 
     t0 = time.time()
-    faces, skipped = aligned_faces(Path(args.faces), args.size, args.limit)
+    faces, skipped = ([], []) if args.sampling_only else aligned_faces(Path(args.faces), args.size, args.limit)
     mask = face_ellipse(args.size)
-    print(f"face model compare: {len(faces)} held-out faces aligned at {args.size} px ({len(skipped)} without a face)")
+    print(
+        f"face model compare: {len(faces)} held-out faces aligned at {args.size} px ({len(skipped)} without a face)",
+        flush=True,
+    )
     rows = {}
     for label, folder in (("old", Path(args.old) if args.old else WEIGHTS_DIR), ("new", Path(args.new))):
         model = load_torch_face_model(folder)
         row: dict[str, Any] = {"unet_steps": model.meta.get("unet_steps"), "vae_steps": model.meta.get("vae_steps")}
-        row["vae_psnr_mean"], row["vae_psnr_p5"] = vae_psnr(model, faces, mask)
+        if faces:
+            row["vae_psnr_mean"], row["vae_psnr_p5"] = vae_psnr(model, faces, mask)
         if not args.vae_only:
             row.update(astronaut_numbers(pack, model))
         rows[label] = row

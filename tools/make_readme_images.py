@@ -174,14 +174,16 @@ def strip(nodes: Any, width: int) -> tuple[np.ndarray, dict[str, Any]]:
     return hstack(panels), facts
 
 
-def face_model_panels(width: int, guide: int = 512, steps: int = 20) -> tuple[np.ndarray, dict[str, Any]]:
+def face_model_panels(
+    width: int, guide: int = 512, steps: int = 20, weights: Path | None = None
+) -> tuple[np.ndarray, dict[str, Any]]:
     """Before/after strip from the trained test face model (see the module docstring)."""
     import tokenfuse
     from tokenfuse.devkit.face_model import gate, torch_sampling
     from tokenfuse.devkit.face_model import quality as q
     from tokenfuse.nodes import face_nodes
 
-    model = torch_sampling.load_torch_face_model()
+    model = torch_sampling.load_torch_face_model(weights)
     photo = gate.astronaut_photo(tokenfuse)
     params = q.FusionParams(steps=steps, denoise=0.45, guide=guide, seed=0)
     runs = {"unscheduled": gate.fuse_torch(tokenfuse, model, photo, params)}
