@@ -2,6 +2,7 @@
 
     python bench/quality.py --faces DIR --json OUT.json [--presets off,balanced,lowvram_8gb,lowvram_6gb,lowvram_4gb]
         [--strategies preset] [--steps 20 --denoise 0.45 --guide 512] [--comfyui PATH] [--limit N]
+        [--backend comfy|torch] [--shard K/N]        then: python bench/quality.py --merge A.json B.json --json OUT.json
 
 For every photo in DIR (any size; its largest face is used) it runs ScheduledFusion in-process through ComfyUI's
 sampler (masked denoise, seed fixed, cfg 1, euler/normal, fallback off) on the trained model unscheduled, then on
@@ -10,7 +11,10 @@ PSNR / SSIM vs the unscheduled output (mean, 5th percentile), dlib identity dist
 worst; skipped with a note without dlib-bin + face-recognition-models), the PSNR drop vs the input face compared with
 the unscheduled run, and the U-Net time ratio (unscheduled / preset, wall time inside the U-Net forward).
 JSON: {"presets": {name: {psnr_mean, psnr_p5, ssim_mean, ssim_p5, id_dist_mean, id_dist_max, speed_ratio, ...}},
-"faces": N, ...}. Needs ComfyUI: --comfyui or COMFYUI_PATH. Attention backend: PyTorch SDPA (named in the output).
+"faces": N, "rows": per-photo values, ...}. The comfy backend (default) needs ComfyUI: --comfyui or COMFYUI_PATH;
+--backend torch runs the same node code on the plain-torch model (bit-identical on CPU, no ComfyUI). --shard K/N
+splits the photos over processes (a shared CPU: one thread each); --merge recomputes the table from their JSON.
+Attention backend: PyTorch SDPA (named in the output).
 """
 
 from __future__ import annotations
@@ -39,9 +43,96 @@ def save_strip(path: Path, crops: list[np.ndarray]) -> None:
     cv2.imwrite(str(path), np.ascontiguousarray(strip[..., ::-1]))
 
 
+def print_table(summary: dict[str, dict], verdict: dict[str, dict]) -> None:
+    header = (
+        f"{'variant':<22} {'PSNR mean':>9} {'PSNR p5':>8} {'SSIM mean':>9} {'SSIM p5':>8} {'dPSNR(in)':>9} "
+        f"{'id mean':>8} {'id max':>7} {'U-Net x':>8}  gate  article"
+    )
+    print(header)
+
+    def f(v: float | None, fmt: str) -> str:
+        return "n/a" if v is None else format(v, fmt)
+
+    for name, s in summary.items():
+        g = verdict[name]
+        print(
+            f"{name:<22} {s['psnr_mean']:>9.2f} {s['psnr_p5']:>8.2f} {s['ssim_mean']:>9.4f} {s['ssim_p5']:>8.4f} "
+            f"{s['psnr_in_drop_mean']:>9.2f} {f(s['id_dist_mean'], '.3f'):>8} {f(s['id_dist_max'], '.3f'):>7} "
+            f"{f(s['speed_ratio'], '.2f'):>8}  {'pass' if g['gate'] else 'FAIL':<5} "
+            f"{'met' if g['article'] else 'not met'}"
+        )
+    print(
+        "PSNR/SSIM vs the unscheduled output over the face mask (100 dB = identical); dPSNR(in) = PSNR vs the input "
+        "face lost compared with the unscheduled run; id = dlib distance output->input (same person < 0.6); "
+        "U-Net x = unscheduled U-Net time / this variant's. gate: PSNR >= 30, SSIM >= 0.95, id <= unscheduled + "
+        "0.05. article: dPSNR <= 1.5 dB and SSIM >= 0.92."
+    )
+
+
+def print_artifacts(artifacts: dict) -> None:
+    print(
+        f"artifact check (fusion/artifacts.py defaults) on {artifacts['good_outputs']} real outputs: "
+        f"{artifacts['false_positives']} false positive(s); injected failures caught: {artifacts['true_positives']}; "
+        f"good-output stat ranges {artifacts['good_stat_range']}"
+    )
+
+
+def merge(paths: list[str], out_path: str) -> int:
+    """Combine the JSON of runs over disjoint photo sets (--shard) into one: summaries recomputed from the rows."""
+    sys.path.insert(0, str(REPO / "devkit"))
+    from pack_loader import load_pack
+
+    load_pack()
+    from tokenfuse.devkit.face_model import quality as q
+
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    rows: dict[str, list] = {}
+    unet_s: dict[str, float] = {}
+    for part in parts:
+        for name, r in part["rows"].items():
+            rows.setdefault(name, []).extend(r)
+            unet_s[name] = unet_s.get(name, 0.0) + part["unet_s"][name]
+    summary = {
+        name: q.summarise(r, rows["unscheduled"], unet_s[name], unet_s["unscheduled"]) for name, r in rows.items()
+    }
+    verdict = q.gate(summary)
+    art = [p["artifacts"] for p in parts]
+    artifacts = {
+        **art[0],
+        "good_outputs": sum(a["good_outputs"] for a in art),
+        "false_positives": sum(a["false_positives"] for a in art),
+        "true_positives": {
+            k: f"{sum(int(a['true_positives'][k].split('/')[0]) for a in art)}/{sum(a['good_outputs'] for a in art)}"
+            for k in art[0]["true_positives"]
+        },
+        "good_stat_range": {
+            k: [min(a["good_stat_range"][k][0] for a in art), max(a["good_stat_range"][k][1] for a in art)]
+            for k in art[0]["good_stat_range"]
+        },
+    }
+    out = {
+        **parts[0],
+        "presets": summary,
+        "gate": verdict,
+        "artifacts": artifacts,
+        "faces": sum(p["faces"] for p in parts),
+        "photos": [n for p in parts for n in p["photos"]],
+        "skipped": [n for p in parts for n in p["skipped"]],
+        "rows": rows,
+        "unet_s": unet_s,
+        "merged_from": paths,
+    }
+    print(f"quality: merged {len(paths)} run(s), {out['faces']} photo(s); settings {out['settings']}")
+    print_table(summary, verdict)
+    print_artifacts(artifacts)
+    Path(out_path).write_text(json.dumps(out, indent=2))
+    print(f"wrote {out_path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--faces", required=True, help="folder of face photos (one main face each)")
+    ap.add_argument("--faces", help="folder of face photos (one main face each)")
     ap.add_argument("--json", required=True, help="where to write the results")
     ap.add_argument("--presets", default=ALL_PRESETS)
     ap.add_argument("--strategies", default="preset", help="comma list: preset (the preset's own), todo, tome, topk")
@@ -50,13 +141,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--guide", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--limit", type=int, default=0, help="use only the first N photos (0 = all)")
+    ap.add_argument("--shard", default="", help="K/N: only photos K, K+N, K+2N ... (0-based; merge with --merge)")
+    ap.add_argument("--merge", nargs="+", default=[], help="combine the JSON files of --shard runs into --json")
+    ap.add_argument(
+        "--backend",
+        choices=["comfy", "torch"],
+        default="comfy",
+        help="comfy: ComfyUI's sampler and VAE in-process (needs --comfyui); torch: the same node code with the "
+        "plain-torch model (devkit/face_model/torch_*.py, equal to ComfyUI's: tests/integration/"
+        "test_torch_face_model.py), no ComfyUI needed",
+    )
     ap.add_argument("--comfyui", default=os.environ.get("COMFYUI_PATH", ""), help="ComfyUI checkout")
     ap.add_argument("--weights", default="", help="face model folder (default: the committed weights)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a busy shared CPU)")
     ap.add_argument("--save", default="", help="folder for per-photo PNG strips: input | unscheduled | each variant")
     args = ap.parse_args(argv)
-    if not args.comfyui:
-        ap.error("needs ComfyUI: pass --comfyui PATH or set COMFYUI_PATH")
+    if args.merge:
+        return merge(args.merge, args.json)
+    if not args.faces:
+        ap.error("--faces is required (unless --merge)")
+    if args.backend == "comfy" and not args.comfyui:
+        ap.error("the comfy backend needs ComfyUI: pass --comfyui PATH or set COMFYUI_PATH (or use --backend torch)")
     torch.set_num_threads(args.threads)
     for p in (str(REPO / "devkit"),):
         if p not in sys.path:
@@ -64,31 +169,56 @@ def main(argv: list[str] | None = None) -> int:
     import comfy_models
     from pack_loader import load_pack
 
-    comfy_models.setup_comfy(args.comfyui, cpu=True, sdpa=True)
-    import comfy.utils
+    if args.backend == "comfy":
+        comfy_models.setup_comfy(args.comfyui, cpu=True, sdpa=True)
+        import comfy.utils
 
-    comfy.utils.PROGRESS_BAR_ENABLED = False
+        comfy.utils.PROGRESS_BAR_ENABLED = False
     pack = load_pack()
-    from tokenfuse.devkit.face_model import loader
     from tokenfuse.devkit.face_model import quality as q
 
-    fm = loader.load_face_model(Path(args.weights) if args.weights else None)
-    cond = fm.conditioning()
+    weights = Path(args.weights) if args.weights else None
     params = q.FusionParams(steps=args.steps, denoise=args.denoise, guide=args.guide, seed=args.seed)
-    ident, id_note = q.identity_backend()
     variants: list[tuple[str, str, str]] = []
     for preset in [s.strip() for s in args.presets.split(",") if s.strip()]:
         for strat in [s.strip() for s in args.strategies.split(",") if s.strip()]:
             variants.append((preset if strat == "preset" else f"{preset}/{strat}", preset, strat))
-    models = {name: q.scheduled(pack, fm.model, preset, strat) for name, preset, strat in variants}
+    if args.backend == "comfy":
+        from tokenfuse.devkit.face_model import loader
+
+        fm = loader.load_face_model(weights)
+        cond = fm.conditioning()
+        meta, attention = fm.meta, comfy_models.attention_backend()
+        base_model: object = fm.model
+        models = {name: q.scheduled(pack, fm.model, preset, strat) for name, preset, strat in variants}
+
+        def run(model: object, photo: q.Photo) -> q.FaceRun:
+            return q.fuse(pack, model, fm.vae, cond, photo, params, fm.model)
+
+    else:
+        from tokenfuse.devkit.face_model import gate, torch_sampling
+
+        tm = torch_sampling.load_torch_face_model(weights)
+        meta, attention = tm.meta, "pytorch-sdpa (plain torch)"
+        base_model = tm
+        models = {name: torch_sampling.scheduled(tm, preset, strat) for name, preset, strat in variants}
+
+        def run(model: object, photo: q.Photo) -> q.FaceRun:
+            # U-Net time = the whole node call here (VAE included), a coarser ratio than the comfy backend's
+            return gate.fuse_torch(pack, model, photo, params)  # type: ignore[arg-type]
+
+    ident, id_note = q.identity_backend()
     paths = q.list_photos(Path(args.faces))
     if args.limit:
         paths = paths[: args.limit]
+    if args.shard:
+        k, n = (int(v) for v in args.shard.split("/"))
+        paths = paths[k::n]
     print(
-        f"quality: {len(paths)} photo(s) in {args.faces}; trained face model ({fm.meta.get('unet_steps')} U-Net "
-        f"steps); guide {args.guide}, steps {args.steps}, denoise {args.denoise}, seed {args.seed}, cfg 1, "
-        f"euler/normal; CPU {platform.processor() or platform.machine()}, {args.threads} threads, attention "
-        f"{comfy_models.attention_backend()}; {id_note}",
+        f"quality: {len(paths)} photo(s) in {args.faces}; trained face model ({meta.get('unet_steps')} U-Net "
+        f"steps); backend {args.backend}; guide {args.guide}, steps {args.steps}, denoise {args.denoise}, seed "
+        f"{args.seed}, cfg 1, euler/normal; CPU {platform.processor() or platform.machine()}, {args.threads} threads, "
+        f"attention {attention}; {id_note}",
         flush=True,
     )
     rows: dict[str, list[dict[str, float]]] = {"unscheduled": [], **{v[0]: [] for v in variants}}
@@ -104,21 +234,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  [{i + 1}/{len(paths)}] {path.name}: no face, skipped", flush=True)
             continue
         used.append(path.name)
-        base = q.fuse(pack, fm.model, fm.vae, cond, photo, params, fm.model)
+        base = run(base_model, photo)
         runs = {"unscheduled": base}
         for name, _, _ in variants:
-            runs[name] = q.fuse(pack, models[name], fm.vae, cond, photo, params, fm.model)
+            runs[name] = run(models[name], photo)
         in_emb = ident.embed(photo.input_crop) if ident else None
         if args.save:
             save_strip(Path(args.save) / f"{path.stem}.png", [photo.input_crop] + [r.crop for r in runs.values()])
-        for name, run in runs.items():
-            unet_s[name] += run.unet_s
-            good.append((run.crop, photo.mask))
+        for name, face_run in runs.items():
+            unet_s[name] += face_run.unet_s
+            good.append((face_run.crop, photo.mask))
             row = {
-                "psnr": q.psnr(run.crop, base.crop, photo.mask),
-                "ssim": q.ssim(run.crop, base.crop, photo.mask),
-                "psnr_in": q.psnr(run.crop, photo.input_crop, photo.mask),
-                "id_dist": float(np.linalg.norm(ident.embed(run.crop) - in_emb)) if ident else None,
+                "photo": path.name,
+                "psnr": q.psnr(face_run.crop, base.crop, photo.mask),
+                "ssim": q.ssim(face_run.crop, base.crop, photo.mask),
+                "psnr_in": q.psnr(face_run.crop, photo.input_crop, photo.mask),
+                "id_dist": float(np.linalg.norm(ident.embed(face_run.crop) - in_emb)) if ident else None,
             }
             rows[name].append(row)
         b = rows["balanced"][-1] if "balanced" in rows else None
@@ -131,35 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         name: q.summarise(r, rows["unscheduled"], unet_s[name], unet_s["unscheduled"]) for name, r in rows.items()
     }
     verdict = q.gate(summary)
-    header = (
-        f"{'variant':<22} {'PSNR mean':>9} {'PSNR p5':>8} {'SSIM mean':>9} {'SSIM p5':>8} {'dPSNR(in)':>9} "
-        f"{'id mean':>8} {'id max':>7} {'U-Net x':>8}  gate  article"
-    )
-    print(header)
-    for name, s in summary.items():
-        g = verdict[name]
-
-        def f(v: float | None, fmt: str) -> str:
-            return "n/a" if v is None else format(v, fmt)
-
-        print(
-            f"{name:<22} {s['psnr_mean']:>9.2f} {s['psnr_p5']:>8.2f} {s['ssim_mean']:>9.4f} {s['ssim_p5']:>8.4f} "
-            f"{s['psnr_in_drop_mean']:>9.2f} {f(s['id_dist_mean'], '.3f'):>8} {f(s['id_dist_max'], '.3f'):>7} "
-            f"{f(s['speed_ratio'], '.2f'):>8}  {'pass' if g['gate'] else 'FAIL':<5} "
-            f"{'met' if g['article'] else 'not met'}"
-        )
-    print(
-        "PSNR/SSIM vs the unscheduled output over the face mask (100 dB = identical); dPSNR(in) = PSNR vs the input "
-        "face lost compared with the unscheduled run; id = dlib distance output->input (same person < 0.6); "
-        "U-Net x = unscheduled U-Net time / this variant's. gate: PSNR >= 30, SSIM >= 0.95, id <= unscheduled + "
-        "0.05. article: dPSNR <= 1.5 dB and SSIM >= 0.92."
-    )
+    print_table(summary, verdict)
     artifacts = q.artifact_calibration(good, args.seed)
-    print(
-        f"artifact check (faces/artifacts.py defaults) on {artifacts['good_outputs']} real outputs: "
-        f"{artifacts['false_positives']} false positive(s); injected failures caught: {artifacts['true_positives']}; "
-        f"good-output stat ranges {artifacts['good_stat_range']}"
-    )
+    print_artifacts(artifacts)
     out = {
         "presets": summary,
         "artifacts": artifacts,
@@ -175,12 +280,15 @@ def main(argv: list[str] | None = None) -> int:
             "cfg": 1.0,
             "sampler": "euler",
             "scheduler": "normal",
-            "attention": comfy_models.attention_backend(),
+            "backend": args.backend,
+            "attention": attention,
             "device": "cpu",
             "threads": args.threads,
-            "model": {k: fm.meta.get(k) for k in ("unet_steps", "vae_steps", "seed")},
+            "model": {k: meta.get(k) for k in ("unet_steps", "vae_steps", "seed")},
         },
         "photos": used,
+        "rows": rows,
+        "unet_s": unet_s,
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=2))

@@ -10,6 +10,12 @@ pipeline_strip.jpg: what ScheduledFusion works on, on the astronaut: the detecte
 token plan on that crop, Blend's round trip (the crop pasted back unchanged) and Blend's mask. No panel is a
 diffusion result: with no checkpoint available here there is none to show, and the labels say so.
 
+face_model_before_after.png (`--pictures face_model`): the only diffusion result, from TokenFuse's own small test face
+model (devkit/face_model, a few MB trained by this project; real SD1.5/SDXL checkpoints look far better): the
+astronaut's face refined by ScheduledFusion's node code (guide 512, 20 steps, denoise 0.45, seed 0, cfg 1, euler) with
+the plain-torch model (bit-identical to ComfyUI's sampler on CPU, tests/integration/test_torch_face_model.py),
+unscheduled and with the balanced / lowvram_4gb presets, and the photo after Blend.
+
 The pack is loaded by path as package `tokenfuse`, the way ComfyUI (and tests/conftest.py) loads it. The numbers the
 labels carry (faces found, expected token saving, tokens) are computed in the same run and printed for the README.
 """
@@ -168,6 +174,59 @@ def strip(nodes: Any, width: int) -> tuple[np.ndarray, dict[str, Any]]:
     return hstack(panels), facts
 
 
+def face_model_panels(
+    width: int, guide: int = 512, steps: int = 20, weights: Path | None = None
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """Before/after strip from the trained test face model (see the module docstring)."""
+    import tokenfuse
+    from tokenfuse.devkit.face_model import gate, torch_sampling
+    from tokenfuse.devkit.face_model import quality as q
+    from tokenfuse.nodes import face_nodes
+
+    model = torch_sampling.load_torch_face_model(weights)
+    photo = gate.astronaut_photo(tokenfuse)
+    params = q.FusionParams(steps=steps, denoise=0.45, guide=guide, seed=0)
+    runs = {"unscheduled": gate.fuse_torch(tokenfuse, model, photo, params)}
+    for preset in ("balanced", "lowvram_4gb"):
+        runs[preset] = gate.fuse_torch(tokenfuse, torch_sampling.scheduled(model, preset), photo, params)
+    face = photo.faces.faces[0][0]
+    carried = type(photo.faces)(image_size=photo.faces.image_size, faces=((face.with_crop(runs["balanced"].crop),),))
+    (blended,) = result(face_nodes.Blend().blend(photo.image, carried, 1.0, False, False))
+    u8 = {k: (np.clip(r.crop, 0, 1) * 255 + 0.5).astype(np.uint8) for k, r in runs.items()}
+    facts: dict[str, Any] = {"guide": guide, "steps": steps, "unet_steps": model.meta.get("unet_steps")}
+    for k in ("balanced", "lowvram_4gb"):
+        g = gate.compare(runs[k], runs["unscheduled"], photo)
+        facts[k] = {"psnr": round(float(g.psnr), 2), "ssim": round(float(g.ssim), 4)}
+    panel_w = (width - 4 * 6) // 5
+    before = (np.clip(photo.input_crop, 0, 1) * 255 + 0.5).astype(np.uint8)
+    panels = [
+        labelled(before, ("before: aligned face", "astronaut, public domain"), panel_w),
+        labelled(u8["unscheduled"], ("after: test face model", "unscheduled (a few-MB model)"), panel_w),
+        labelled(
+            u8["balanced"],
+            ("after: balanced", f"{facts['balanced']['psnr']:.1f} dB / SSIM {facts['balanced']['ssim']:.3f}"),
+            panel_w,
+        ),
+        labelled(
+            u8["lowvram_4gb"],
+            ("after: lowvram_4gb", f"{facts['lowvram_4gb']['psnr']:.1f} dB / SSIM {facts['lowvram_4gb']['ssim']:.3f}"),
+            panel_w,
+        ),
+        labelled(to_u8(blended), ("balanced face pasted back", "Blend, rest of the photo untouched"), panel_w),
+    ]
+    return hstack(panels), facts
+
+
+def save_png(path: Path, rgb: np.ndarray, max_bytes: int) -> int:
+    """Write rgb as PNG (max compression); raises when it exceeds max_bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ok, buf = cv2.imencode(".png", np.ascontiguousarray(rgb[..., ::-1]), [cv2.IMWRITE_PNG_COMPRESSION, 9])
+    if not ok or len(buf) > max_bytes:
+        raise RuntimeError(f"{path.name}: {len(buf)} bytes > {max_bytes}: make it smaller (--face-width)")
+    path.write_bytes(buf.tobytes())
+    return len(buf)
+
+
 def save_jpeg(path: Path, rgb: np.ndarray, max_bytes: int) -> int:
     """Write rgb as JPEG at the highest quality (from 88 down) that fits max_bytes; returns the size."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -196,12 +255,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="output folder (default docs/images)")
     parser.add_argument("--width", type=int, default=1200, help="picture width in pixels")
     parser.add_argument("--max-kb", type=int, default=280, help="size limit per picture (kB)")
+    parser.add_argument(
+        "--pictures", default="all", choices=["all", "pipeline", "face_model"], help="which pictures to render"
+    )
+    parser.add_argument("--face-width", type=int, default=900, help="width of the face-model strip (PNG)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     pack = load_pack()
     from tokenfuse.nodes import face_nodes
 
     assert pack is not None
+    if args.pictures in ("all", "face_model"):
+        import torch
+
+        torch.set_num_threads(1)
+        img, facts = face_model_panels(args.face_width)
+        path = args.out / "face_model_before_after.png"
+        size = save_png(path, img, args.max_kb * 1024)
+        sys.stdout.write(f"{path}: {img.shape[1]}x{img.shape[0]}, {size // 1024} kB, {facts}\n")
+    if args.pictures == "face_model":
+        return 0
     pictures = {"hero.jpg": hero(face_nodes, args.width), "pipeline_strip.jpg": strip(face_nodes, args.width)}
     for name, (img, facts) in pictures.items():
         size = save_jpeg(args.out / name, img, args.max_kb * 1024)

@@ -196,12 +196,19 @@ class DlibIdentity:
     """
 
     def __init__(self) -> None:
-        import dlib
-        import face_recognition_models as frm
+        import importlib.util
 
+        import dlib
+
+        # the model files' folder, found without importing face_recognition_models (its __init__ needs
+        # pkg_resources, gone from setuptools >= 81)
+        spec = importlib.util.find_spec("face_recognition_models")
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError("face-recognition-models is not installed")
+        models = Path(next(iter(spec.submodule_search_locations))) / "models"
         self.dlib = dlib
-        self.shape = dlib.shape_predictor(frm.pose_predictor_five_point_model_location())
-        self.net = dlib.face_recognition_model_v1(frm.face_recognition_model_location())
+        self.shape = dlib.shape_predictor(str(models / "shape_predictor_5_face_landmarks.dat"))
+        self.net = dlib.face_recognition_model_v1(str(models / "dlib_face_recognition_resnet_model_v1.dat"))
 
     def embed(self, crop: np.ndarray) -> np.ndarray:
         s = crop.shape[0]
@@ -222,8 +229,7 @@ def identity_backend() -> tuple[DlibIdentity | None, str]:
     except Exception as exc:  # ImportError, or pkg_resources missing with setuptools >= 81
         return (
             None,
-            f"identity skipped: {type(exc).__name__}: {exc} "
-            "(pip install dlib-bin face-recognition-models 'setuptools<81')",
+            f"identity skipped: {type(exc).__name__}: {exc} (pip install dlib-bin face-recognition-models)",
         )
 
 
@@ -292,7 +298,7 @@ def artifact_calibration(good: list[tuple[np.ndarray, np.ndarray]], seed: int = 
     good: (crop, mask) of outputs that are not broken. Returns false positives on them, true positives per injected
     failure kind, and the range of every statistic the check uses on the good outputs (the thresholds' margin).
     """
-    from tokenfuse.faces.artifacts import ArtifactThresholds, check_crop
+    from tokenfuse.fusion.artifacts import ArtifactThresholds, check_crop
 
     rng = np.random.default_rng(seed)
     fp = 0
