@@ -163,7 +163,27 @@ class FakeComfy:
     async def worker(self) -> None:
         while True:
             if self.pending:
-                await self.run_prompt(*self.pending.pop(0))
+                prompt_id, prompt, sid = self.pending.pop(0)
+                try:
+                    await self.run_prompt(prompt_id, prompt, sid)
+                except Exception as e:  # a bug in the fake must fail the test, not hang the client
+                    self.running = None
+                    error = {
+                        "prompt_id": prompt_id,
+                        "node_id": "?",
+                        "node_type": "FakeComfy",
+                        "exception_type": type(e).__name__,
+                        "exception_message": f"fake server crashed: {e}",
+                        "traceback": [],
+                    }
+                    self.history[prompt_id] = {
+                        "prompt": [0, prompt_id, prompt, {"client_id": sid}, []],
+                        "outputs": {},
+                        "status": {"status_str": "error", "completed": False, "messages": [("execution_error", error)]},
+                        "meta": {},
+                    }
+                    await self.send("execution_error", error, sid)
+                    await self.send("executing", {"node": None, "prompt_id": prompt_id}, sid)
             else:
                 await asyncio.sleep(0.01)
 
@@ -275,7 +295,7 @@ def _stats(node: str, step: int, steps: int) -> dict[str, Any]:
 def _fusion_report(faces: int, fallbacks: tuple[str, ...]) -> str:
     from tokenfuse.fusion.fallback import FaceReport, format_report
 
-    reports = [FaceReport(frame=0, index=i, seed=42, guide_size=512, tokens=4096, time_s=0.5) for i in range(faces)]
+    reports = [FaceReport(frame=0, index=i, seed=42, context_side=512, tokens=4096, time_s=0.5) for i in range(faces)]
     for action in fallbacks:
         reports[0].add(action, "CUDA out of memory at guide 512")  # type: ignore[arg-type]
     return format_report(reports, "ScheduledFusion: fake server")
