@@ -10,7 +10,7 @@ U-Net tokens, wall time and peak memory beyond the weights, and the ratios (a)/(
     (d) ours+cache / (e) cache : (c) with the step cache added (--cache, a schedule_text such as
                   '{"cache_interval": 3}'), and the step cache alone (preset off); only with --cache
 
-    python bench/fusion.py --comfyui /path/to/ComfyUI --device cuda --dtype fp16 --steps 20 --caps 4,8
+    python bench/fusion.py --comfyui /path/to/ComfyUI --device cuda --dtype fp16 --steps 20 --caps 4,8 --repeats 3
     python bench/fusion.py --comfyui /path/to/ComfyUI --quick          # CPU smoke run (tiny model, small frames)
 
 --caps (CUDA) reruns (a) and (c) at the largest frame under torch.cuda.set_per_process_memory_fraction caps (GB)
@@ -165,6 +165,9 @@ def main() -> None:
     ap.add_argument("--cache", default="", help='step-cache schedule_text for rows (d)/(e), e.g. {"cache_interval": 3}')
     ap.add_argument("--caps", default="", help="CUDA memory caps in GB for (a) vs (c) at the largest frame, e.g. 4,8")
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny U-Net/VAE, frames 256,512, guides 64,128")
+    ap.add_argument(
+        "--repeats", type=int, default=1, help="interleaved rounds of the crop cases per frame ((a) once); median time"
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.quick:  # tiny models; frames/guides given on the command line are kept
@@ -220,27 +223,56 @@ def main() -> None:
     for size in frames:
         frame = astronaut_frame(size)
         faces = astronaut_faces(size)
-        rows = []
-        _, t, p, e = timed(meter, lambda f=frame: naive(model, vae, f, args, cond))
-        rows.append(("(a) naive", (size // 8) ** 2, t, p, e))
+        cases: list[tuple[str, int, Callable[[], Any]]] = [
+            ("(a) naive", (size // 8) ** 2, lambda f=frame: naive(model, vae, f, args, cond))
+        ]
         for g in guides:
-            _, t, p, e = timed(meter, lambda g=g, f=frame, fs=faces: crop(model, vae, f, fs, g, None, args, cond))
-            rows.append((f"(b) crop {g}", (g // 8) ** 2, t, p, e))
-        rep, t, p, e = timed(
-            meter, lambda f=frame, fs=faces: crop(ours_model, vae, f, fs, args.ours_guide, plan, args, cond)
-        )
-        rows.append((f"(c) ours {args.ours_guide}", (args.ours_guide // 8) ** 2, t, p, e))
-        for name, cm_model in cached:
-            _, t, p, e = timed(
-                meter, lambda m=cm_model, f=frame, fs=faces: crop(m, vae, f, fs, args.ours_guide, plan, args, cond)
+            cases.append(
+                (
+                    f"(b) crop {g}",
+                    (g // 8) ** 2,
+                    lambda g=g, f=frame, fs=faces: crop(model, vae, f, fs, g, None, args, cond),
+                )
             )
-            rows.append((name, (args.ours_guide // 8) ** 2, t, p, e))
+        ours_tok = (args.ours_guide // 8) ** 2
+        cases.append(
+            (
+                f"(c) ours {args.ours_guide}",
+                ours_tok,
+                lambda f=frame, fs=faces: crop(ours_model, vae, f, fs, args.ours_guide, plan, args, cond),
+            )
+        )
+        for name, cm_model in cached:
+            cases.append(
+                (
+                    name,
+                    ours_tok,
+                    lambda m=cm_model, f=frame, fs=faces: crop(m, vae, f, fs, args.ours_guide, plan, args, cond),
+                )
+            )
+        times: dict[str, list[float]] = {name: [] for name, _, _ in cases}
+        first: dict[str, tuple[Any, int | None, str]] = {}
+        for rnd in range(max(1, args.repeats)):  # interleaved: allocator state and clock drift hit every case alike
+            for name, _, run in cases[1:] if rnd else cases:  # (a) naive once: it is the slow reference
+                out, t, p, e = timed(meter, run)
+                times[name].append(t)
+                first.setdefault(name, (out, p, e))
+        rep = first[f"(c) ours {args.ours_guide}"][0]
+        rows = [(name, tok, float(np.median(times[name])), first[name][1], first[name][2]) for name, tok, _ in cases]
         a = rows[0]
         for name, tok, t, p, e in rows:
             tx = f"{a[1] / tok:.1f}"
             sx = f"{a[2] / t:.1f}" if t > 0 else "-"
             mx = f"{100 * (1 - p / a[3]):.0f}" if p is not None and a[3] else "-"
             print(f"{size:>6} {name:<16} {tok:>8} {t:>8.2f} {fmt_mem(p):>9} {tx:>6} {sx:>7} {mx:>7} {e}")
+        b_name, c_name = f"(b) crop {args.ours_guide}", f"(c) ours {args.ours_guide}"
+        if b_name in times:
+            b_t, c_t = float(np.median(times[b_name])), float(np.median(times[c_name]))
+            print(
+                f"#   crop + schedule vs crop alone at guide {args.ours_guide}: {b_t / c_t:.3f}x "
+                f"(median of {len(times[c_name])}; (b) {' '.join(f'{t:.3f}' for t in times[b_name])}, "
+                f"(c) {' '.join(f'{t:.3f}' for t in times[c_name])})"
+            )
         if rep:
             print("#   (c) report: " + " | ".join(rep.splitlines()[1:2]))
 

@@ -194,13 +194,18 @@ def reduce_todo(
         fn = state.pool_fn(h, w, ratio)
     else:
         kernel, batch = kernel_for_ratio(ratio), n.shape[0]
-        keep = state.on_device(
-            plan,
-            ("cells", h, w, batch, kernel),
-            lambda: protected_cell_tokens(state.roi(plan, h, w, batch)[1], h, w, kernel),
-            n.device,
-        )
-        fn = kv_downsample_functions(h, w, ratio, state.schedule.pool, keep)
+
+        def make_fn() -> Callable[[torch.Tensor], torch.Tensor]:
+            keep = state.on_device(
+                plan,
+                ("cells", h, w, batch, kernel),
+                lambda: protected_cell_tokens(state.roi(plan, h, w, batch)[1], h, w, kernel),
+                n.device,
+            )
+            return kv_downsample_functions(h, w, ratio, state.schedule.pool, keep)
+
+        # built once per (plan, grid, batch, kernel, device), like the plan-free pool_fn: no closure per call
+        fn = state.plans.get(plan, ("kvfn", h, w, batch, kernel, str(n.device)), make_fn)
     new_ctx, new_val = kv_targets(n, ctx, val, fn)
     return n, new_ctx, new_val
 
