@@ -107,7 +107,7 @@ def _run(
         fallback="auto",
     )
     args.update(kw)
-    crops, out_faces, report = ScheduledFusion().fuse(**args, backend=stack.backend())
+    crops, out_faces, report = ScheduledFusion(stack.backend()).fuse(**args)
     return crops, out_faces, report, stack
 
 
@@ -230,7 +230,7 @@ def test_identity_drop_triggers_the_rerun_when_embeddings_exist() -> None:
         return next(sims)
 
     backend = replace(backend, hooks=CropHooks(embed=embed))  # the backend is frozen
-    _, out, report = ScheduledFusion().fuse(
+    _, out, report = ScheduledFusion(backend).fuse(
         "M",
         "V",
         "p",
@@ -249,7 +249,6 @@ def test_identity_drop_triggers_the_rerun_when_embeddings_exist() -> None:
         0.04,
         2,
         "auto",
-        backend=backend,
     )
     assert "identity drop (similarity -1.00" in report and "scheduling_off" in report
     assert out.faces[0][0].crop is not None
@@ -307,7 +306,7 @@ def test_other_errors_pass_the_face_through_and_cancel_propagates() -> None:
     backend = replace(backend, sample=cancel)
     images, fs = astronaut_faceset(1, 1, crop_size=128)
     with pytest.raises(Cancelled):
-        ScheduledFusion().fuse(
+        ScheduledFusion(backend).fuse(
             "M",
             "V",
             "p",
@@ -326,7 +325,6 @@ def test_other_errors_pass_the_face_through_and_cancel_propagates() -> None:
             0.04,
             2,
             "auto",
-            backend=backend,
         )
 
 
@@ -376,7 +374,7 @@ def test_crop_factor_and_max_size_set_the_sampled_side() -> None:
 def test_no_faces_and_empty_frames() -> None:
     images, _ = astronaut_faceset()
     empty = FaceSet(image_size=(512, 512), faces=((),))
-    crops, out, report = ScheduledFusion().fuse(
+    crops, out, report = ScheduledFusion(FakeStack().backend()).fuse(
         "M",
         "V",
         "p",
@@ -395,13 +393,12 @@ def test_no_faces_and_empty_frames() -> None:
         0.04,
         2,
         "auto",
-        backend=FakeStack().backend(),
     )
     assert crops.shape[0] == 0 and out is empty and "no faces" in report
     # a frame without faces next to one with faces
     images2, fs = astronaut_faceset(2, 1, crop_size=128)
     mixed = FaceSet(image_size=(512, 512), faces=(fs.faces[0], ()))
-    crops, out, report = ScheduledFusion().fuse(
+    crops, out, report = ScheduledFusion(FakeStack().backend()).fuse(
         "M",
         "V",
         "p",
@@ -420,14 +417,13 @@ def test_no_faces_and_empty_frames() -> None:
         0.04,
         2,
         "auto",
-        backend=FakeStack().backend(),
     )
     assert crops.shape[0] == 1 and out.faces[1] == () and out.faces[0][0].crop is not None
 
 
 def test_mismatched_inputs_raise_actionable_errors() -> None:
     images, fs = astronaut_faceset(1, 1)
-    node = ScheduledFusion()
+    node = ScheduledFusion(FakeStack().backend())
     common = dict(
         model="M",
         vae="V",
@@ -445,7 +441,6 @@ def test_mismatched_inputs_raise_actionable_errors() -> None:
         feather=0.04,
         faces_per_batch=2,
         fallback="auto",
-        backend=FakeStack().backend(),
     )
     with pytest.raises(ValueError, match="connect the same image"):
         node.fuse(image=torch.zeros(1, 256, 256, 3), faces=fs, **common)

