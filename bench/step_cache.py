@@ -26,6 +26,7 @@ with PatchTokenize); --no-plan drops it.
     python bench/step_cache.py --comfyui /work/comfyui --part speed --json out/speed.json
     python bench/step_cache.py --comfyui /work/comfyui --part quality --faces /work/data/fm256/heldout --limit 8
     python bench/step_cache.py ... --cache '{"cache_interval": 3}' --cache '{"cache_interval": 2}'   # several
+    python bench/step_cache.py --comfyui /work/comfyui --quick     # smoke run: calls + quality parts, tiny sizes
 Attention backend: PyTorch SDPA (printed). Steps 20, denoise 0.45, euler/normal, seed 0 unless told.
 """
 
@@ -349,7 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-plan", action="store_true", help="run our variants without a token plan")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default="", help="write {'speed': rows, 'quality': rows, 'settings': ...}")
+    ap.add_argument(
+        "--quick", action="store_true", help="smoke run: the calls part instead of speed, 2 steps, guide 64, 1 face"
+    )
     a = ap.parse_args(argv)
+    if a.quick:  # every code path once, in about a minute on one CPU thread; the numbers mean nothing
+        a.steps, a.guide, a.frame, a.limit = 2, 64, 256, 1
     if not a.comfyui:
         ap.error("needs ComfyUI: --comfyui PATH or COMFYUI_PATH")
     a.cache = a.cache or [DEFAULT_CACHE]
@@ -372,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         "quality": lambda: quality_part(pack, a, which),
         "calls": lambda: calls_part(pack, a, which),
     }
-    for part in ("speed", "quality") if a.part == "both" else (a.part,):
+    both = ("calls" if a.quick else "speed", "quality")
+    for part in both if a.part == "both" else (a.part,):
         out[part] = run[part]()
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
