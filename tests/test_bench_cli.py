@@ -43,21 +43,17 @@ print(json.dumps(out))
 """
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+def _python(*args: str) -> subprocess.CompletedProcess[str]:
+    """sys.executable with args in the repository root, one torch thread, offline; exit code 0 asserted."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
 
 
 @pytest.fixture(scope="module")
 def helps() -> dict[str, list]:
-    proc = subprocess.run(
-        [sys.executable, "-c", _HELP_ALL, *BENCHES],
-        cwd=REPO,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _python("-c", _HELP_ALL, *BENCHES)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -74,15 +70,7 @@ def test_bench_help_exits_0(helps: dict[str, list], name: str) -> None:
 
 def test_attention_block_quick_runs() -> None:
     """The pure-torch attention bench end to end on tiny shapes: a table row per variant, baseline included."""
-    proc = subprocess.run(
-        [sys.executable, "bench/attention_block.py", "--quick"],
-        cwd=REPO,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _python("bench/attention_block.py", "--quick")
     rows = [line for line in proc.stdout.splitlines() if line.startswith("tiny ")]
     for variant in ("baseline", "tome 0.5", "todo 2x2", "topk 0.5"):
         assert any(variant in r and " ms" in r for r in rows), f"no {variant} row:\n{proc.stdout[-3000:]}"
