@@ -81,6 +81,12 @@ class FakeStack:
         return [c for c in self.calls if c["op"] == op]
 
 
+# ScheduledFusion's positional arguments around image and faces: its links (stand-ins: the backend replaces them)
+# and its widgets, as ComfyUI's argument order has them.
+LINKS = ("M", "V", "p", "n")
+WIDGETS = (0, 4, 5.0, "euler", "normal", 0.4, 128, 1024, 1.0, 0.04, 2, "auto")
+
+
 def _run(
     frames: int = 1, faces_per_frame: int = 1, stack: FakeStack | None = None, crop_size: int = 128, **kw: Any
 ) -> tuple[torch.Tensor, FaceSet, str, FakeStack]:
@@ -230,26 +236,7 @@ def test_identity_drop_triggers_the_rerun_when_embeddings_exist() -> None:
         return next(sims)
 
     backend = replace(backend, hooks=CropHooks(embed=embed))  # the backend is frozen
-    _, out, report = ScheduledFusion(backend).fuse(
-        "M",
-        "V",
-        "p",
-        "n",
-        torch.from_numpy(images),
-        fs,
-        0,
-        4,
-        5.0,
-        "euler",
-        "normal",
-        0.4,
-        128,
-        1024,
-        1.0,
-        0.04,
-        2,
-        "auto",
-    )
+    _, out, report = ScheduledFusion(backend).fuse(*LINKS, torch.from_numpy(images), fs, *WIDGETS)
     assert "identity drop (similarity -1.00" in report and "scheduling_off" in report
     assert out.faces[0][0].crop is not None
     assert [c["model"] for c in stack.ops("sample")] == ["patched", "unscheduled"]
@@ -306,26 +293,7 @@ def test_other_errors_pass_the_face_through_and_cancel_propagates() -> None:
     backend = replace(backend, sample=cancel)
     images, fs = astronaut_faceset(1, 1, crop_size=128)
     with pytest.raises(Cancelled):
-        ScheduledFusion(backend).fuse(
-            "M",
-            "V",
-            "p",
-            "n",
-            torch.from_numpy(images),
-            fs,
-            0,
-            4,
-            5.0,
-            "euler",
-            "normal",
-            0.4,
-            128,
-            1024,
-            1.0,
-            0.04,
-            2,
-            "auto",
-        )
+        ScheduledFusion(backend).fuse(*LINKS, torch.from_numpy(images), fs, *WIDGETS)
 
 
 def test_fallback_off_reports_without_retrying() -> None:
@@ -374,50 +342,12 @@ def test_crop_factor_and_max_size_set_the_sampled_side() -> None:
 def test_no_faces_and_empty_frames() -> None:
     images, _ = astronaut_faceset()
     empty = FaceSet(image_size=(512, 512), faces=((),))
-    crops, out, report = ScheduledFusion(FakeStack().backend()).fuse(
-        "M",
-        "V",
-        "p",
-        "n",
-        torch.from_numpy(images),
-        empty,
-        0,
-        4,
-        5.0,
-        "euler",
-        "normal",
-        0.4,
-        128,
-        1024,
-        1.0,
-        0.04,
-        2,
-        "auto",
-    )
+    crops, out, report = ScheduledFusion(FakeStack().backend()).fuse(*LINKS, torch.from_numpy(images), empty, *WIDGETS)
     assert crops.shape[0] == 0 and out is empty and "no faces" in report
     # a frame without faces next to one with faces
     images2, fs = astronaut_faceset(2, 1, crop_size=128)
     mixed = FaceSet(image_size=(512, 512), faces=(fs.faces[0], ()))
-    crops, out, report = ScheduledFusion(FakeStack().backend()).fuse(
-        "M",
-        "V",
-        "p",
-        "n",
-        torch.from_numpy(images2),
-        mixed,
-        0,
-        4,
-        5.0,
-        "euler",
-        "normal",
-        0.4,
-        128,
-        1024,
-        1.0,
-        0.04,
-        2,
-        "auto",
-    )
+    crops, out, report = ScheduledFusion(FakeStack().backend()).fuse(*LINKS, torch.from_numpy(images2), mixed, *WIDGETS)
     assert crops.shape[0] == 1 and out.faces[1] == () and out.faces[0][0].crop is not None
 
 
@@ -459,26 +389,7 @@ def test_without_comfyui_the_node_says_so() -> None:
     if env.comfy_available():
         pytest.skip("ComfyUI is importable here")
     with pytest.raises(env.ComfyUnavailableError, match="ComfyUI"):
-        ScheduledFusion().fuse(
-            "M",
-            "V",
-            "p",
-            "n",
-            torch.from_numpy(images),
-            fs,
-            0,
-            4,
-            5.0,
-            "euler",
-            "normal",
-            0.4,
-            128,
-            1024,
-            1.0,
-            0.04,
-            2,
-            "auto",
-        )
+        ScheduledFusion().fuse(*LINKS, torch.from_numpy(images), fs, *WIDGETS)
 
 
 class FakePatcher:
