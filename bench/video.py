@@ -151,10 +151,8 @@ def comfy_refine_runner(args: argparse.Namespace) -> Any:
         model, vae, cfg = fm.model, fm.vae, 1.0
         cond = fm.conditioning(), fm.conditioning()
     else:
-        import fusion as fusion_bench
-
         model = comfy_models.build_model("sd15", model_channels=args.channels, tiny=args.channels < 320, seed=0)
-        vae = fusion_bench.build_vae(ch=128 if args.channels >= 320 else 32, seed=0, dtype=dtype)
+        vae = comfy_models.build_vae(ch=128 if args.channels >= 320 else 32, seed=0, dtype=dtype)
         cond = comfy_models.conditioning("sd15", seed=1), comfy_models.conditioning("sd15", seed=2)
     from tokenfuse.nodes.video_nodes import VideoFaceFusion
 
