@@ -28,6 +28,7 @@ with PatchTokenize); --no-plan drops it.
         --guide 1024 --rounds 3
     python bench/step_cache.py --comfyui /work/comfyui --part quality --faces /work/data/fm256/heldout --limit 8
     python bench/step_cache.py ... --cache '{"cache_interval": 3}' --cache '{"cache_interval": 2}'   # several
+    python bench/step_cache.py --comfyui /work/comfyui --quick     # smoke run: calls + quality parts, tiny sizes
 Attention backend: PyTorch SDPA (printed). Steps 20, denoise 0.45, euler/normal, seed 0 unless told.
 """
 
@@ -229,7 +230,8 @@ def calls_part(pack: Any, a: argparse.Namespace, which: set[str]) -> list[dict[s
     from tokenfuse.scheduling.schedule import Schedule, parse_schedule_text
     from tokenfuse.scheduling.step_cache import plan_full_steps
 
-    model = cm.build_model("sd15", model_channels=320, tiny=False)
+    channels = 32 if a.quick else 320  # --quick: the SD1.5 layout at a tenth of the width (cost numbers mean nothing)
+    model = cm.build_model("sd15", model_channels=channels, tiny=False)
     vae = cm.build_vae(32)
     cond = (cm.conditioning("sd15", seed=1), cm.conditioning("sd15", seed=2))
     plan = None if a.no_plan else TokenPlan(importance=torch.ones(1, 8, 8), image_size=(8, 8))
@@ -242,7 +244,8 @@ def calls_part(pack: Any, a: argparse.Namespace, which: set[str]) -> list[dict[s
     short = argparse.Namespace(**{**vars(a), "steps": 3})
     fuse(pack, model, vae, cond, image, faces, argparse.Namespace(**{**vars(a), "steps": 1}), None)  # warm-up
     print(
-        f"# calls: full SD1.5 U-Net (random weights), face crop at guide {a.guide} (latent {a.guide // 8}x"
+        f"# calls: SD1.5 U-Net at {channels} channels (random weights), face crop at guide {a.guide} "
+        f"(latent {a.guide // 8}x"
         f"{a.guide // 8}), cfg {a.cfg} (batch {2 if a.cfg != 1.0 else 1}), 3-step runs, projected to {a.steps} "
         f"steps; attention {cm.attention_backend()}, CPU thread time, torch threads {torch.get_num_threads()}, "
         f"load average {os.getloadavg()[0]:.1f}",
@@ -369,7 +372,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="sd15", choices=["sd15", "sdxl"], help="speed part: U-Net architecture")
     ap.add_argument("--rounds", type=int, default=1, help="speed part: interleaved rounds, min per variant")
     ap.add_argument("--json", default="", help="write {'speed': rows, 'quality': rows, 'settings': ...}")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: the calls part (U-Net width 32) instead of speed, 2 steps, guide 64, 1 face",
+    )
     a = ap.parse_args(argv)
+    if a.quick:  # every code path of the calls and quality parts once; the numbers mean nothing
+        a.steps, a.guide, a.frame, a.limit = 2, 64, 256, 1
     if not a.comfyui:
         ap.error("needs ComfyUI: --comfyui PATH or COMFYUI_PATH")
     a.cache = a.cache or [DEFAULT_CACHE]
@@ -392,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         "quality": lambda: quality_part(pack, a, which),
         "calls": lambda: calls_part(pack, a, which),
     }
-    for part in ("speed", "quality") if a.part == "both" else (a.part,):
+    both = ("calls" if a.quick else "speed", "quality")
+    for part in both if a.part == "both" else (a.part,):
         out[part] = run[part]()
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)

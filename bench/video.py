@@ -23,6 +23,7 @@ of pass 2 (VmHWM, reset per run), added flicker and crop jitter.
                   (ComfyUI samplers only; the stand-in sampler has no attention).
 
     python bench/video.py --frames 1000,4000 --refine fake
+    python bench/video.py --quick [--refine sd15 --comfyui /path/to/ComfyUI]      # smoke run, under a minute on CPU
     python bench/video.py --comfyui /path/to/ComfyUI --refine sd15 --device cuda --dtype fp16 --guide 512 --steps 20
     python bench/video.py --comfyui /path/to/ComfyUI --refine face --frames 60 --guide 256 --steps 10 \
         --anchors off,full,pooled --stability-frames 60
@@ -31,6 +32,7 @@ of pass 2 (VmHWM, reset per run), added flicker and crop jitter.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import sys
 import tempfile
@@ -48,6 +50,8 @@ from pack_loader import load_pack  # noqa: E402
 
 load_pack()  # video_clips imports the stand-in sampler from the pack (tokenfuse.devkit.standin); the root is light
 from video_clips import fake_refine, webp_frames  # noqa: E402
+
+CLIP_PACKAGE = "comfyui_workflow_templates_media_video"
 
 
 def peak_rss_reset() -> int | None:
@@ -147,10 +151,8 @@ def comfy_refine_runner(args: argparse.Namespace) -> Any:
         model, vae, cfg = fm.model, fm.vae, 1.0
         cond = fm.conditioning(), fm.conditioning()
     else:
-        import fusion as fusion_bench
-
         model = comfy_models.build_model("sd15", model_channels=args.channels, tiny=args.channels < 320, seed=0)
-        vae = fusion_bench.build_vae(ch=128 if args.channels >= 320 else 32, seed=0, dtype=dtype)
+        vae = comfy_models.build_vae(ch=128 if args.channels >= 320 else 32, seed=0, dtype=dtype)
         cond = comfy_models.conditioning("sd15", seed=1), comfy_models.conditioning("sd15", seed=2)
     from tokenfuse.nodes.video_nodes import VideoFaceFusion
 
@@ -219,7 +221,13 @@ def main() -> None:
     p.add_argument("--preset", default="veryfast", help="x264 preset of the output")
     p.add_argument("--stability-frames", type=int, default=600)
     p.add_argument("--workdir", default="", help="keep clips and outputs here (default: a temp folder)")
+    p.add_argument("--quick", action="store_true", help="smoke run: one 30-frame 640x360 clip, guide 64, 2 steps")
     args = p.parse_args()
+    if args.quick:  # every code path of the chosen --refine once; the numbers mean nothing
+        args.frames, args.stability_frames, args.height, args.guide, args.steps = "30", 30, 360, 64, 2
+        args.channels = min(args.channels, 32)
+    if importlib.util.find_spec(CLIP_PACKAGE) is None:  # else video_clips raises pytest's Skipped mid-run
+        p.error(f"the talking-head clip needs {CLIP_PACKAGE} (requirements-test.txt) in this Python")
     logging.basicConfig(level=logging.WARNING)
     import torch
 

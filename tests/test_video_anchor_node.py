@@ -77,7 +77,7 @@ def tracked() -> tuple[Path, Any]:
 
 
 def _fuse(src: Path, tracks: Any, out: Path, stack: AttentionStack, anchor: str) -> VideoFaceFusion:
-    node = VideoFaceFusion()
+    node = VideoFaceFusion(stack.backend())
     node.fuse(
         str(src),
         tracks,
@@ -101,7 +101,6 @@ def _fuse(src: Path, tracks: Any, out: Path, stack: AttentionStack, anchor: str)
         preset="ultrafast",
         fallback="off",
         anchor_attention=anchor,
-        backend=stack.backend(),
         out_path=str(out),
     )
     return node

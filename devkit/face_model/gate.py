@@ -1,8 +1,8 @@
 """The quality gate without ComfyUI: ScheduledFusion's node code on the trained face model in plain torch.
 
-`fuse_torch` calls the pack's real ScheduledFusion node (`fuse(..., backend=...)`: the same crop, noise mask, paste
-and artifact code a workflow runs) with a FusionBackend built from devkit/face_model/torch_sampling.py instead of
-ComfyUI, so tests/test_quality_gate.py can hold every preset to the issue-14 gate in CI.
+`fuse_torch` calls the pack's real ScheduledFusion node (`ScheduledFusion(backend).fuse(...)`: the same crop, noise
+mask, paste and artifact code a workflow runs) with a FusionBackend built from devkit/face_model/torch_sampling.py
+instead of ComfyUI, so tests/test_quality_gate.py can hold every preset to the issue-14 gate in CI.
 tests/integration/test_torch_face_model.py checks that this path gives ComfyUI's output on the same weights.
 
 Gate (issue 14): PSNR >= 30 dB and SSIM >= 0.95 vs the unscheduled output over the face (devkit/face_model/quality.py
@@ -61,7 +61,7 @@ def fuse_torch(
     """ScheduledFusion (fallback off, cfg 1, euler/normal) on the photo's face with the plain-torch model."""
     import time
 
-    node = q.node(pack, "TokenFuseScheduledFusion")
+    node = q.node(pack, "TokenFuseScheduledFusion", fusion_backend(model, params.steps, params.denoise))
     t0 = time.perf_counter()
     with torch.inference_mode():
         crops, _, _ = node.fuse(
@@ -83,7 +83,6 @@ def fuse_torch(
             feather=0.04,
             faces_per_batch=1,
             fallback="off",
-            backend=fusion_backend(model, params.steps, params.denoise),
         )
     crop = np.clip(crops[0].float().numpy(), 0.0, 1.0).astype(np.float32)
     return q.FaceRun(crop, time.perf_counter() - t0)

@@ -61,9 +61,10 @@ class Photo:
     landmarks: np.ndarray = field(default_factory=lambda: np.zeros((5, 2), np.float32))  # in crop pixels
 
 
-def node(pack: Any, node_id: str) -> Any:
-    """An instance of the pack's node class registered under node_id (e.g. TokenFuseScheduledFusion)."""
-    return pack.NODE_CLASS_MAPPINGS[node_id]()
+def node(pack: Any, node_id: str, *init: Any) -> Any:
+    """An instance of the pack's node class registered under node_id (e.g. TokenFuseScheduledFusion); init: its
+    constructor's arguments (ScheduledFusion's backend)."""
+    return pack.NODE_CLASS_MAPPINGS[node_id](*init)
 
 
 def list_photos(folder: Path) -> list[Path]:

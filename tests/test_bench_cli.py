@@ -1,0 +1,76 @@
+"""Every bench script still starts: a merge that breaks one (an import, a renamed helper, a bad argparse line) fails
+here instead of the next time someone runs the bench.
+
+`--help` of every bench/*.py runs in ONE child process (torch imported once; each script through runpy as
+`__main__`, its module-level code included), so the check costs seconds, not a torch import per script. The child
+process keeps the benches' sys.path edits and pack loading away from the test session.
+bench/attention_block.py --quick (pure torch, no ComfyUI) also runs for real, so one bench's measuring code is
+exercised end to end in CI; the other benches need ComfyUI, the trained face model's data or Ray (see
+docs/notes/bench_quick.md for their quick invocations).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BENCHES = sorted(p.name for p in (REPO / "bench").glob("*.py") if not p.name.startswith("_"))
+
+# Runs in the child: each script's --help through runpy; prints one JSON line {name: [exit code, output head]}.
+_HELP_ALL = """
+import contextlib, io, json, runpy, sys
+out = {}
+for name in sys.argv[1:]:
+    buf = io.StringIO()
+    path = sys.argv[0] = "bench/" + name
+    sys.argv[1:] = ["--help"]
+    code = None
+    try:
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            runpy.run_path(path, run_name="__main__")
+    except SystemExit as e:
+        code = e.code
+    except BaseException as e:  # an import or module-level failure: report it, go on with the next script
+        code = repr(e)
+    out[name] = [code, buf.getvalue()[:2000]]
+print(json.dumps(out))
+"""
+
+
+def _python(*args: str) -> subprocess.CompletedProcess[str]:
+    """sys.executable with args in the repository root, one torch thread, offline; exit code 0 asserted."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def helps() -> dict[str, list]:
+    proc = _python("-c", _HELP_ALL, *BENCHES)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_bench_folder_is_found() -> None:
+    assert {"attention_block.py", "unet_step.py", "fusion.py", "video.py"} <= set(BENCHES)
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_bench_help_exits_0(helps: dict[str, list], name: str) -> None:
+    code, text = helps[name]
+    assert code in (0, None), f"bench/{name} --help: exit {code}\n{text}"
+    assert "usage:" in text, f"bench/{name} --help printed no usage:\n{text}"
+
+
+def test_attention_block_quick_runs() -> None:
+    """The pure-torch attention bench end to end on tiny shapes: a table row per variant, baseline included."""
+    proc = _python("bench/attention_block.py", "--quick")
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("tiny ")]
+    for variant in ("baseline", "tome 0.5", "todo 2x2", "topk 0.5"):
+        assert any(variant in r and " ms" in r for r in rows), f"no {variant} row:\n{proc.stdout[-3000:]}"
