@@ -10,10 +10,10 @@ psnr/ssim: mask > 0.5 region, its bounding box for SSIM). On this model that alo
 self-attention scores 36.5 dB, shuffled V 40.4 dB), so two relative checks measured on the same input in the same run
 (docs/notes/quality.md, "A sharper gate"; thresholds from 8 held-out faces + the astronaut):
 - image: the preset's face MSE vs unscheduled <= GATE_OFF_FRACTION x that of the model without self-attention
-  (presets measured 0.03-0.57, pooled K/V summed 1.23-8.1);
+  (presets measured 0.01-0.57, pooled K/V summed 1.23-8.1);
 - attention (attention_probe.py, on the unscheduled trajectory): the preset's attention structure error <=
-  GATE_STRUCTURE_FRACTION x that of V shuffled against K (presets 0.29-0.68, V shifted by one pooled token 0.61-0.91,
-  V reversed / no self-attention / pooled K/V summed >= 0.85).
+  GATE_STRUCTURE_FRACTION x that of V shuffled against K (presets 0.14-0.68, V shifted by one pooled token 0.61-0.91:
+  escapes on 1 of 8 held-out faces, V reversed / no self-attention / pooled K/V summed >= 0.82).
 """
 
 from __future__ import annotations
