@@ -96,7 +96,7 @@ def test_preset_passes_the_quality_gate(st: SimpleNamespace, preset: str) -> Non
     )
 
 
-def _probe(st: SimpleNamespace, with_plan: bool) -> dict[str, Any]:
+def _probe(st: SimpleNamespace, with_plan: bool) -> tuple[dict[str, Any], Any]:
     """Attention structure error of every preset strategy and every break, on one unscheduled run (cached)."""
     if with_plan not in st.probes:
         from tokenfuse.devkit.face_model.attention_probe import patches_of
