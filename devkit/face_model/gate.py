@@ -6,23 +6,33 @@ instead of ComfyUI, so tests/test_quality_gate.py can hold every preset to the i
 tests/integration/test_torch_face_model.py checks that this path gives ComfyUI's output on the same weights.
 
 Gate (issue 14): PSNR >= 30 dB and SSIM >= 0.95 vs the unscheduled output over the face (devkit/face_model/quality.py
-psnr/ssim: mask > 0.5 region, its bounding box for SSIM).
+psnr/ssim: mask > 0.5 region, its bounding box for SSIM). On this model that alone is too forgiving (the model without
+self-attention scores 36.5 dB, shuffled V 40.4 dB), so two relative checks measured on the same input in the same run
+(docs/notes/quality.md, "A sharper gate"; thresholds from 8 held-out faces + the astronaut):
+- image: the preset's face MSE vs unscheduled <= GATE_OFF_FRACTION x that of the model without self-attention
+  (presets measured 0.01-0.57, pooled K/V summed 1.23-8.1);
+- attention (attention_probe.py, on the unscheduled trajectory): the preset's attention structure error <=
+  GATE_STRUCTURE_FRACTION x that of V shuffled against K (presets 0.14-0.68, V shifted by one pooled token 0.61-0.91:
+  escapes on 1 of 8 held-out faces, V reversed / no self-attention / pooled K/V summed >= 0.82).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from . import quality as q
+from .attention_probe import FidelityStats, Patches, attention_probe
 from .torch_sampling import TorchFaceModel, fusion_backend
 
 GATE_PSNR = 30.0
 GATE_SSIM = 0.95
+GATE_OFF_FRACTION = 0.7  # face MSE vs unscheduled, as a fraction of the no-self-attention model's
+GATE_STRUCTURE_FRACTION = 0.7  # attention structure error, as a fraction of shuffled V's (broken.py "v_perm")
 PRESETS = ("balanced", "lowvram_8gb", "lowvram_6gb", "lowvram_4gb")
 
 
@@ -57,8 +67,11 @@ def fuse_torch(
     photo: q.Photo,
     params: q.FusionParams,
     timer: Callable[[], float] | None = None,
+    token_plan: Any = None,
 ) -> q.FaceRun:
-    """ScheduledFusion (fallback off, cfg 1, euler/normal) on the photo's face with the plain-torch model."""
+    """ScheduledFusion (fallback off, cfg 1, euler/normal) on the photo's face with the plain-torch model.
+
+    token_plan: connected to the node's token_plan input (the node then builds a crop-space plan per face)."""
     import time
 
     node = q.node(pack, "TokenFuseScheduledFusion", fusion_backend(model, params.steps, params.denoise))
@@ -83,9 +96,31 @@ def fuse_torch(
             feather=0.04,
             faces_per_batch=1,
             fallback="off",
+            token_plan=token_plan,
         )
     crop = np.clip(crops[0].float().numpy(), 0.0, 1.0).astype(np.float32)
     return q.FaceRun(crop, time.perf_counter() - t0)
+
+
+def face_mse(run: q.FaceRun, base: q.FaceRun, photo: q.Photo) -> float:
+    """Mean squared difference of two output crops over the face (mask > 0.5), 0..1 pixels."""
+    sel, _ = q.face_region(photo.mask)
+    return float(np.mean((run.crop[sel].astype(np.float64) - base.crop[sel].astype(np.float64)) ** 2))
+
+
+def attention_fidelity(
+    pack: Any,
+    model: TorchFaceModel,
+    photo: q.Photo,
+    params: q.FusionParams,
+    variants: dict[str, Patches],
+    token_plan: Any = None,
+) -> tuple[dict[str, FidelityStats], q.FaceRun]:
+    """One unscheduled ScheduledFusion run of `model` (no patches) with every variant's patch chain measured on each
+    self-attention call (attention_probe.py). Returns the stats per variant and the run (= the unscheduled output)."""
+    with attention_probe(model.unet, variants) as stats:
+        run = fuse_torch(pack, replace(model, options={}), photo, params, token_plan=token_plan)
+    return stats, run
 
 
 def compare(run: q.FaceRun, base: q.FaceRun, photo: q.Photo) -> GateResult:
