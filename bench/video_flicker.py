@@ -33,41 +33,7 @@ sys.path.insert(0, str(REPO / "devkit"))
 from pack_loader import load_pack  # noqa: E402
 
 load_pack()
-
-
-def per_frame_flicker(src: Path, out: Path, tracks: Any, size: int = 256) -> dict[str, np.ndarray]:
-    """bench/video.py's stability() per transition: num[t], den[t] (t-1 -> t), inside and edge parts of num/den."""
-    from tokenfuse.faces.align import template, warp_face
-    from tokenfuse.faces.masks import crop_mask
-    from tokenfuse.video.decode import VideoReader
-    from tokenfuse.video.flow import dis_flow, grey, sample
-    from tokenfuse.video.smooth import scale_affine
-
-    mask = crop_mask(template(size, tracks.crop_factor), size)[..., None]
-    inner = mask * (mask > 0.9)
-    edge = mask * (mask <= 0.9)
-    n = tracks.frame_count
-    res = {k: np.zeros(n) for k in ("num", "den", "num_in", "den_in", "num_edge", "den_edge")}
-    prev: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    with VideoReader(src) as a, VideoReader(out) as b:
-        for fa, fb in zip(a, b, strict=False):
-            cur = {}
-            for j in tracks.tracks_at(fa.index):
-                tr = tracks.tracks[j]
-                aff = scale_affine(tr.affines[fa.index - tr.start], size)
-                ci = warp_face(fa.rgb, aff, size).astype(np.float32)
-                co = warp_face(fb.rgb, aff, size).astype(np.float32)
-                cur[j] = (ci, co)
-                if j in prev:
-                    pi, po = prev[j]
-                    flow = dis_flow(grey(ci.astype(np.uint8), size), grey(pi.astype(np.uint8), size))
-                    di, do = np.abs(ci - sample(pi, flow)), np.abs(co - sample(po, flow))
-                    t = fa.index
-                    for suffix, m in (("", mask), ("_in", inner), ("_edge", edge)):
-                        res["den" + suffix][t] += float((di * m).sum())
-                        res["num" + suffix][t] += float((do * m).sum())
-            prev = cur
-    return res
+from tokenfuse.devkit.flicker import flicker_parts as per_frame_flicker  # noqa: E402
 
 
 def breakdown(res: dict[str, np.ndarray], keys: set[int], name: str) -> None:
@@ -138,6 +104,8 @@ def main() -> None:
     p.add_argument("--size", type=int, default=128, help="crop size (bench/video.py's --guide)")
     p.add_argument("--kps", type=float, default=2.0)
     p.add_argument("--details", default="change,refined", help="propagation variants to replay (FlowOptions.detail)")
+    p.add_argument("--sigmas", default="0.08", help="FlowOptions.detail_sigma values to replay 'refined' with")
+    p.add_argument("--no-model-runs", action="store_true", help="skip the breakdown of the two model outputs")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     import torch
@@ -168,16 +136,25 @@ def main() -> None:
     )
     keys = {int(k) for ks in track_keyframes(tracks, opts) for k in ks}
     print(f"key frames: {sorted(keys)}")
-    breakdown(per_frame_flicker(clip, per_frame, tracks), set(range(args.frames)), "per_frame (model output)")
     real = work / f"out_{args.frames}_keyframes_off.mp4"
-    if real.exists():
+    if not args.no_model_runs:
+        breakdown(per_frame_flicker(clip, per_frame, tracks), set(range(args.frames)), "per_frame (model output)")
+    if real.exists() and not args.no_model_runs:
         breakdown(per_frame_flicker(clip, real, tracks), keys, "keyframes (model run)")
     refine = replay_refine(clip, per_frame, tracks, args.size)
     out_dir = Path(tempfile.mkdtemp(prefix="flk_replay_"))
-    for detail in args.details.split(","):
-        out = out_dir / f"replay_{detail}.mp4"
-        stats = fuse_video(clip, out, tracks, refine, replace(opts, flow=replace(opts.flow, detail=detail)))
-        name = f"keyframes replay, detail={detail} ({stats.key_frames} keys, {stats.flow_failures} flow fails)"
+    variants = [
+        (d, float(sg)) for d in args.details.split(",") for sg in (args.sigmas.split(",") if d == "refined" else [0])
+    ]
+    for detail, sigma in variants:
+        out = out_dir / f"replay_{detail}_{sigma}.mp4"
+        flow = replace(opts.flow, detail=detail, detail_sigma=sigma or opts.flow.detail_sigma)
+        stats = fuse_video(clip, out, tracks, refine, replace(opts, flow=flow))
+        name = (
+            f"keyframes replay, detail={detail}"
+            + (f" sigma {sigma}" if detail == "refined" else "")
+            + f" ({stats.key_frames} keys, {stats.flow_failures} flow fails)"
+        )
         breakdown(per_frame_flicker(clip, out, tracks), keys, name)
     print(f"\nreplay crops not found in the per-frame output: {refine.misses[0]}")  # type: ignore[attr-defined]
 

@@ -40,7 +40,7 @@ class FlowOptions:
     work_size: int = 128
     min_valid: float = 0.6
     detail: Detail = "refined"
-    detail_sigma: float = 0.02
+    detail_sigma: float = 0.08
 
 
 _DIS: Any = None
