@@ -159,9 +159,9 @@ def propagate(
     if best < opts.min_valid:
         return None, best
     change = _mix([sample(k.change, f) for k, f in zip(keys, flows, strict=True)], valids, weights)
-    crops = [k.crop for k in keys]
-    if opts.detail == "refined" and target is not None and all(c is not None for c in crops):
-        refined = [sample(c + k.change, f) for c, k, f in zip(crops, keys, flows, strict=True)]  # type: ignore[operator]
+    crops = [k.crop for k in keys if k.crop is not None]
+    if opts.detail == "refined" and target is not None and len(crops) == len(keys):
+        refined = [sample(c + k.change, f) for c, k, f in zip(crops, keys, flows, strict=True)]
         change = _refined_detail(target, change, refined, valids, weights, opts.detail_sigma)
     return change, best
 
