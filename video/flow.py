@@ -3,7 +3,9 @@
 The change is `refined - original` in the aligned crop. Between two key frames k0 < t < k1 of a track the
 crops are aligned already (smoothed similarity), so the remaining motion is small and non-rigid (mouth, eyes,
 head turn): DIS flow from frame t's crop to each key frame's crop says where each pixel of t is in the key
-frame, the key frame's change is sampled there, and the two are mixed by temporal distance. A forward-backward
+frame, the key frame's change is sampled there, and the two are mixed by temporal distance; by default only the
+coarse part of the frame is its own crop plus that change, its fine detail is the key frames' refined crops sampled
+the same way (FlowOptions.detail: the change alone made key-frame mode flicker). A forward-backward
 check marks pixels where the flow is not trustworthy (occlusions, blur, failed matches); when too little of the
 face passes it, the frame is reported as failed and the driver diffuses it itself.
 
