@@ -182,7 +182,7 @@ class _Fuser:
         for it, src, ref in zip(batch, crops, np.clip(out, 0.0, 1.0), strict=True):
             it.change = ref - src
             if it.key:
-                self.done[it.j][it.t] = KeyChange(it.t, grey(it.crop, self.opts.flow.work_size), it.change)
+                self.done[it.j][it.t] = KeyChange(it.t, grey(it.crop, self.opts.flow.work_size), it.change, src)
 
     def flush(self) -> None:
         """Refine everything queued (a partial last batch included) and write what is ready."""
@@ -202,7 +202,8 @@ class _Fuser:
         if k1 not in done:
             return False
         target = grey(item.crop, self.opts.flow.work_size)
-        change, _ = propagate(target, item.t, [done[k0], done[k1]], self.mask, self.opts.flow)
+        crop = item.crop.astype(np.float32) / 255.0
+        change, _ = propagate(target, item.t, [done[k0], done[k1]], self.mask, self.opts.flow, crop)
         if change is None:
             item.own = True
             self.stats.flow_failures += 1
