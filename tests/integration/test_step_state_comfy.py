@@ -112,7 +112,7 @@ def test_no_host_read_of_device_tensors_on_the_hot_path(comfy, model, monkeypatc
     assert (reads.by_module["tokenfuse.scheduling.step_cache"] >= STEPS) is cache
 
 
-@pytest.mark.parametrize("sampler", ["euler", "dpmpp_2m", "uni_pc"])
+@pytest.mark.parametrize("sampler", ["euler", "dpmpp_2m"])
 def test_windowed_schedule_is_bit_identical_with_and_without_the_wrapper(comfy, model, sampler: str) -> None:
     base = ksample(comfy, model, sampler)
     outs, steps = [], []
