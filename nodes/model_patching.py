@@ -2,7 +2,8 @@
 
 Used by TokenSchedulerController (schedule_model), ScheduledFusion's fallback chain (strip_tokenfuse,
 repatch_with_preset) and the benches. Per-run telemetry is reset in an OUTER_SAMPLE wrapper, which logs one INFO
-summary line per sampling run; a PREDICT_NOISE wrapper sends live stats when a server listens.
+summary line per sampling run; a PREDICT_NOISE wrapper sends live stats when a server listens; a SAMPLER_SAMPLE
+wrapper (nodes/sampler_steps.py) keeps the run's step index on the host, so the patches never read a device sigma.
 
 The step cache (Schedule.cache_*, scheduling/step_cache.py) rides on the same clone: a DIFFUSION_MODEL wrapper and an
 output_block_patch under the same key, its per-run state reset by the same OUTER_SAMPLE wrapper, its counters in the
@@ -20,9 +21,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..scheduling.keys import DISABLED_KEY, OVERRIDE_KEY, PLAN_KEY, PRESET_KEY, WRAPPER_KEY
+from ..scheduling.keys import DISABLED_KEY, OVERRIDE_KEY, PLAN_KEY, PRESET_KEY, STEP_KEY, WRAPPER_KEY
 from ..scheduling.schedule import Schedule
+from ..scheduling.step_state import SamplingSteps
 from .glue import patcher, paths, ui
+from .sampler_steps import make_sampler_step_wrapper
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +115,7 @@ def remove_scheduling(m: Any) -> bool:
     if "patches" in to:
         to["patches"] = patches
     m.model_options = {**m.model_options, "transformer_options": to}
-    for kind in ("OUTER_SAMPLE", "PREDICT_NOISE", "DIFFUSION_MODEL"):
+    for kind in ("OUTER_SAMPLE", "PREDICT_NOISE", "DIFFUSION_MODEL", "SAMPLER_SAMPLE"):
         patcher.remove_wrapper(m, kind, WRAPPER_KEY)
     return True
 
@@ -162,6 +165,11 @@ class _LiveStats:
         """Step (1-based) and step count from predict_noise(x, timestep, model_options) and its sample_sigmas."""
         self.step += 1
         options = kwargs.get("model_options", args[2] if len(args) > 2 else None) or {}
+        steps = options.get("transformer_options", {}).get(STEP_KEY)
+        if isinstance(steps, SamplingSteps) and steps.steps >= 1:  # the run's host-side step: no device sync
+            self.steps = steps.steps
+            self.step = max(1, min(steps.step + 1, self.steps))
+            return
         sample_sigmas = options.get("transformer_options", {}).get("sample_sigmas")
         timestep = args[1] if len(args) > 1 else kwargs.get("timestep")
         try:
@@ -279,6 +287,7 @@ def _attach_step_cache(m: Any, schedule: Schedule) -> Any:
         patcher.timestep_embedding(),
         PLAN_KEY,
         DISABLED_KEY,
+        STEP_KEY,
     )
     m.set_model_output_block_patch(hooks.output_block_patch)
     patcher.add_wrapper(m, "DIFFUSION_MODEL", WRAPPER_KEY, hooks.diffusion_model_wrapper)
@@ -326,4 +335,6 @@ def schedule_model(
     run_wrapper = _make_run_wrapper(telemetry, schedule, device, label, live, cache)
     patcher.add_outer_sample_wrapper(m, WRAPPER_KEY, run_wrapper)
     patcher.add_wrapper(m, "PREDICT_NOISE", WRAPPER_KEY, _make_step_wrapper(telemetry, live))
+    if not schedule.is_off or cache is not None:  # the patches' step index without a device sync per model call
+        patcher.add_wrapper(m, "SAMPLER_SAMPLE", WRAPPER_KEY, make_sampler_step_wrapper())
     return m, telemetry

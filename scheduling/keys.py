@@ -13,3 +13,4 @@ PRESET_KEY = "tokenfuse_preset"  # the preset in force (ScheduledFusion's OOM fa
 UNMERGE_KEY = "tokenfuse_unmerge"  # per-call state from attn1_patch to attn1_output_patch
 OVERRIDE_KEY = "optimized_attention_override"  # ComfyUI's own key: the DiT attention override
 WRAPPER_KEY = "tokenfuse"  # the key of TokenFuse's ModelPatcher wrappers
+STEP_KEY = "tokenfuse_steps"  # the run's SamplingSteps (scheduling/step_state.py), set by the SAMPLER_SAMPLE wrapper

@@ -28,9 +28,10 @@ import torch
 from . import calibrate
 from .adaptive import adapt_ratio, token_complexity
 from .downsample import kernel_for_ratio
-from .keys import DISABLED_KEY, PLAN_KEY, UNMERGE_KEY
+from .keys import DISABLED_KEY, PLAN_KEY, STEP_KEY, UNMERGE_KEY
 from .reducers import LRU, REDUCERS, ReduceState
 from .schedule import MAX_RATIO, Schedule
+from .step_state import SamplingSteps
 from .telemetry import RunTelemetry
 from .topk import gather_tokens, keep_count, topk_indices
 
@@ -66,15 +67,31 @@ class StepInfo:
 
 
 class _StepTracker:
-    """Step progress from extra_options["sigmas"] vs ["sample_sigmas"]; one host sync per model call (cached)."""
+    """Step progress of a model call, cached per call.
+
+    With the run's SamplingSteps in options[STEP_KEY] (ComfyUI's sampler path, nodes/sampler_steps.py) the step is an
+    attribute read: no device sync (see scheduling/step_state.py for the step semantics of multi-evaluation
+    samplers). Without it (plain-torch callers, unit tests, samplers the wrapper does not know) the step is the
+    nearest extra_options["sample_sigmas"] entry to extra_options["sigmas"]: one host read of the current sigma per
+    model call, which on a GPU is a blocking device sync.
+    """
 
     def __init__(self) -> None:
         self._sig: Any = None
         self._ss: Any = None
         self._ss_vals: list[float] = []
         self._info = StepInfo(-1, 0, 0.0, float("nan"))
+        self._state: Any = None
+        self._state_step = -1
 
     def __call__(self, options: dict[str, Any]) -> StepInfo:
+        state = options.get(STEP_KEY)
+        if isinstance(state, SamplingSteps) and state.source is options.get("sample_sigmas") and state.steps >= 1:
+            if state is not self._state or state.step != self._state_step:
+                step = state.step
+                self._info = StepInfo(step, state.steps, min(step / state.steps, 1.0), state.sigma)
+                self._state, self._state_step, self._sig = state, step, None
+            return self._info
         sig, ss = options.get("sigmas"), options.get("sample_sigmas")
         if sig is None:
             return StepInfo(-1, 0, 0.0, float("nan"))
@@ -89,7 +106,7 @@ class _StepTracker:
             info = StepInfo(step, steps, min(step / steps, 1.0), sigma)
         else:
             info = StepInfo(-1, 0, 0.0, sigma)
-        self._sig, self._ss, self._info = sig, ss, info
+        self._sig, self._ss, self._info, self._state = sig, ss, info, None
         return info
 
 

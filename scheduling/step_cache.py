@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from .step_state import SamplingSteps
+
 log = logging.getLogger(__name__)
 
 # Sigmas of a run are matched to steps with this relative tolerance (schedules are float32 on the device).
@@ -191,9 +193,10 @@ def _face_weights(plan: Any, x: torch.Tensor) -> torch.Tensor | None:
     """[B, H*W] 1 on the plan's protected (face) tokens at the latent grid, or None without a usable plan."""
     if plan is None or not hasattr(plan, "level_importance"):
         return None
-    imp = plan.level_importance(x.shape[-2], x.shape[-1], x.shape[0], device=x.device)
-    face = (imp >= float(getattr(plan, "protect_threshold", 0.5))).to(x.dtype)
-    return face if bool(face.any()) else None
+    # On the plan's own device (the host for a TokenPlan), so the emptiness check is no device sync.
+    imp = plan.level_importance(x.shape[-2], x.shape[-1], x.shape[0])
+    face = imp >= float(getattr(plan, "protect_threshold", 0.5))
+    return face.to(device=x.device, dtype=x.dtype) if bool(face.any()) else None
 
 
 @dataclass(frozen=True)
@@ -207,12 +210,22 @@ class StepCacheHooks:
 
 
 def build_step_cache(
-    interval: int, depth: int, threshold: float, embed: EmbedFn, plan_key: str, disabled_key: str
+    interval: int,
+    depth: int,
+    threshold: float,
+    embed: EmbedFn,
+    plan_key: str,
+    disabled_key: str,
+    step_key: str | None = None,
 ) -> StepCacheHooks:
     """Hooks for one model clone (see the module docstring).
 
     embed: ComfyUI's timestep_embedding (passed in so this module never imports ComfyUI); plan_key / disabled_key:
-    the transformer_options keys of the TOKEN_PLAN and of "TokenFuse off" (scheduling/keys.py).
+    the transformer_options keys of the TOKEN_PLAN and of "TokenFuse off" (scheduling/keys.py); step_key: the key of
+    the run's SamplingSteps. With it a call's step costs no device sync; the step of a multi-evaluation sampler's
+    later evaluations is then the step they belong to (heun's second evaluation at sigma[i + 1]: step i, where the
+    sigma lookup said i + 1), so all evaluations of a step are full or all cached. Without it (or when absent from a
+    call's options) the step comes from the call's sigma (`step_index`: one host read per model call).
     """
     state = StepCacheState(interval=interval, depth=depth, threshold=threshold)
     warned: set[str] = set()
@@ -278,11 +291,19 @@ def build_step_cache(
             stand_aside(reason)
             state.full_calls += 1
             return executor(*args, **kwargs)
-        if state.sample_sigmas is None:  # once per run (one host sync), not per call
-            state.sample_sigmas = [float(s) for s in opts["sample_sigmas"].reshape(-1).tolist()]
-        sigma = float(opts["sigmas"].reshape(-1)[0])  # once per model call: the only host sync of a step
-        n_steps = max(1, len(state.sample_sigmas) - 1)
-        i = step_index(sigma, state.sample_sigmas)
+        steps = opts.get(step_key) if step_key else None
+        if isinstance(steps, SamplingSteps) and steps.source is opts["sample_sigmas"] and steps.steps >= 1:
+            # The sampler's step from the run's host-side step state: no device sync (scheduling/step_state.py).
+            state.sample_sigmas = steps.sigmas
+            n_steps = steps.steps
+            i = min(steps.step, n_steps - 1)
+            sigma = steps.sigmas[i]
+        else:
+            if state.sample_sigmas is None:  # once per run (one host sync), not per call
+                state.sample_sigmas = [float(s) for s in opts["sample_sigmas"].reshape(-1).tolist()]
+            sigma = float(opts["sigmas"].reshape(-1)[0])  # once per model call: a device sync on a GPU
+            n_steps = max(1, len(state.sample_sigmas) - 1)
+            i = step_index(sigma, state.sample_sigmas)
         key = (tuple(opts.get("uuids", ()) or ()), tuple(opts.get("cond_or_uncond", ()) or ()), tuple(x.shape))
         plan = opts.get(plan_key)
         entry = state.entries.get(key)
