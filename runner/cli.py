@@ -3,6 +3,7 @@
     python ComfyUI/custom_nodes/ComfyUI-TokenFuse run --demo
     python ComfyUI/custom_nodes/ComfyUI-TokenFuse run workflows/tokenfuse_face_refine_sd15_4gb.json photos/ -o out/
     python ... run workflow.json clip.mp4 --input source_face=me.jpg --server http://127.0.0.1:8188 --resume
+    python ... run --engine core long.mp4 --ray local --workers 2   # videos on the pack's core, no ComfyUI
 
 Exit codes: 0 every item ok, 1 some item failed (a summary lists them), 2 bad command line / workflow,
 130 interrupted by Ctrl-C (finished items stay in the report; --resume continues).
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .convert import WorkflowError, is_api_prompt, ui_to_api
+from .core_cli import add_core_arguments, cmd_run_core
 from .items import Item, expand, item_slot, resolve
 from .run import EXIT_USAGE, run_items
 
@@ -72,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--demo", action="store_true", help="built-in demo graph and photo (see runner/demo.py)")
     r.add_argument("--quiet", action="store_true", help="no progress line")
     r.add_argument("-v", "--verbose", action="store_true")
+    add_core_arguments(r)
     s = sub.add_parser("serve", help="face-fusion HTTP service on Ray Serve (needs requirements-scale.txt)")
     s.add_argument("--workflow", help="workflow .json with one LoadImage (default: the demo graph)")
     s.add_argument("--demo", action="store_true", help="the demo graph and models (the default without --workflow)")
@@ -166,6 +169,8 @@ def _make_engine(args: argparse.Namespace, extra_nodes: dict[str, type] | None) 
 def cmd_run(args: argparse.Namespace) -> int:
     from . import demo
 
+    if args.engine == "core":
+        return cmd_run_core(args)
     if args.ray and args.server:
         raise WorkflowError("--ray runs embedded ComfyUIs on the workers: drop --server")
     if args.demo and args.server:

@@ -8,9 +8,9 @@ copies the input's audio once. The result equals a one-worker run frame for fram
 worker lost mid-chunk is replaced and the chunk run again elsewhere (ray_pool.dispatch); the item's report row
 lists every chunk with the worker that fused it and its lost attempts.
 
-The sampler: "standin" (devkit/standin.py, a seeded stand-in: what CI runs, and what measures the scale-out's
-own cost). A ComfyUI sampler on the workers is not wired here yet: ComfyUI workflows' videos go whole to one
-worker (ray_pool.RunnerWorker).
+The sampler (runner/core_refine.py): "demo", the small trained face model in plain torch through the pack's
+fusion loop (`run --engine core`), or "standin", a seeded stand-in (what the Ray CI tests and the scale-out's own
+cost measurements use). ComfyUI workflows' videos under `run --ray` go whole to one worker (ray_pool.RunnerWorker).
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from .core_refine import RefineName, make_refine
 from .items import Item
 
 if TYPE_CHECKING:
@@ -30,21 +31,24 @@ if TYPE_CHECKING:
 
     from ..video.chunks import Chunk
     from ..video.fuse_pass import FuseOptions, Refine, VideoStats
-    from ..video.track_pass import FaceTracks
+    from ..video.track_pass import FaceTracks, Progress
     from .ray_pool import Outcome, RayPool
     from .run import Summary
 
 log = logging.getLogger("tokenfuse.runner")
-RefineName = Literal["standin"]
 
 
 @dataclass(frozen=True)
 class CoreSpec:
-    """What the core engine runs. detector/detect_size: the track pass (driver); refine: the sampler (workers);
-    crop_size .. preset: the fuse pass (video/fuse_pass.FuseOptions); chunks: chunks per video (0 = one per
-    worker); min_chunk_s: videos shorter than two of these are not split."""
+    """What the core engine runs. detector/detect_size: the track pass (driver); refine: the sampler (workers;
+    runner/core_refine.py), steps/denoise/schedule: the demo model's sampling and TokenFuse scheduling preset;
+    crop_size .. preset: the fuse pass (video/fuse_pass.FuseOptions; preset is x264's); chunks: chunks per video
+    (0 = one per worker); min_chunk_s: videos shorter than two of these are not split."""
 
     refine: RefineName = "standin"
+    steps: int = 20
+    denoise: float = 0.45
+    schedule: str = "balanced"
     detector: str = "auto"
     detect_size: int = 320
     crop_size: int = 256
@@ -71,12 +75,10 @@ class CoreSpec:
             encode=EncodeOptions(crf=self.crf, preset=self.preset),  # type: ignore[arg-type]
         )
 
-    def make_refine(self) -> Refine:
-        if self.refine == "standin":
-            from ..devkit.standin import standin_refine
-
-            return standin_refine
-        raise ValueError(f"unknown sampler {self.refine!r}: use 'standin'")
+    def make_refine(self, threads: int = 0) -> Refine:
+        """threads: torch threads for the demo model (0 = as set). Its float results differ in the last bits between
+        thread counts, so a Ray worker pins its CPU share: one worker and N workers give the same frames."""
+        return make_refine(self.refine, self.steps, self.denoise, self.schedule, threads)
 
 
 def analyse(path: Path, spec: CoreSpec) -> tuple[FaceTracks, list[int | None]]:
@@ -96,14 +98,17 @@ def stats_row(stats: VideoStats) -> dict[str, Any]:
     return {k: v for k, v in asdict(stats).items() if k in keep}
 
 
-def fuse_file(path: Path, out_path: Path, spec: CoreSpec, refine: Refine | None = None) -> dict[str, Any]:
-    """One video, one process: track pass then fuse pass (the single-worker path; the service's video endpoint).
-    Returns the report fields (frames, faces, key frames, diffusion runs, ..., time_s). Raises on a bad input."""
+def fuse_file(
+    path: Path, out_path: Path, spec: CoreSpec, refine: Refine | None = None, progress: Progress | None = None
+) -> dict[str, Any]:
+    """One video, one process: track pass then fuse pass (the single-worker path; the service's video endpoint;
+    `run --engine core` without --ray). progress(frames done, total) during the fuse pass. Returns the report
+    fields (frames, faces, key frames, diffusion runs, ..., time_s). Raises on a bad input."""
     from ..video.fuse_pass import fuse_video
 
     t0 = time.perf_counter()
     tracks, _ = analyse(path, spec)
-    stats = fuse_video(path, out_path, tracks, refine or spec.make_refine(), spec.fuse_options())
+    stats = fuse_video(path, out_path, tracks, refine or spec.make_refine(), spec.fuse_options(), progress)
     row = {**stats_row(stats), "tracks": len(tracks.tracks), "cuts": len(tracks.cuts), "copied": stats.copied}
     row["time_s"] = round(time.perf_counter() - t0, 3)
     return row
@@ -114,7 +119,7 @@ class VideoWorker:
 
     def __init__(self, spec: CoreSpec) -> None:
         self.spec = spec
-        self.refine = spec.make_refine()
+        self.refine = spec.make_refine(threads=max(1, int(spec.num_cpus)))
         self.opts = spec.fuse_options()
         self.pid = os.getpid()
         self._files = Path(tempfile.mkdtemp(prefix="tokenfuse_vworker_"))
@@ -303,4 +308,40 @@ def run_videos_ray(
                 run.finish(v.index, v.item, row, files)
     finally:
         run.end(f" (ray core video, {len(pool.actors)} workers)")
+    return run.summary
+
+
+def run_videos_local(
+    items: list[Item], output: Path, spec: CoreSpec, resume: bool = False, progress: bool = True
+) -> Summary:
+    """Every video item in this process, one after the other (`run --engine core` without --ray): same outputs
+    (`<output>/<name>/<name>_fused.mp4`), report rows, resume and summary as run_videos_ray. A bad input fails its
+    item only; Ctrl-C (KeyboardInterrupt) ends the run after writing the report of the items done."""
+    from .run import RunLog
+
+    run = RunLog(output, len(items), resume, progress)
+    refine = spec.make_refine()  # built once: the demo model stays loaded between videos
+    try:
+        for index, item in enumerate(items, 1):
+            if run.skip_done(index, item):
+                continue
+            run.bar.item(index, item.name)
+            row: dict[str, Any] = {"item": item.key, "name": item.name, "kind": item.kind}
+            files: list[tuple[str, bytes]] = []
+            t0 = time.perf_counter()
+            try:
+                if item.kind != "video":
+                    raise ValueError("the core video engine takes videos only")
+                with tempfile.TemporaryDirectory(prefix="tokenfuse_core_") as tmp:
+                    out = Path(tmp) / f"{item.name}_fused.mp4"
+                    row.update(fuse_file(item.path, out, spec, refine, run.bar.step), status="ok")
+                    files = [(out.name, out.read_bytes())]
+            except Exception as e:  # noqa: BLE001 - a bad input fails its item only
+                log.debug("video %s failed", item.path, exc_info=True)
+                row.update(status="failed", error=f"{type(e).__name__}: {e}", time_s=round(time.perf_counter() - t0, 3))
+            run.finish(index, item, row, files)
+    except KeyboardInterrupt:
+        run.summary.interrupted = True
+    finally:
+        run.end(f" (core video, sampler {spec.refine})")
     return run.summary

@@ -130,6 +130,33 @@ def test_killed_worker_mid_chunk_is_retried_elsewhere(cluster: Any, clip: Path, 
         shutil.rmtree(Path(part).parent, ignore_errors=True)
 
 
+def test_cli_core_engine_over_ray_equals_one_worker(cluster: Any, clip: Path, tmp_path: Path) -> None:
+    """`run --engine core --ray local --workers 2` with the small trained face model (the demo sampler): the clip's
+    3 chunks spread over both workers and join to the frames of a one-worker, one-chunk Ray run of the same model
+    (both in Ray worker processes: one torch thread each), with the audio; exit code 0."""
+    from tokenfuse.runner.cli import main
+
+    demo = CoreSpec(refine="demo", steps=4, crop_size=128, crf=0, chunks=1)
+    pool = RayPool("local", 1, demo, VideoWorker)
+    try:
+        assert run_videos_ray(pool, expand([clip]), tmp_path / "one", demo, progress=False).exit_code == 0
+    finally:
+        pool.close()
+    (one_row,) = rows(tmp_path / "one")
+    assert len(one_row["chunks"]) == 1, one_row
+    out = tmp_path / "out"
+    argv = ["run", "--engine", "core", str(clip), "-o", str(out), "--ray", "local", "--workers", "2", "--chunks", "3"]
+    assert main([*argv, "--steps", "4", "--crop-size", "128", "--crf", "0", "--quiet"]) == 0
+    (row,) = rows(out)
+    assert [c["index"] for c in row["chunks"]] == [0, 1, 2] and len(row["workers"]) == 2, row
+    assert row["status"] == "ok" and row["join"] == "copied" and row["diffusion_runs"] > 0, row
+    frames, one = read_frames(Path(row["outputs"][0])), read_frames(Path(one_row["outputs"][0]))
+    assert len(frames) == len(one) == N
+    differ = [i for i, (a, b) in enumerate(zip(one, frames, strict=True)) if not np.array_equal(a, b)]
+    assert not differ, f"chunked != one-worker frames at {differ}"
+    assert audio_packets(Path(row["outputs"][0])) == audio_packets(clip)
+
+
 def _post(url: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
     req = urllib.request.Request(url, data=body, method="POST")
     try:
