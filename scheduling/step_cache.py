@@ -222,10 +222,10 @@ def build_step_cache(
 
     embed: ComfyUI's timestep_embedding (passed in so this module never imports ComfyUI); plan_key / disabled_key:
     the transformer_options keys of the TOKEN_PLAN and of "TokenFuse off" (scheduling/keys.py); step_key: the key of
-    the run's SamplingSteps. With it a call's step costs no device sync; the step of a multi-evaluation sampler's
-    later evaluations is then the step they belong to (heun's second evaluation at sigma[i + 1]: step i, where the
-    sigma lookup said i + 1), so all evaluations of a step are full or all cached. Without it (or when absent from a
-    call's options) the step comes from the call's sigma (`step_index`: one host read per model call).
+    the run's SamplingSteps. With it a call's step costs no device sync; a multi-evaluation sampler's later
+    evaluations see the next step (ComfyUI calls the callback after a step's first evaluation: heun's second
+    evaluation at sigma[i + 1] sees i + 1, as the sigma lookup did). Without it (or when absent from a call's
+    options) the step comes from the call's sigma (`step_index`: one host read per model call).
     """
     state = StepCacheState(interval=interval, depth=depth, threshold=threshold)
     warned: set[str] = set()

@@ -9,12 +9,13 @@ host, creates one `SamplingSteps` per sampling run, advances it from the sampler
 Step semantics: `step` is the index of the sampler step being computed (0 before the first callback, i + 1 after the
 callback of step i). For samplers that evaluate the model once per step at `sample_sigmas[i]` (euler, euler_a,
 dpmpp_2m, lms, ipndm, deis, uni_pc, ...) this equals the old sigma lookup (the nearest `sample_sigmas` entry).
-Multi-evaluation samplers (heun, dpm_2, dpmpp_2s_ancestral, dpmpp_sde, seeds_2/3, ...) differ in their later
-evaluations: every evaluation of step i now sees step i, where the sigma lookup gave the nearest entry (heun's second
-evaluation at sigma[i + 1] saw i + 1, a midpoint sigma i or i + 1 by rounding). Acceptable and arguably more
-consistent: all evaluations a solver combines into one update see the same schedule row (same ratios, same step
-window, same ToMe partition seed), and a step window boundary moves by at most one evaluation. Exact sigma-nearest
-indices for those evaluations would need each evaluation's sigma on the host, i.e. the sync this removes.
+Multi-evaluation samplers: ComfyUI's heun / dpm_2 style loops call the callback right after a step's FIRST
+evaluation, so their later evaluation(s) of step i already see i + 1. For heun (second evaluation at sigma[i + 1])
+that is exactly the old nearest-sigma index (measured: the same attention calls per step with and without the state,
+tests/integration/test_step_state_comfy.py); a midpoint evaluation (dpm_2, dpmpp_2s_ancestral, dpmpp_sde, seeds_2/3)
+sees i + 1 where the sigma lookup gave i or i + 1 by rounding: a step-window boundary moves by at most one
+evaluation (not measured). Exact sigma-nearest indices for those would need each evaluation's sigma on the host,
+i.e. the sync this removes.
 
 Pure Python (no torch): the node layer owns the ComfyUI side, scheduling/patches.py and step_cache.py read it.
 """
