@@ -92,7 +92,10 @@ class TokenSchedulerController:
                         "tooltip": "off: identity (bit-identical output). balanced: the mildest reduction, 2x2 K/V "
                         "pooling at the finest attention levels (the range ToDo validated). "
                         "lowvram_8gb/6gb/4gb: stronger "
-                        "reduction (ramp + adaptive) that trades fine detail for speed and memory; check faces.",
+                        "reduction (ramp + adaptive) that trades fine detail for speed and memory; check faces. "
+                        "Measured on TokenFuse's small trained face model (20 held-out faces, guide 512, vs "
+                        "unscheduled): balanced 38.8 dB PSNR / SSIM 0.992, lowvram_* 38.2-38.3 dB / 0.991. balanced "
+                        "is device-aware: a level is reduced only where it saves time on your GPU/CPU.",
                     },
                 ),
                 "strategy": (
