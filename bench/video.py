@@ -100,33 +100,10 @@ def make_clip(path: Path, frames: int, fps: int = 30, height: int = 720) -> Path
 
 def stability(src: Path, out: Path, tracks: Any, limit: int, size: int = 256) -> float:
     """Added flicker (see module doc): sum over frames of the motion-compensated change, output / input."""
-    from tokenfuse.faces.align import template, warp_face
-    from tokenfuse.faces.masks import crop_mask
-    from tokenfuse.video.decode import VideoReader
-    from tokenfuse.video.flow import dis_flow, grey, sample
-    from tokenfuse.video.smooth import scale_affine
+    from tokenfuse.devkit.flicker import flicker_parts
 
-    mask = crop_mask(template(size, tracks.crop_factor), size)[..., None]
-    num = den = 0.0
-    prev: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    with VideoReader(src) as a, VideoReader(out) as b:
-        for fa, fb in zip(a, b, strict=False):
-            if fa.index >= limit:
-                break
-            cur = {}
-            for j in tracks.tracks_at(fa.index):
-                tr = tracks.tracks[j]
-                aff = scale_affine(tr.affines[fa.index - tr.start], size)
-                ci = warp_face(fa.rgb, aff, size).astype(np.float32)
-                co = warp_face(fb.rgb, aff, size).astype(np.float32)
-                cur[j] = (ci, co)
-                if j in prev:
-                    pi, po = prev[j]
-                    flow = dis_flow(grey(ci.astype(np.uint8), size), grey(pi.astype(np.uint8), size))
-                    den += float((np.abs(ci - sample(pi, flow)) * mask).sum())
-                    num += float((np.abs(co - sample(po, flow)) * mask).sum())
-            prev = cur
-    return num / max(den, 1e-9)
+    parts = flicker_parts(src, out, tracks, size=size, limit=limit)
+    return float(parts["num"].sum() / max(float(parts["den"].sum()), 1e-9))
 
 
 def comfy_refine_runner(args: argparse.Namespace) -> Any:

@@ -12,18 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_fusion_geometry import astronaut_faceset
+import test_artifacts
 from tokenfuse.fusion.artifacts import check_crop
-from tokenfuse.fusion.crops import aligned_crop, context_transform, noise_mask_context
 
-
-@pytest.fixture(scope="module")
-def face_crop() -> tuple[np.ndarray, np.ndarray]:
-    img, fs = astronaut_faceset()
-    face = fs.faces[0][0]
-    crop = aligned_crop(img[0], face, 256)
-    m_c, side = context_transform(face.crop_size, 256)
-    return crop, noise_mask_context(face, m_c, side)
+face_crop = test_artifacts.face_crop  # the astronaut crop + mask fixture shared with tests/test_artifacts.py
 
 
 @pytest.mark.parametrize("amplitude", [1.0, 0.6, 0.3])
