@@ -31,7 +31,7 @@ from .downsample import kernel_for_ratio
 from .keys import DISABLED_KEY, PLAN_KEY, STEP_KEY, UNMERGE_KEY
 from .reducers import LRU, REDUCERS, ReduceState
 from .schedule import MAX_RATIO, Schedule
-from .step_state import SamplingSteps
+from .step_state import run_steps
 from .telemetry import RunTelemetry
 from .topk import gather_tokens, keep_count, topk_indices
 
@@ -85,8 +85,8 @@ class _StepTracker:
         self._state_step = -1
 
     def __call__(self, options: dict[str, Any]) -> StepInfo:
-        state = options.get(STEP_KEY)
-        if isinstance(state, SamplingSteps) and state.source is options.get("sample_sigmas") and state.steps >= 1:
+        state = run_steps(options, STEP_KEY)
+        if state is not None:
             if state is not self._state or state.step != self._state_step:
                 step = state.step
                 self._info = StepInfo(step, state.steps, min(step / state.steps, 1.0), state.sigma)

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .step_state import SamplingSteps
+from .step_state import run_steps
 
 log = logging.getLogger(__name__)
 
@@ -291,8 +291,8 @@ def build_step_cache(
             stand_aside(reason)
             state.full_calls += 1
             return executor(*args, **kwargs)
-        steps = opts.get(step_key) if step_key else None
-        if isinstance(steps, SamplingSteps) and steps.source is opts["sample_sigmas"] and steps.steps >= 1:
+        steps = run_steps(opts, step_key)
+        if steps is not None:
             # The sampler's step from the run's host-side step state: no device sync (scheduling/step_state.py).
             state.sample_sigmas = steps.sigmas
             n_steps = steps.steps

@@ -55,3 +55,12 @@ class SamplingSteps:
 
     def __repr__(self) -> str:  # logs and ComfyUI's repr of model_options stay short
         return f"SamplingSteps(step={self.step}/{self.steps})"
+
+
+def run_steps(options: Any, key: str | None) -> SamplingSteps | None:
+    """The run's SamplingSteps under `key` in a call's transformer_options, when it describes this call's schedule
+    (its source is the call's "sample_sigmas" tensor and it has at least one step); else None (read the sigma)."""
+    state = options.get(key) if key else None
+    if isinstance(state, SamplingSteps) and state.source is options.get("sample_sigmas") and state.steps >= 1:
+        return state
+    return None
