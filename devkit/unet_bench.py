@@ -205,6 +205,12 @@ def levels_text(telemetry: Any) -> str:
     return " ".join(parts) or "-"
 
 
+def rotated(n: int, round_index: int) -> list[int]:
+    """Indices 0..n-1 starting at round_index mod n: the variant order of one timing round."""
+    k = round_index % n if n else 0
+    return [*range(k, n), *range(k)]
+
+
 def run_variants(
     variants: list[Variant],
     call: Callable[[Any, dict], torch.Tensor],
@@ -220,7 +226,9 @@ def run_variants(
     overhead: also time our patch closures device-synced (two more calls per variant; off for slow CPU runs).
 
     Timed calls are interleaved (one call of each variant per round), so load drift on a shared machine or clock
-    changes hit every variant alike; the step time is the median over rounds.
+    changes hit every variant alike; the step time is the median over rounds. The order rotates each round, so no
+    variant always runs first or right after the same neighbour (on a launch-bound GPU a call's time can depend on
+    what the previous call left in the allocator and the queue).
     """
     fns = [lambda v=v: call(v.patcher, options(v.patcher)) for v in variants]
     with torch.no_grad():
@@ -233,8 +241,9 @@ def run_variants(
             for _ in range(warmup):
                 fn()
         times: list[list[float]] = [[] for _ in variants]
-        for _ in range(repeats):
-            for i, fn in enumerate(fns):
+        for r in range(repeats):
+            for i in rotated(len(fns), r):
+                fn = fns[i]
                 sync(device)
                 t0 = time.perf_counter()
                 fn()

@@ -74,3 +74,14 @@ def test_attention_block_quick_runs() -> None:
     rows = [line for line in proc.stdout.splitlines() if line.startswith("tiny ")]
     for variant in ("baseline", "tome 0.5", "todo 2x2", "topk 0.5"):
         assert any(variant in r and " ms" in r for r in rows), f"no {variant} row:\n{proc.stdout[-3000:]}"
+
+
+def test_timing_rounds_rotate_the_variant_order() -> None:
+    """bench/unet_step.py's rounds: each variant leads once per len(variants) rounds, none always after one."""
+    from tokenfuse.devkit.unet_bench import rotated
+
+    rounds = [rotated(4, r) for r in range(4)]
+    assert rounds[0] == [0, 1, 2, 3] and rounds[1] == [1, 2, 3, 0] and rounds[5 % 4] == rotated(4, 5)
+    assert sorted(r[0] for r in rounds) == [0, 1, 2, 3]  # every variant runs first once
+    assert all(sorted(r) == [0, 1, 2, 3] for r in rounds)  # every round times every variant once
+    assert rotated(0, 3) == []
