@@ -98,15 +98,18 @@ def profile(name: str, run: Any, device: torch.device) -> None:
 
 
 def face_crop_plan(batch: int, size: int) -> Any:
-    """A TokenPlan like ScheduledFusion's crop-space plan on an aligned face crop: a centred ellipse (the face,
-    ~70 % of the crop, importance 1 = protected) on a 0.1 background. At guide 512 the real crop plan keeps ~2 865 of
-    4 096 /8 tokens; this one protects a similar share, so the plan-aware reduction path is what gets timed."""
-    from tokenfuse.scheduling.plan import TokenPlan
+    """A TokenPlan like ScheduledFusion's crop-space plan on an aligned face crop (fusion/crops.crop_plan): a centred
+    ellipse mask (the face, ~70 % of the crop) and the FFHQ template's landmarks, so the eyes and mouth are protected
+    and the rest of the face is reducible; the plan-aware reduction path is what gets timed."""
+    import numpy as np
+    from tokenfuse.faces.align import template
+    from tokenfuse.fusion.crops import crop_plan
 
-    yy, xx = torch.meshgrid(torch.linspace(-1, 1, size), torch.linspace(-1, 1, size), indexing="ij")
-    face = ((xx / 0.92) ** 2 + (yy / 0.98) ** 2 <= 1.0).float()
-    importance = (0.1 + 0.9 * face)[None].expand(batch, -1, -1).contiguous()
-    return TokenPlan(importance=importance, image_size=(size, size))
+    yy, xx = np.meshgrid(np.linspace(-1, 1, size), np.linspace(-1, 1, size), indexing="ij")
+    face = ((xx / 0.92) ** 2 + (yy / 0.98) ** 2 <= 1.0).astype(np.float32)
+    masks = np.repeat(face[None], batch, axis=0)
+    landmarks = np.repeat(template(size)[None], batch, axis=0)
+    return crop_plan(masks, landmarks=landmarks)
 
 
 def bench_step(patcher: Any, family: str, size: int, batch: int, args: argparse.Namespace) -> list[ub.Variant]:

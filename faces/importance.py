@@ -55,16 +55,22 @@ def importance_map(h: int, w: int, faces: tuple[Face, ...], opts: PlanOptions = 
             soft = np.exp(-0.5 * (dist / sigma) ** 2).astype(np.float32)
             level = opts.floor + (opts.face_weight - opts.floor) * soft
             np.maximum(imp, level, out=imp)
-        # eyes and mouth: full importance in discs of ~0.3 x the eye distance
-        lm = f.landmarks * s
-        r = max(1, round(0.3 * float(np.linalg.norm(lm[1] - lm[0]))))
-        feat = np.zeros((wh, ww), np.float32)
-        for p in (lm[0], lm[1], (lm[3] + lm[4]) / 2):
-            cv2.circle(feat, (int(round(p[0])), int(round(p[1]))), r, 1.0, -1)
-        k = 2 * r + 1
-        feat = np.clip(cv2.GaussianBlur(feat, (k, k), r / 2) * 1.5, 0, 1)
-        np.maximum(imp, feat, out=imp)
+        np.maximum(imp, feature_discs(wh, ww, f.landmarks * s), out=imp)
     return cv2.resize(imp, (w, h), interpolation=cv2.INTER_LINEAR) if s < 1.0 else imp
+
+
+def feature_discs(h: int, w: int, landmarks: np.ndarray) -> np.ndarray:
+    """[h, w] float32 in [0, 1]: 1 on the eyes and the mouth (discs of ~0.3 x the eye distance around landmarks 0, 1
+    and the mouth corners' midpoint, soft edge), 0 elsewhere. landmarks: [5, 2] in the same pixels as (h, w).
+
+    The parts of a face where a merged or pooled token shows first (identity, gaze, expression)."""
+    lm = np.asarray(landmarks, np.float64)
+    r = max(1, round(0.3 * float(np.linalg.norm(lm[1] - lm[0]))))
+    feat = np.zeros((h, w), np.float32)
+    for p in (lm[0], lm[1], (lm[3] + lm[4]) / 2):
+        cv2.circle(feat, (int(round(p[0])), int(round(p[1]))), r, 1.0, -1)
+    k = 2 * r + 1
+    return np.clip(cv2.GaussianBlur(feat, (k, k), r / 2) * 1.5, 0, 1)
 
 
 def level_grid(latent_h: int, latent_w: int, factor: int) -> tuple[int, int]:

@@ -185,7 +185,8 @@ def _run_batch(
                 reports[j.number].warnings.append(note)
     plan = None
     if s.use_plan and attempt.scheduling:
-        plan = crop_plan(masks, floor=s.plan_floor, protect_threshold=s.protect_threshold)
+        landmarks = np.stack([p[3] for p in preps])
+        plan = crop_plan(masks, floor=s.plan_floor, protect_threshold=s.protect_threshold, landmarks=landmarks)
     seeds = [face_seed(s.seed, j.number) for j in jobs]
     pixels = torch.from_numpy(crops)
     latent = backend.encode(pixels, attempt.tiled_vae)

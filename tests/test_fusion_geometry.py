@@ -185,6 +185,33 @@ def test_crop_plan_protects_the_face_in_crop_space() -> None:
     assert 0.0 < plan.expected_reduction() < 0.5
 
 
+def test_crop_plan_with_landmarks_protects_only_eyes_and_mouth() -> None:
+    """ScheduledFusion's crop plan: the eyes and mouth stay at full resolution, the rest of the face is reducible;
+    far fewer protected tokens than the whole-mask plan (what let the schedule save time on the crop)."""
+    _, fs = astronaut_faceset()
+    face = fs.faces[0][0]
+    m_c, side = context_transform(face.crop_size, 512, 1.0, 1024)
+    mask = noise_mask_context(face, m_c, side)
+    a_ctx = m_c @ np.vstack([face.affine, [0.0, 0.0, 1.0]])
+    lm = np.asarray(face.landmarks, np.float64) @ a_ctx[:, :2].T + a_ctx[:, 2]
+    whole = crop_plan(mask[None], protect_threshold=0.5)
+    feats = crop_plan(mask[None], protect_threshold=0.5, landmarks=lm[None])
+    prot_whole = int((whole.level_importance(64, 64, 1) >= 0.5).sum())
+    prot_feats = int((feats.level_importance(64, 64, 1) >= 0.5).sum())
+    assert prot_feats < 0.3 * prot_whole, (prot_feats, prot_whole)
+    imp = feats.importance[0]
+    for x, y in (lm[0], lm[1], (lm[3] + lm[4]) / 2):  # eyes, mouth centre: protected
+        assert float(imp[int(round(y)), int(round(x))]) >= 0.5
+    cheek = (lm[2] + lm[3]) / 2 + (lm[3] - lm[4]) * 0.5  # between nose and a mouth corner, outward: face, not feature
+    assert 0.1 <= float(imp[int(round(cheek[1])), int(round(cheek[0]))]) < 0.5
+    assert float(imp[2, 2]) == pytest.approx(0.1)  # background floor
+    assert feats.budgets[0][8] < whole.budgets[0][8]
+    with pytest.raises(ValueError, match="landmarks"):
+        crop_plan(mask[None], landmarks=lm)  # [5, 2] without the batch axis
+    with pytest.raises(ValueError, match="face_weight"):
+        crop_plan(mask[None], landmarks=lm[None], face_weight=0.6)
+
+
 def test_seeds_and_batches() -> None:
     assert [face_seed(7, k) for k in range(3)] == [7, 8, 9]
     assert face_seed(2**64 - 1, 1) == 0  # wraps like ComfyUI's 64-bit seed
