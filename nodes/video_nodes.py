@@ -293,9 +293,13 @@ class VideoFaceFusion:
         source_faces: Any = None,
         anchor_attention: str = ANCHOR_DEFAULT,
         out_path: str | None = None,
+        window: tuple[Any, list[int | None]] | None = None,
     ) -> tuple[Any, str]:
-        """out_path: where to write the MP4 (default: a new file from glue.video.output_path())."""
+        """out_path: where to write the MP4 (default: a new file from glue.video.output_path()).
+        window: (video.chunks.Chunk, every frame's pts) to write only that chunk's frames, video only (the runner's
+        chunked `run --ray`, runner/chunk_node.py); the whole video when None."""
         from ..faces.paste import BlendOptions
+        from ..video.chunks import fuse_chunk
         from ..video.encode import EncodeOptions
         from ..video.fuse_pass import FuseOptions, fuse_video
         from ..video.keyframes import KeyframeOptions
@@ -353,14 +357,12 @@ class VideoFaceFusion:
         )
         bar = env.progress_bar(max(face_tracks.frame_count, 1))
         path = out_path or video_glue.output_path()
-        stats = fuse_video(
-            source,
-            path,
-            face_tracks,
-            refine or (lambda crops, seeds: crops),
-            opts,
-            progress=lambda done, total: bar.update_absolute(done, total or None),
-        )
+        fused = refine or (lambda crops, seeds: crops)
+        shown = lambda done, total: bar.update_absolute(done, total or None)  # noqa: E731
+        if window is None:
+            stats = fuse_video(source, path, face_tracks, fused, opts, progress=shown)
+        else:
+            stats = fuse_chunk(source, path, face_tracks, fused, window[0], window[1], opts, progress=shown)
         self.last_stats = stats  # for bench/video.py
         self.last_anchors = anchors
         report = f"VideoFaceFusion ({mode}, guide {size}): {stats.summary()}"

@@ -3,6 +3,7 @@
     python ComfyUI/custom_nodes/ComfyUI-TokenFuse run --demo
     python ComfyUI/custom_nodes/ComfyUI-TokenFuse run workflows/tokenfuse_face_refine_sd15_4gb.json photos/ -o out/
     python ... run workflow.json clip.mp4 --input source_face=me.jpg --server http://127.0.0.1:8188 --resume
+    python ... run workflows/tokenfuse_video_face_refine_sd15_6gb.json --input video=clip.mp4 --ray local --workers 2
     python ... run --engine core long.mp4 --ray local --workers 2   # videos on the pack's core, no ComfyUI
 
 Exit codes: 0 every item ok, 1 some item failed (a summary lists them), 2 bad command line / workflow,
@@ -217,7 +218,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"{len(wrong)} item(s) are {wrong[0].kind}s but node {slot} ({prompt[slot]['class_type']}) takes "
                 f"{kind}s: use a workflow with a {'LoadVideo' if wrong[0].kind == 'video' else 'LoadImage'} node"
             )
-        if args.ray:
+        if args.ray and kind == "video":  # each video in time chunks over the workers (workflow_video.py)
+            from .workflow_video import run_workflow_videos_ray
+
+            summary = run_workflow_videos_ray(
+                engine, prompt, slot, constants, items, Path(args.output), args.chunks, args.resume, not args.quiet
+            )
+        elif args.ray:
             from .ray_pool import run_items_ray
 
             summary = run_items_ray(

@@ -60,7 +60,9 @@ def add_core_arguments(r: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--keyframes-per-second", type=float, default=2.0, help="faces diffused per second; flow carries the rest"
     )
-    g.add_argument("--chunks", type=int, default=0, help="--ray: chunks per video (0 = one per worker)")
+    g.add_argument(
+        "--chunks", type=int, default=0, help="--ray: chunks per video (0 = one per worker); also for a video workflow"
+    )
     g.add_argument("--crf", type=int, default=19, help="x264 quality of the output (0 = lossless, 19 default)")
     g.add_argument("--detector", default="auto", help="face detector backend (auto: the best one installed)")
 

@@ -10,7 +10,8 @@ lists every chunk with the worker that fused it and its lost attempts.
 
 The sampler (runner/core_refine.py): "demo", the small trained face model in plain torch through the pack's
 fusion loop (`run --engine core`), or "standin", a seeded stand-in (what the Ray CI tests and the scale-out's own
-cost measurements use). ComfyUI workflows' videos under `run --ray` go whole to one worker (ray_pool.RunnerWorker).
+cost measurements use). ComfyUI video workflows under `run --ray` are chunked the same way on RunnerWorkers
+(runner/workflow_video.py).
 """
 
 from __future__ import annotations

@@ -43,16 +43,24 @@ class RunnerWorker:
     def __init__(self, spec: WorkerSpec) -> None:
         import os
 
+        import torch
+
+        from .chunk_node import CHUNK_NODE, RunnerVideoChunk
         from .embedded import EmbeddedComfy
 
-        extra = None
+        # float results differ in the last bits between thread counts: pinned to this worker's CPU share, any number
+        # of workers (and the driver's track pass, workflow_chunks.driver_tracks) compute alike
+        torch.set_num_threads(max(1, int(spec.num_cpus)))
+        extra: dict[str, type] = {CHUNK_NODE: RunnerVideoChunk}
         if spec.demo:
             from .demo import DEMO_LOADER, DemoModels
 
-            extra = {DEMO_LOADER: DemoModels}
+            extra[DEMO_LOADER] = DemoModels
         self.engine = EmbeddedComfy(spec.comfyui, cpu=spec.cpu, sdpa=spec.sdpa, extra_nodes=extra)
         self.pid = os.getpid()
         self._files = Path(tempfile.mkdtemp(prefix="tokenfuse_worker_"))
+        self._staged: dict[str, str] = {}  # video key or constant -> its staged name (written once per worker)
+        self._jobs = 0
 
     def ident(self) -> int:
         return self.pid
@@ -79,6 +87,52 @@ class RunnerWorker:
         row["item"], row["worker"] = item.key, self.pid
         return row, files
 
+    def run_chunk(
+        self,
+        prompt: dict[str, dict[str, Any]],
+        slot: str,
+        constants: dict[str, tuple[str, bytes]],
+        key: str,
+        data: bytes,
+        filename: str,
+        tracks: Any,
+        chunk: Any,
+        pts: list[int | None],
+    ) -> tuple[bytes | None, dict[str, Any], int]:
+        """One time chunk of a video workflow (runner/workflow_chunks.py): prompt is the chunk prompt, key names the
+        video (its bytes are staged once per worker, whatever number of its chunks run here). Returns the chunk's
+        MP4 (video only; None when the prompt failed), its stats (or {"error": ...}) and this worker's pid."""
+        import hashlib
+
+        from .chunk_node import JOBS, ChunkJob
+        from .core_video import stats_row
+        from .run import bind
+
+        names = {}
+        for nid, (name, blob) in constants.items():
+            if nid in prompt:
+                ckey = f"const:{name}:{hashlib.sha1(blob).hexdigest()}"
+                if ckey not in self._staged:
+                    self._staged[ckey] = self.engine.stage(self._write(name, blob))
+                names[nid] = self._staged[ckey]
+        if key not in self._staged:
+            self._staged[key] = self.engine.stage(self._write(filename, data))
+        names[slot] = self._staged[key]
+        self._jobs += 1
+        job = f"{prompt[_chunk_node_id(prompt)]['inputs']['job']}#{self._jobs}"  # unique: never a cached result
+        out = self._files / f"chunk_{self._jobs}.mp4"
+        JOBS[job] = ChunkJob(tracks, chunk, pts, out)
+        try:
+            staged = bind(prompt, names)
+            staged[_chunk_node_id(prompt)]["inputs"]["job"] = job
+            result = self.engine.execute(staged)
+            if not result.ok:
+                return None, {"error": result.error}, self.pid
+            return out.read_bytes(), stats_row(JOBS[job].stats), self.pid
+        finally:
+            JOBS.pop(job, None)
+            out.unlink(missing_ok=True)
+
     def cleanup(self) -> None:
         """Delete this worker's scratch files (RayPool.close calls it before killing the actor)."""
         import shutil
@@ -90,6 +144,12 @@ class RunnerWorker:
         path = folder / Path(name).name
         path.write_bytes(blob)
         return path
+
+
+def _chunk_node_id(prompt: dict[str, dict[str, Any]]) -> str:
+    from .chunk_node import CHUNK_NODE
+
+    return next(nid for nid, node in prompt.items() if node["class_type"] == CHUNK_NODE)
 
 
 def connect(address: str, num_cpus: int | None = None) -> Any:

@@ -1,0 +1,196 @@
+"""`run workflow.json clip.mp4 --ray ... --workers N` for a video workflow: each video split into time chunks fused
+on different RunnerWorkers (a warm embedded ComfyUI each), joined in order with the audio copied once; the frames
+equal a one-worker run's (runner/workflow_chunks.py says when chunking applies and why faces_per_batch is 1).
+
+Per item: the driver runs FaceTrack's track pass (no ComfyUI), plans chunks, and dispatches one job per chunk
+(ray_pool.dispatch: a worker lost mid-chunk is replaced and the chunk sent again elsewhere); when every chunk is
+back it joins them (core_video._join: chunk order, the input's audio, packets copied). An item that cannot be
+chunked (the workflow, one worker, no face tracks, too short for two chunks) runs whole on one worker like
+`run_items_ray`. Every report row says how the item ran: `route` ("chunks: 3 on 2 workers" or "whole: <why>"),
+and for chunks the chunk list with each chunk's worker, attempts and lost attempts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .core_video import _join, _Video
+from .items import Item
+from .ray_pool import Outcome, RayPool, dispatch
+from .run import RunLog, Summary
+from .workflow_chunks import (
+    VideoGraph,
+    chunk_prompt,
+    driver_tracks,
+    find_video_graph,
+    fuse_options,
+    output_name,
+    track_widgets,
+)
+
+log = logging.getLogger("tokenfuse.runner")
+MIN_CHUNK_S = 1.0  # videos shorter than two of these run whole
+
+
+@dataclass(eq=False)
+class _WorkflowVideo(_Video):
+    """A video item of a chunked workflow run; out_name as the workflow's SaveVideo would name it."""
+
+    name: str = ""
+
+    @property
+    def out_name(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class _Whole:
+    """An item sent whole to one worker, and why."""
+
+    index: int
+    item: Item
+    reason: str
+
+
+def chunk_plan_count(frame_count: int, fps: float, chunks: int, workers: int) -> int:
+    """Chunks for a video: `chunks` (0 = one per worker), at most one per MIN_CHUNK_S seconds."""
+    longest = max(1, int(frame_count / max(MIN_CHUNK_S * fps, 1.0)))
+    return max(1, min(chunks or workers, longest))
+
+
+def _prepare(
+    pool: RayPool, index: int, item: Item, prompt: dict[str, dict[str, Any]], graph: VideoGraph, chunks: int, cpus: int
+) -> _WorkflowVideo | _Whole:
+    """Track pass and chunk plan on the driver; a _Whole when this item runs whole; a failed _WorkflowVideo
+    (files == []) on a bad input."""
+    from ..video.chunks import plan_chunks
+
+    row = {"item": item.key, "name": item.name, "kind": item.kind}
+    v = _WorkflowVideo(index, item, row, time.perf_counter(), name=output_name(prompt, graph, item.name))
+    try:
+        tracks, pts = driver_tracks(item.path, track_widgets(prompt, graph), threads=cpus)
+        if not tracks.tracks:
+            return _Whole(index, item, "no face tracks (copied through)")
+        n = chunk_plan_count(tracks.frame_count, tracks.fps, chunks, len(pool.actors))
+        plan = plan_chunks(tracks, n, fuse_options(prompt, graph))
+        if len(plan) < 2:
+            return _Whole(index, item, f"too short for 2 chunks ({tracks.frame_count} frames)")
+        v.row.update(tracks=len(tracks.tracks), cuts=len(tracks.cuts), track_s=round(tracks.seconds, 3))
+        v.plan = plan
+        v.refs = (pool.ray.put(item.path.read_bytes()), pool.ray.put(tracks), pool.ray.put(pts))
+        v.key = f"{item.key}:{item.path.stat().st_mtime_ns}"
+    except Exception as e:  # noqa: BLE001 - a bad input fails its item only
+        v.fail(e)
+    return v
+
+
+def _record(v: _WorkflowVideo, out: Outcome) -> None:
+    c = out.job[1]
+    info: dict[str, Any] = {"index": c.index, "start": c.start, "stop": c.stop, "boundary": c.boundary}
+    info["attempts"] = out.attempt
+    if out.lost:
+        info["retried"] = out.lost
+    if out.value is None:
+        info["error"] = out.error
+    else:
+        blob, stats, info["worker"] = out.value
+        if blob is None:
+            info["error"] = stats.get("error", "chunk failed")
+        else:
+            v.blobs[c.index] = blob
+            info.update(stats)
+    v.chunks[c.index] = info
+
+
+def _whole_row(out: Outcome, reason: str) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+    item = out.job.item
+    if out.value is not None:
+        row, files = out.value
+    else:
+        row = {"item": item.key, "name": item.name, "kind": item.kind, "status": "failed"}
+        row["error"], files = out.error.removeprefix("OSError: "), []
+    row["attempts"] = out.attempt
+    if out.lost:
+        row["retried"] = out.lost
+    row["route"] = f"whole: {reason}"
+    return row, files
+
+
+def run_workflow_videos_ray(
+    pool: RayPool,
+    prompt: dict[str, dict[str, Any]],
+    slot: str,
+    constants: dict[str, Path],
+    items: list[Item],
+    output: Path,
+    chunks: int = 0,
+    resume: bool = False,
+    progress: bool = True,
+    retries: int = 2,
+    on_dispatch: Any = None,
+) -> Summary:
+    """Video items of a workflow over the pool's RunnerWorkers (module docstring). chunks: per video (0 = one per
+    worker; a single worker with chunks 0 or 1 runs items whole). Same report, resume and summary as run_items_ray;
+    on_dispatch(job, actor, attempt): test hook (job: a (video, Chunk) pair or a _Whole)."""
+    ray = pool.ray
+    graph = find_video_graph(prompt, slot)
+    reason = graph if isinstance(graph, str) else ""
+    if not reason and len(pool.actors) < 2 and chunks <= 1:
+        reason = "one worker"
+    if reason:
+        log.info("video workflow runs whole videos on the workers: %s", reason)
+    cpus = max(1, int(getattr(pool.spec, "num_cpus", 1)))
+    run = RunLog(output, len(items), resume, progress)
+    prompt_ref = ray.put(prompt)
+    const_ref = ray.put({nid: (p.name, p.read_bytes()) for nid, p in constants.items()})
+    chunk_ref = None if isinstance(graph, str) else ray.put(chunk_prompt(prompt, graph, "runner"))
+
+    def jobs() -> Iterator[Any]:
+        for index, item in enumerate(items, 1):
+            if run.skip_done(index, item):
+                continue
+            if reason or isinstance(graph, str):
+                yield _Whole(index, item, reason)
+                continue
+            v = _prepare(pool, index, item, prompt, graph, chunks, cpus)
+            if isinstance(v, _Whole):
+                yield v
+            elif v.files is not None:
+                run.finish(index, item, v.row, v.files)
+            else:
+                for chunk in v.plan:
+                    yield v, chunk
+
+    def submit(actor: Any, job: Any) -> Any:
+        if isinstance(job, _Whole):
+            try:
+                data = job.item.path.read_bytes()
+            except OSError as e:
+                raise OSError(f"cannot read input: {e}") from e
+            return actor.run.remote(prompt_ref, slot, const_ref, job.item, data)
+        v, chunk = job
+        name = v.item.path.name
+        return actor.run_chunk.remote(chunk_ref, slot, const_ref, v.key, v.refs[0], name, v.refs[1], chunk, v.refs[2])
+
+    try:
+        for out in dispatch(pool, jobs(), submit, retries, on_dispatch):
+            if isinstance(out.job, _Whole):
+                row, files = _whole_row(out, out.job.reason)
+                run.finish(out.job.index, out.job.item, row, files)
+                continue
+            v = out.job[0]
+            _record(v, out)
+            if len(v.chunks) == len(v.plan):
+                row, files = _join(v)
+                workers = row.get("workers", [])
+                row["route"] = f"chunks: {len(v.plan)} on {len(workers)} worker(s)"
+                row["faces_per_batch"] = 1
+                run.finish(v.index, v.item, row, files)
+    finally:
+        run.end(f" (ray, {len(pool.actors)} workers, video chunks)")
+    return run.summary

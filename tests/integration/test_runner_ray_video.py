@@ -1,0 +1,123 @@
+"""`run workflows/tokenfuse_video_face_refine_sd15_6gb.json --ray` on real ComfyUI: the shipped video workflow
+(converted with the workers' node definitions; its checkpoint loader and text encoders replaced by the runner's
+demo loader, the small trained face model; 2 steps, guide 64, lossless x264) on a 105-frame clip with a face, a
+faceless scene cut-in, the face mirrored and AAC audio, over a local 2-worker Ray cluster (CPU).
+
+The chunked run (3 chunks on 2 workers, one worker killed while it writes its chunk) gives the frames of a
+one-worker run of the whole video (the same workflow through ComfyUI's FaceTrack, faces_per_batch 1 as chunked
+mode sets it) frame for frame, with the input's timestamps and audio packets. Skips without Ray or ComfyUI."""
+
+from __future__ import annotations
+
+import glob
+import json
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.integration
+ray = pytest.importorskip("ray", reason="Ray is optional: pip install -r requirements-scale.txt")
+
+REPO = Path(__file__).resolve().parents[2]
+WORKFLOW = REPO / "workflows" / "tokenfuse_video_face_refine_sd15_6gb.json"
+# A RunnerWorker writes a chunk to this temporary name (video/encode.temp_path) while fusing it.
+PARTS = f"{tempfile.gettempdir()}/tokenfuse_worker_*/.chunk_*.mp4.*.part"
+
+
+def demo_video_prompt(defs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The shipped video workflow as an API prompt on the demo models (module docstring)."""
+    from tokenfuse.runner.convert import ui_to_api
+    from tokenfuse.runner.demo import DEMO_LOADER
+
+    prompt = ui_to_api(json.loads(WORKFLOW.read_text(encoding="utf-8")), defs)
+    kinds = {nid: n["class_type"] for nid, n in prompt.items()}
+    ckpt = next(n for n, k in kinds.items() if k == "CheckpointLoaderSimple")
+    fusion = next(n for n, k in kinds.items() if k == "TokenFuseVideoFaceFusion")
+    track = next(n for n, k in kinds.items() if k == "TokenFuseFaceTrack")
+    text = {prompt[fusion]["inputs"]["positive"][0]: 1, prompt[fusion]["inputs"]["negative"][0]: 2}
+    for nid in text:
+        del prompt[nid]
+    prompt[ckpt] = {"class_type": DEMO_LOADER, "inputs": {}}
+    for node in prompt.values():
+        for name, value in node["inputs"].items():
+            if isinstance(value, list) and len(value) == 2:
+                if value[0] in text:
+                    node["inputs"][name] = [ckpt, text[value[0]]]
+                elif value[0] == ckpt:  # MODEL 0 stays, VAE 2 -> 3
+                    node["inputs"][name] = [ckpt, 3 if value[1] == 2 else value[1]]
+    prompt[fusion]["inputs"].update(
+        steps=2, cfg=1.0, denoise=0.5, guide_size=64, crf=0, preset="ultrafast", faces_per_batch=1
+    )
+    prompt[track]["inputs"].update(detect_size=160)
+    return prompt
+
+
+def rows(folder: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (folder / "report.jsonl").read_text().splitlines()]
+
+
+def test_video_workflow_chunked_equals_one_worker(comfyui_path: Path, tmp_path: Path) -> None:
+    from tokenfuse.runner.items import expand, item_slot
+    from tokenfuse.runner.ray_pool import RayPool, WorkerSpec, _alive, run_items_ray
+    from tokenfuse.runner.workflow_video import run_workflow_videos_ray
+    from video_clips import audio_packets, cut_clip, read_frames, video_pts
+
+    (tmp_path / "in").mkdir()
+    clip = cut_clip(tmp_path / "in", face_frames=60)
+    killed: list[bool] = []
+    before = set(glob.glob(PARTS))
+
+    def kill_when_writing(actor: Any) -> None:
+        deadline = time.monotonic() + 300
+        while not set(glob.glob(PARTS)) - before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        killed.append(bool(set(glob.glob(PARTS)) - before))
+        ray.kill(actor, no_restart=True)
+
+    def kill_chunk1(job: Any, actor: Any, attempt: int) -> None:
+        if isinstance(job, tuple) and job[1].index == 1 and attempt == 1:
+            threading.Thread(target=kill_when_writing, args=(actor,), daemon=True).start()
+
+    pool = None
+    try:
+        pool = RayPool("local", 2, WorkerSpec(comfyui=str(comfyui_path), cpu=True, sdpa=True, demo=True))
+        prompt = demo_video_prompt(pool.node_defs())
+        slot = item_slot(prompt, set())
+        items = expand([clip])
+        one = run_items_ray(pool, prompt, slot, {}, items, tmp_path / "one", progress=False)
+        chunked = run_workflow_videos_ray(
+            pool, prompt, slot, {}, items, tmp_path / "chunked", chunks=3, progress=False, on_dispatch=kill_chunk1
+        )
+    finally:
+        if pool is not None:
+            pool.close()
+        ray.shutdown()
+    assert one.exit_code == 0 and chunked.exit_code == 0, (one.failures, chunked.failures)
+    (ref,) = rows(tmp_path / "one")
+    (row,) = rows(tmp_path / "chunked")
+    assert row["route"] == "chunks: 3 on 2 worker(s)" and row["faces_per_batch"] == 1, row
+    assert [c["index"] for c in row["chunks"]] == [0, 1, 2] and len(row["workers"]) >= 2, row  # each chunk once
+    assert killed == [True], "chunk 1's worker was killed while a chunk was being written"
+    assert row["chunks"][1]["attempts"] == 2 and "worker lost" in row["chunks"][1]["retried"][0], row
+    assert row["join"] == "copied" and row["frames"] == 105 and row["diffusion_runs"] > 0, row
+    assert row["tracks"] == 2 and row["cuts"] >= 2, row
+    (out,) = row["outputs"]
+    (ref_out,) = ref["outputs"]
+    assert Path(out).name == Path(ref_out).name  # named as the workflow's SaveVideo names it
+    frames, expected, source = read_frames(Path(out)), read_frames(Path(ref_out)), read_frames(clip)
+    assert len(frames) == len(expected) == len(source) == 105
+    same = [bool(np.array_equal(a, b)) for a, b in zip(expected, frames, strict=True)]
+    assert all(same), f"chunked != one-worker at frames {[i for i, s in enumerate(same) if not s]}"
+    changed = [int(np.abs(a.astype(int) - b.astype(int)).max()) for a, b in zip(source, frames, strict=True)]
+    assert max(changed[:60]) > 32, changed  # the faces were refined (lossless: the rest is YUV round trip)
+    assert video_pts(Path(out))[0] == video_pts(clip)[0] == video_pts(Path(ref_out))[0]
+    assert audio_packets(Path(out)) == audio_packets(clip)
+    assert pool.pids and not any(_alive(p) for p in pool.pids), "close() left a worker process"
+    for part in set(glob.glob(PARTS)) - before:  # the killed worker could not delete its scratch folder
+        shutil.rmtree(Path(part).parent, ignore_errors=True)
