@@ -120,10 +120,6 @@ def test_template_card_is_a_square_picture(path: Path) -> None:
             h, w = struct.unpack(">HH", data[i + 5 : i + 9])
             break
         i += 2 + length
-    if "_video_" in path.name and (w, h) == (720, 339):
-        # The video card is made by `make_workflows.mjs shots` (test_editor_after_run.py with TOKENFUSE_SHOTS_DIR);
-        # that run could not start its server on the videob branch (load 30): docs/notes/video_b.md.
-        pytest.skip("video template card not regenerated yet (the old 720x339 screenshot)")
     assert w == h >= 256, (w, h)  # the template browser crops thumbnails to a square
 
 

@@ -17,7 +17,8 @@
 //         editor keeps showing the workflow's own settings.)
 // The server must have this pack loaded (see README "Workflows"). Graphs are built with LiteGraph.createNode and
 // node.connect in the page, never by writing widget lists by hand.
-// env: PLAYWRIGHT_CORE_DIR (folder with node_modules/playwright-core), CHROMIUM (default /usr/bin/chromium)
+// env: PLAYWRIGHT_CORE_DIR (folder with node_modules/playwright-core), CHROMIUM (default /usr/bin/chromium),
+//      TOKENFUSE_WORKFLOWS (check/shots: only the files whose name contains this text; default all)
 
 import { readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
@@ -33,14 +34,17 @@ const require = createRequire(
   process.env.PLAYWRIGHT_CORE_DIR ? path.join(process.env.PLAYWRIGHT_CORE_DIR, "package.json") : import.meta.url,
 );
 const { chromium } = require("playwright-core");
+const only = process.env.TOKENFUSE_WORKFLOWS ?? "";
+const jsonFiles = (d) => readdirSync(d).filter((x) => x.endsWith(".json") && x.includes(only)).sort();
 
 async function openEditor(browser) {
   const page = await browser.newPage({ viewport: { width: 1600, height: 1000 } });
   const errors = [];
   page.on("pageerror", (e) => errors.push(String(e?.stack ?? e)));
   page.on("console", (m) => m.type() === "error" && errors.push(`${m.text()} @ ${m.location()?.url ?? ""}`));
-  await page.goto(base, { waitUntil: "domcontentloaded", timeout: 90_000 });
-  await page.waitForFunction(() => window.app?.graph && window.LiteGraph, null, { timeout: 90_000 });
+  // generous: the frontend's first load takes minutes on a busy 2-core machine
+  await page.goto(base, { waitUntil: "domcontentloaded", timeout: 240_000 });
+  await page.waitForFunction(() => window.app?.graph && window.LiteGraph, null, { timeout: 240_000 });
   await page.waitForTimeout(1500);
   for (let i = 0; i < 3; i++) await page.keyboard.press("Escape");
   return { page, errors };
@@ -328,7 +332,7 @@ try {
     console.log(JSON.stringify({ made: WORKFLOWS.map((s) => s.name), errors }));
   } else if (mode === "shots") {
     const results = {};
-    for (const f of readdirSync(dir).filter((x) => x.endsWith(".json")).sort()) {
+    for (const f of jsonFiles(dir)) {
       const name = f.replace(/\.json$/, "");
       const spec = WORKFLOWS.find((w) => w.name === name);
       results[f] = await runOne(page, f, JSON.parse(readFileSync(path.join(dir, f), "utf8")), path.join(outDir, `${name}.png`), 540_000, spec);
@@ -337,7 +341,7 @@ try {
     console.log(JSON.stringify({ results, errors }));
   } else {
     const results = {};
-    for (const f of readdirSync(dir).filter((x) => x.endsWith(".json")).sort()) {
+    for (const f of jsonFiles(dir)) {
       results[f] = await check(page, f, JSON.parse(readFileSync(path.join(dir, f), "utf8")));
     }
     console.log(JSON.stringify({ results, errors }));

@@ -16,7 +16,7 @@ const SIZE = {
   track: [320, 500], // FaceTrack: widgets + 5-line report panel
   preview: [340, 420], // "Tracked faces" PreviewImage: up to 6 frames with the track drawn
   fusion: [420, 640], // VideoFaceFusion: widgets + 6-line report panel
-  save: [400, 460], // SaveVideo: the result playing
+  save: [400, 540], // SaveVideo: the result playing (a square clip: ~500 after a run)
   note: [400, 560],
 };
 

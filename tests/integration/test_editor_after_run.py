@@ -18,8 +18,10 @@ quality.
 Regenerating the template cards: run this test with TOKENFUSE_SHOTS_DIR=<dir>, then copy <dir>/<name>.card.jpg to
 workflows/<name>.jpg.
 
-Screenshots go to TOKENFUSE_SHOTS_DIR when set (else a temp folder). Needs COMFYUI_PATH, Node, Chromium and
-playwright-core like the other browser tests; takes a few minutes on 2 CPU cores.
+Screenshots and after_run.json (the script's report) go to TOKENFUSE_SHOTS_DIR when set (else a temp folder).
+TOKENFUSE_WORKFLOWS=<text> runs only the workflows whose file name contains it (e.g. `_video_`; default all), here and
+in the script. Needs COMFYUI_PATH, Node, Chromium and playwright-core like the other browser tests; takes a few minutes
+on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ from comfy_prompts import write_random_gfpgan
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tools" / "make_workflows.mjs"
-WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
+WORKFLOWS = sorted(
+    p for p in (REPO / "workflows").glob("*.json") if os.environ.get("TOKENFUSE_WORKFLOWS", "") in p.name
+)
 
 
 def _pan_clip(rgb: np.ndarray, path: Path, frames: int = 48, size: int = 320) -> None:
@@ -131,6 +135,7 @@ def after_run(
         check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:] + editor_server.log.read_text()[-3000:]
+    (shots / "after_run.json").write_text(out.stdout, encoding="utf-8")  # node rectangles and reports, for sizing
     return {"shots": shots, **json.loads(out.stdout)}
 
 
