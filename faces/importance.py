@@ -70,7 +70,8 @@ def feature_discs(h: int, w: int, landmarks: np.ndarray) -> np.ndarray:
     for p in (lm[0], lm[1], (lm[3] + lm[4]) / 2):
         cv2.circle(feat, (int(round(p[0])), int(round(p[1]))), r, 1.0, -1)
     k = 2 * r + 1
-    return np.clip(cv2.GaussianBlur(feat, (k, k), r / 2) * 1.5, 0, 1)
+    out: np.ndarray = np.clip(cv2.GaussianBlur(feat, (k, k), r / 2) * 1.5, 0, 1)
+    return out
 
 
 def level_grid(latent_h: int, latent_w: int, factor: int) -> tuple[int, int]:
