@@ -11,7 +11,9 @@ PSNR / SSIM vs the unscheduled output (mean, 5th percentile), dlib identity dist
 worst; skipped with a note without dlib-bin + face-recognition-models), the PSNR drop vs the input face compared with
 the unscheduled run, and the U-Net time ratio (unscheduled / preset, wall time inside the U-Net forward).
 JSON: {"presets": {name: {psnr_mean, psnr_p5, ssim_mean, ssim_p5, id_dist_mean, id_dist_max, speed_ratio, ...}},
-"faces": N, "rows": per-photo values, ...}. The comfy backend (default) needs ComfyUI: --comfyui or COMFYUI_PATH;
+"faces": N, "rows": per-photo values, "artifacts": the artifact check on every output + injected failures; with dlib
+also "wrong_identity": another person's face pasted into each unscheduled output, FP/TP at the check's dlib threshold
+(devkit/face_model/identity_check.py)}. The comfy backend (default) needs ComfyUI: --comfyui or COMFYUI_PATH;
 --backend torch runs the same node code on the plain-torch model (bit-identical on CPU, no ComfyUI). --shard K/N
 splits the photos over processes (a shared CPU: one thread each); --merge recomputes the table from their JSON.
 Attention backend: PyTorch SDPA (named in the output).
