@@ -108,7 +108,7 @@ def measure(items: list[IdentityItem], ident: Embedder) -> dict[str, list[dict[s
 
 
 def separation(good: list[float], wrong: list[float]) -> dict[str, float | None]:
-    """Gap between the worst good score and the best wrong one (lower = same), in units of the good scores' spread
+    """Gap between the worst good score and the best wrong one (lower = same), in units of all the scores' spread
     (std): > 0 separates. midpoint: the threshold halfway across the gap (None when they overlap)."""
     g, w = np.asarray(good, np.float64), np.asarray(wrong, np.float64)
     gap = float(w.min() - g.max())
