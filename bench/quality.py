@@ -11,7 +11,9 @@ PSNR / SSIM vs the unscheduled output (mean, 5th percentile), dlib identity dist
 worst; skipped with a note without dlib-bin + face-recognition-models), the PSNR drop vs the input face compared with
 the unscheduled run, and the U-Net time ratio (unscheduled / preset, wall time inside the U-Net forward).
 JSON: {"presets": {name: {psnr_mean, psnr_p5, ssim_mean, ssim_p5, id_dist_mean, id_dist_max, speed_ratio, ...}},
-"faces": N, "rows": per-photo values, ...}. The comfy backend (default) needs ComfyUI: --comfyui or COMFYUI_PATH;
+"faces": N, "rows": per-photo values, "artifacts": the artifact check on every output + injected failures; with dlib
+also "wrong_identity": another person's face pasted into each unscheduled output, FP/TP at the check's dlib threshold
+(devkit/face_model/identity_check.py)}. The comfy backend (default) needs ComfyUI: --comfyui or COMFYUI_PATH;
 --backend torch runs the same node code on the plain-torch model (bit-identical on CPU, no ComfyUI). --shard K/N
 splits the photos over processes (a shared CPU: one thread each); --merge recomputes the table from their JSON.
 Attention backend: PyTorch SDPA (named in the output).
@@ -77,6 +79,22 @@ def print_artifacts(artifacts: dict) -> None:
     )
 
 
+def print_identity(section: dict | None) -> None:
+    if section:
+        from tokenfuse.devkit.face_model import identity_check
+
+        print("artifact check, wrong identity (dlib):")
+        print(identity_check.table(section))
+
+
+def identity_section(raw: dict) -> dict:
+    """The JSON's artifacts.wrong_identity: the summary at the check's current dlib threshold + the raw scores."""
+    from tokenfuse.devkit.face_model import identity_check
+    from tokenfuse.fusion.artifacts import ArtifactThresholds
+
+    return {**identity_check.summarise(raw, ArtifactThresholds().max_identity_distance_dlib), "raw": raw}
+
+
 def merge(paths: list[str], out_path: str) -> int:
     """Combine the JSON of runs over disjoint photo sets (--shard) into one: summaries recomputed from the rows."""
     sys.path.insert(0, str(REPO / "devkit"))
@@ -110,6 +128,9 @@ def merge(paths: list[str], out_path: str) -> int:
             for k in art[0]["good_stat_range"]
         },
     }
+    if all("wrong_identity" in a for a in art):
+        raw = {k: [r for a in art for r in a["wrong_identity"]["raw"][k]] for k in art[0]["wrong_identity"]["raw"]}
+        artifacts["wrong_identity"] = identity_section(raw)
     out = {
         **parts[0],
         "presets": summary,
@@ -125,6 +146,7 @@ def merge(paths: list[str], out_path: str) -> int:
     print(f"quality: merged {len(paths)} run(s), {out['faces']} photo(s); settings {out['settings']}")
     print_table(summary, verdict)
     print_artifacts(artifacts)
+    print_identity(artifacts.get("wrong_identity"))
     Path(out_path).write_text(json.dumps(out, indent=2))
     print(f"wrote {out_path}")
     return 0
@@ -175,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
 
         comfy.utils.PROGRESS_BAR_ENABLED = False
     pack = load_pack()
+    from tokenfuse.devkit.face_model import identity_check
     from tokenfuse.devkit.face_model import quality as q
 
     weights = Path(args.weights) if args.weights else None
@@ -225,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     unet_s = dict.fromkeys(rows, 0.0)
     used, skipped = [], []
     good: list[tuple[np.ndarray, np.ndarray]] = []  # every output, for the artifact-check calibration
+    id_items: list = []  # every output with its input face, for the wrong-identity calibration (needs dlib)
     t0 = time.time()
     for i, path in enumerate(paths):
         rgb = q.read_photo(path)
@@ -244,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, face_run in runs.items():
             unet_s[name] += face_run.unet_s
             good.append((face_run.crop, photo.mask))
+            if ident:
+                id_items.append(
+                    identity_check.IdentityItem(path.name, name, photo.input_crop, face_run.crop, photo.mask)
+                )
             row = {
                 "photo": path.name,
                 "psnr": q.psnr(face_run.crop, base.crop, photo.mask),
@@ -265,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     print_table(summary, verdict)
     artifacts = q.artifact_calibration(good, args.seed)
     print_artifacts(artifacts)
+    if ident:
+        artifacts["wrong_identity"] = identity_section(identity_check.measure(id_items, ident))
+        print_identity(artifacts["wrong_identity"])
     out = {
         "presets": summary,
         "artifacts": artifacts,

@@ -1,29 +1,89 @@
 """Artifact check on a fused face crop: catches the failures a token schedule (or fp16) can cause.
 
 A crop fails when it holds NaN/Inf, is near-constant or black, is blown out (most pixels clipped), looks like noise
-(neighbouring pixels uncorrelated: a diverged sampler), or lost identity (embedding similarity to the input face
-below a floor, only when embeddings exist). Thresholds are loose on purpose: a real face crop, even a dark or
-flat-lit one, passes; the check exists to trigger a rerun, not to grade quality.
+(neighbouring pixels uncorrelated: a diverged sampler), or lost identity (only when embeddings exist: an
+IdentityScore on its embedder's own scale, checked against that embedder's threshold). Thresholds are loose on
+purpose: a real face crop, even a dark or flat-lit one, passes; the check exists to trigger a rerun, not to grade
+quality.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
+
+IdentityEmbedder = Literal["arcface", "dlib"]
 
 
 @dataclass(frozen=True)
 class ArtifactThresholds:
     """black_mean: mean below this is black. min_std: std below this is near-constant. max_clipped: fraction of
     pixels with a channel at 0 or 1 above this is blown. min_neighbour_corr: correlation of horizontally/vertically
-    adjacent pixels below this is noise (real photos sit above 0.8). min_identity: cosine similarity floor."""
+    adjacent pixels below this is noise (real photos sit above 0.8). min_identity: ArcFace cosine similarity floor
+    (not calibrated here: no ArcFace weights offline). max_identity_distance_dlib: ceiling on the L2 distance of dlib's
+    128-d descriptors, input face vs output: the worst of the trained face model's 20 held-out good outputs (guide 512)
+    is 0.731, so 0.76 keeps false positives at 0 (dlib's own "same person" cut, 0.6, flags real outputs). It only
+    catches far identities: other held-out people pasted into an output score 0.41-0.80 (docs/notes/identity_check.md).
+    """
 
     black_mean: float = 0.04
     min_std: float = 0.02
     max_clipped: float = 0.4
     min_neighbour_corr: float = 0.5
     min_identity: float = 0.35
+    max_identity_distance_dlib: float = 0.76
+
+
+@dataclass(frozen=True)
+class IdentityScore:
+    """How close an output face is to the reference identity, on ONE embedder's own scale.
+
+    arcface: cosine similarity of ArcFace embeddings (faces/embed.py), higher = same person, checked against
+    min_identity. dlib: L2 distance of dlib's 128-d descriptors (face-recognition-models), lower = same person, checked
+    against max_identity_distance_dlib. The two scales are unrelated, so a score names its embedder and is only ever
+    compared with that embedder's threshold. Build it with `between` from two embeddings of the same embedder.
+    """
+
+    embedder: IdentityEmbedder
+    value: float
+
+    def __post_init__(self) -> None:
+        if self.embedder not in get_args(IdentityEmbedder):
+            raise ValueError(f"unknown identity embedder {self.embedder!r}: use one of {get_args(IdentityEmbedder)}")
+
+    @classmethod
+    def between(cls, embedder: IdentityEmbedder, reference: np.ndarray, output: np.ndarray) -> IdentityScore:
+        """Score of output's embedding against reference's ([D] each, both from `embedder`; dlib: D = 128).
+
+        Raises ValueError for embeddings of different sizes: they come from different embedders and cannot be
+        compared (e.g. a 512-d ArcFace reference with a 128-d dlib output)."""
+        a = np.asarray(reference, dtype=np.float64).ravel()
+        b = np.asarray(output, dtype=np.float64).ravel()
+        if a.shape != b.shape or (embedder == "dlib" and a.size != 128):
+            raise ValueError(
+                f"cannot score identity with {embedder}: reference [{a.size}] and output [{b.size}] embeddings "
+                "must both come from that embedder (ArcFace 512-d, dlib 128-d)"
+            )
+        if embedder == "dlib":
+            return cls(embedder, float(np.linalg.norm(a - b)))
+        return cls(embedder, cosine_similarity(a, b))
+
+    def failure(self, t: ArtifactThresholds) -> str | None:
+        """The reason this score fails t, or None when it passes (a non-finite score fails)."""
+        if self.embedder == "dlib":
+            if self.value <= t.max_identity_distance_dlib:
+                return None
+            return f"identity drop (dlib distance {self.value:.3f} > {t.max_identity_distance_dlib})"
+        if self.value >= t.min_identity:
+            return None
+        return f"identity drop (similarity {self.value:.2f} < {t.min_identity})"
+
+    @property
+    def stat_name(self) -> str:
+        """Key of this score in ArtifactResult.stats: one per embedder, so ranges of the two scales never mix."""
+        return "identity" if self.embedder == "arcface" else "identity_dlib_distance"
 
 
 @dataclass(frozen=True)
@@ -67,16 +127,22 @@ def cosine_similarity(a: np.ndarray, b: np.ndarray) -> float:
 def check_crop(
     crop: np.ndarray,
     mask: np.ndarray | None = None,
-    identity_similarity: float | None = None,
+    identity_similarity: float | IdentityScore | None = None,
     thresholds: ArtifactThresholds | None = None,
 ) -> ArtifactResult:
     """Check one output crop.
 
     crop: [H, W, 3] float in [0, 1] (values outside are allowed and count as clipped/non-finite).
     mask: optional [H, W] face weight in [0, 1]; statistics are taken where mask > 0.5 (the refined region).
-    identity_similarity: cosine similarity between the input face's and the output's embeddings, when known.
+    identity_similarity: the output's identity vs the reference face, when embeddings are known: an IdentityScore
+    (its embedder picks the threshold), or a plain float = ArcFace cosine similarity (the pack's embedder).
     """
     t = thresholds or ArtifactThresholds()
+    identity = (
+        IdentityScore("arcface", float(identity_similarity))
+        if identity_similarity is not None and not isinstance(identity_similarity, IdentityScore)
+        else identity_similarity
+    )
     crop = np.asarray(crop)
     if crop.ndim != 3 or crop.shape[2] != 3 or crop.shape[0] < 2 or crop.shape[1] < 2:
         return ArtifactResult(False, (f"bad crop shape {tuple(crop.shape)}",))
@@ -104,14 +170,15 @@ def check_crop(
         reasons.append(f"blown ({clipped:.0%} pixels clipped)")
     if std >= t.min_std and corr < t.min_neighbour_corr:
         reasons.append(f"noise (neighbour correlation {corr:.2f})")
-    if identity_similarity is not None and identity_similarity < t.min_identity:
-        reasons.append(f"identity drop (similarity {identity_similarity:.2f} < {t.min_identity})")
+    id_reason = None if identity is None else identity.failure(t)
+    if id_reason:
+        reasons.append(id_reason)
     stats: tuple[tuple[str, float], ...] = (
         ("mean", mean),
         ("std", std),
         ("clipped", clipped),
         ("neighbour_corr", corr),
     )
-    if identity_similarity is not None:
-        stats += (("identity", float(identity_similarity)),)
+    if identity is not None:
+        stats += ((identity.stat_name, float(identity.value)),)
     return ArtifactResult(not reasons, tuple(reasons), stats)

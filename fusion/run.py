@@ -23,7 +23,7 @@ import torch
 
 from ..faces.align import warp_to_crop
 from ..faces.types import Face, FaceSet
-from .artifacts import ArtifactThresholds, check_crop, cosine_similarity
+from .artifacts import ArtifactThresholds, IdentityScore, check_crop
 from .crops import (
     aligned_crop,
     context_affine,
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 class CropHooks:
     """What the node adds around each crop besides sampling (frozen; all optional).
 
-    embed(crop [S, S, 3], landmarks [5, 2] in crop pixels) -> [D] or None: identity embedding for the identity
+    embed(crop [S, S, 3], landmarks [5, 2] in crop pixels) -> [D] or None: ArcFace embedding for the identity
         check; compared with identity_ref when set (the swap source), else with face.embedding.
     pre_swap(crop [S, S, 3], landmarks [5, 2] in crop pixels) -> crop: identity pre-swap.
     """
@@ -206,7 +206,7 @@ def _run_batch(
         ref = hooks.identity_ref if hooks.identity_ref is not None else j.face.embedding
         if hooks.embed is not None and ref is not None:
             emb = hooks.embed(fused, preps[k][3])
-            sim = None if emb is None else cosine_similarity(ref, emb)
+            sim = None if emb is None else IdentityScore.between("arcface", ref, emb)  # ArcFace hooks (swap.py)
         verdict = check_crop(fused, masks[k], sim, s.thresholds)
         rep = reports[j.number]
         if plan is not None:

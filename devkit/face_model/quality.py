@@ -317,6 +317,6 @@ def artifact_calibration(good: list[tuple[np.ndarray, np.ndarray]], seed: int = 
         "false_positives": fp,
         "true_positives": {k: f"{v}/{len(good)}" for k, v in tp.items()},
         "good_stat_range": {k: [round(a, 4), round(b, 4)] for k, (a, b) in stats.items()},
-        "identity": "not calibrated: check_crop's identity test uses ArcFace embeddings (insightface models not "
-        "available offline here)",
+        "identity": "ArcFace floor (min_identity) not calibrated (no ArcFace weights offline); the dlib ceiling "
+        "(max_identity_distance_dlib) is calibrated in artifacts.wrong_identity (identity_check.py)",
     }
