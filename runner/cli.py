@@ -3,7 +3,7 @@
     python ComfyUI/custom_nodes/ComfyUI-TokenFuse run --demo
     python ComfyUI/custom_nodes/ComfyUI-TokenFuse run workflows/tokenfuse_face_refine_sd15_4gb.json photos/ -o out/
     python ... run workflow.json clip.mp4 --input source_face=me.jpg --server http://127.0.0.1:8188 --resume
-    python ... run workflows/tokenfuse_video_face_refine_sd15_6gb.json --input video=clip.mp4 --ray local --workers 2
+    python ... run workflows/tokenfuse_video_face_refine_sd15_6gb.json clip.mp4 --ray local --workers 2
     python ... run --engine core long.mp4 --ray local --workers 2   # videos on the pack's core, no ComfyUI
 
 Exit codes: 0 every item ok, 1 some item failed (a summary lists them), 2 bad command line / workflow,

@@ -262,3 +262,50 @@ def test_root_import_stays_light() -> None:
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert res.stdout.strip() == "[]", res.stdout
+
+
+def test_cli_sends_video_workflows_under_ray_to_the_chunked_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`run <video workflow> --ray ... --chunks N` reaches run_workflow_videos_ray with the bound prompt, the video
+    items and --chunks; photo workflows under --ray keep the per-item path (run_items_ray). The Ray and ComfyUI
+    sides are replaced by recorders (tests/integration/test_runner_ray_video.py runs the real thing)."""
+    import tokenfuse.runner.cli as cli
+    import tokenfuse.runner.ray_pool as ray_pool
+    import tokenfuse.runner.workflow_video as workflow_video
+
+    class Engine:
+        closed = False
+
+        def node_defs(self) -> dict[str, dict[str, Any]]:
+            return _defs()
+
+        def close(self) -> None:
+            Engine.closed = True
+
+    calls: dict[str, tuple[Any, ...]] = {}
+
+    def chunked(engine: Any, prompt: dict, slot: str, constants: dict, items: list, out: Path, *rest: Any) -> Summary:
+        calls["chunked"] = (prompt[slot]["class_type"], [i.name for i in items], out, *rest)
+        return Summary(ok=len(items))
+
+    def per_item(engine: Any, prompt: dict, slot: str, constants: dict, items: list, out: Path, *rest: Any) -> Summary:
+        calls["per_item"] = (prompt[slot]["class_type"], [i.name for i in items])
+        return Summary(ok=len(items), failed=1, failures=["x"])
+
+    monkeypatch.setattr(cli, "_make_engine", lambda args, extra: Engine())
+    monkeypatch.setattr(workflow_video, "run_workflow_videos_ray", chunked)
+    monkeypatch.setattr(ray_pool, "run_items_ray", per_item)
+    clip, photo = tmp_path / "talk.mp4", tmp_path / "face.png"
+    clip.write_bytes(b"")
+    photo.write_bytes(b"")
+    video_wf = REPO / "workflows" / "tokenfuse_video_face_refine_sd15_6gb.json"
+    out = tmp_path / "out"
+    argv = ["run", str(video_wf), str(clip), "--ray", "local", "--workers", "2", "--chunks", "3"]
+    assert cli.main([*argv, "-o", str(out), "--quiet"]) == 0
+    assert "per_item" not in calls and Engine.closed
+    kind, names, out_dir, chunks, resume, progress = calls["chunked"]
+    assert (kind, names, out_dir, chunks, resume, progress) == ("LoadVideo", ["talk"], out, 3, False, False)
+    photo_wf = REPO / "workflows" / "tokenfuse_face_refine_sd15_4gb.json"
+    assert cli.main(["run", str(photo_wf), str(photo), "--ray", "local", "-o", str(out), "--quiet"]) == 1
+    assert calls["per_item"] == ("LoadImage", ["face"])
