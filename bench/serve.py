@@ -7,8 +7,9 @@ per concurrency: requests/s, p50 / p95 latency, and the batched / unbatched thro
     python bench/serve.py --comfyui /path/to/ComfyUI --cpu --steps 1 --guide 64          # CPU, demo graph
     python bench/serve.py --comfyui /path/to/ComfyUI --steps 20 --guide 512              # GPU
 
-The demo graph's weights are what runner/demo.py says (seeded random weights until the trained face model is
-merged): valid for cost, never for quality. Attention backend: ComfyUI's default for the device unless --sdpa.
+The demo graph runs the project's small trained face model (runner/demo.py, devkit/face_model): a few-MB model, so
+the figures are the service's own overhead and batching behaviour, not a real checkpoint's cost. Attention backend:
+ComfyUI's default for the device unless --sdpa.
 """
 
 from __future__ import annotations
