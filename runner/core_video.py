@@ -217,7 +217,9 @@ def _prepare(pool: RayPool, index: int, item: Item, spec: CoreSpec) -> _Video:
     return v
 
 
-def _record(v: _Video, out: Outcome) -> None:
+def chunk_outcome(out: Outcome) -> tuple[dict[str, Any], bytes | None]:
+    """One chunk job's report entry (range, attempts, retries, worker, stats or error) and its video blob (None when
+    the chunk failed)."""
     c = out.job[1]
     info: dict[str, Any] = {"index": c.index, "start": c.start, "stop": c.stop, "boundary": c.boundary}
     info["attempts"] = out.attempt
@@ -225,10 +227,21 @@ def _record(v: _Video, out: Outcome) -> None:
         info["retried"] = out.lost
     if out.value is None:
         info["error"] = out.error
-    else:
-        v.blobs[c.index], stats, info["worker"] = out.value
-        info.update(stats)
-    v.chunks[c.index] = info
+        return info, None
+    blob, stats, info["worker"] = out.value
+    if blob is None:
+        info["error"] = stats.get("error", "chunk failed")
+        return info, None
+    info.update(stats)
+    return info, blob
+
+
+def _record(v: _Video, out: Outcome) -> None:
+    """File one chunk outcome on its video (the core engine's and the workflows' chunked runs)."""
+    info, blob = chunk_outcome(out)
+    if blob is not None:
+        v.blobs[info["index"]] = blob
+    v.chunks[info["index"]] = info
 
 
 def _join(v: _Video) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .core_video import _join, _Video
+from .core_video import _join, _record, _Video
 from .items import Item
 from .ray_pool import Outcome, RayPool, dispatch
 from .run import RunLog, Summary
@@ -87,24 +87,6 @@ def _prepare(
     except Exception as e:  # noqa: BLE001 - a bad input fails its item only
         v.fail(e)
     return v
-
-
-def _record(v: _WorkflowVideo, out: Outcome) -> None:
-    c = out.job[1]
-    info: dict[str, Any] = {"index": c.index, "start": c.start, "stop": c.stop, "boundary": c.boundary}
-    info["attempts"] = out.attempt
-    if out.lost:
-        info["retried"] = out.lost
-    if out.value is None:
-        info["error"] = out.error
-    else:
-        blob, stats, info["worker"] = out.value
-        if blob is None:
-            info["error"] = stats.get("error", "chunk failed")
-        else:
-            v.blobs[c.index] = blob
-            info.update(stats)
-    v.chunks[c.index] = info
 
 
 def _whole_row(out: Outcome, reason: str) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:

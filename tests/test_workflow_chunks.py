@@ -171,3 +171,48 @@ def test_driver_tracks_equal_face_track_node() -> None:
             assert np.array_equal(getattr(a, name), getattr(b, name)), name
     times, tb = video_pts(src)
     assert [float(p * tb) for p in pts] == times
+
+
+def test_chunk_outcomes_file_blobs_and_errors() -> None:
+    """A chunk's report entry: range, attempts, retries and worker; its blob filed only when the chunk produced one
+    (a worker's own failure comes back as (None, {"error": ...}, worker), a lost one as value None)."""
+    from types import SimpleNamespace
+
+    from tokenfuse.runner.core_video import _record, chunk_outcome
+    from tokenfuse.runner.ray_pool import Outcome
+
+    c = SimpleNamespace(index=1, start=30, stop=70, boundary="cut")
+    ok = Outcome(("item", c), 2, None, (b"mp4", {"frames": 40}, "w1"), ["worker 0 lost"])
+    assert chunk_outcome(ok) == (
+        {
+            "index": 1,
+            "start": 30,
+            "stop": 70,
+            "boundary": "cut",
+            "attempts": 2,
+            "retried": ["worker 0 lost"],
+            "worker": "w1",
+            "frames": 40,
+        },
+        b"mp4",
+    )
+    failed = Outcome(("item", c), 1, None, (None, {"error": "VideoReadError: bad"}, "w0"))
+    assert chunk_outcome(failed) == (
+        {
+            "index": 1,
+            "start": 30,
+            "stop": 70,
+            "boundary": "cut",
+            "attempts": 1,
+            "worker": "w0",
+            "error": "VideoReadError: bad",
+        },
+        None,
+    )
+    lost = Outcome(("item", c), 3, None, None, error="worker lost 3 time(s)")
+    assert chunk_outcome(lost)[0]["error"] == "worker lost 3 time(s)" and chunk_outcome(lost)[1] is None
+    v = SimpleNamespace(blobs={}, chunks={})
+    _record(v, failed)  # type: ignore[arg-type]
+    assert v.blobs == {} and v.chunks[1]["error"].startswith("VideoReadError")
+    _record(v, ok)  # type: ignore[arg-type]
+    assert v.blobs == {1: b"mp4"} and v.chunks[1]["worker"] == "w1"
