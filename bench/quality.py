@@ -11,11 +11,12 @@ PSNR / SSIM vs the unscheduled output (mean, 5th percentile), dlib identity dist
 worst; skipped with a note without dlib-bin + face-recognition-models), the PSNR drop vs the input face compared with
 the unscheduled run, and the U-Net time ratio (unscheduled / preset, wall time inside the U-Net forward).
 JSON: {"presets": {name: {psnr_mean, psnr_p5, ssim_mean, ssim_p5, id_dist_mean, id_dist_max, speed_ratio, ...}},
-"faces": N, "rows": per-photo values, "artifacts": the artifact check on every output + injected failures; with dlib
-also "wrong_identity": another person's face pasted into each unscheduled output, FP/TP at the check's dlib threshold
-(devkit/face_model/identity_check.py)}. The comfy backend (default) needs ComfyUI: --comfyui or COMFYUI_PATH;
---backend torch runs the same node code on the plain-torch model (bit-identical on CPU, no ComfyUI). --shard K/N
-splits the photos over processes (a shared CPU: one thread each); --merge recomputes the table from their JSON.
+"faces": N, "rows": per-photo values, "artifacts": the artifact check on every output + injected failures, and
+"wrong_identity": another person's face pasted into each unscheduled output, FP/TP of the check's structure rule (and
+with dlib its dlib rule, and both) (devkit/face_model/identity_check.py)}. The comfy backend (default) needs
+ComfyUI: --comfyui or COMFYUI_PATH; --backend torch runs the same node code on the plain-torch model (bit-identical
+on CPU, no ComfyUI). --shard K/N splits the photos over processes (a shared CPU: one thread each); --merge recomputes
+the table from their JSON.
 Attention backend: PyTorch SDPA (named in the output).
 """
 
@@ -83,16 +84,17 @@ def print_identity(section: dict | None) -> None:
     if section:
         from tokenfuse.devkit.face_model import identity_check
 
-        print("artifact check, wrong identity (dlib):")
+        print("artifact check, wrong identity (structure; dlib when installed):")
         print(identity_check.table(section))
 
 
 def identity_section(raw: dict) -> dict:
-    """The JSON's artifacts.wrong_identity: the summary at the check's current dlib threshold + the raw scores."""
+    """The JSON's artifacts.wrong_identity: the summary at the check's current thresholds + the raw scores."""
     from tokenfuse.devkit.face_model import identity_check
     from tokenfuse.fusion.artifacts import ArtifactThresholds
 
-    return {**identity_check.summarise(raw, ArtifactThresholds().max_identity_distance_dlib), "raw": raw}
+    t = ArtifactThresholds()
+    return {**identity_check.summarise(raw, t.max_identity_distance_dlib, t.min_structure), "raw": raw}
 
 
 def merge(paths: list[str], out_path: str) -> int:
@@ -248,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     unet_s = dict.fromkeys(rows, 0.0)
     used, skipped = [], []
     good: list[tuple[np.ndarray, np.ndarray]] = []  # every output, for the artifact-check calibration
-    id_items: list = []  # every output with its input face, for the wrong-identity calibration (needs dlib)
+    id_items: list = []  # every output with its input face, for the wrong-identity calibration
     t0 = time.time()
     for i, path in enumerate(paths):
         rgb = q.read_photo(path)
@@ -268,10 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, face_run in runs.items():
             unet_s[name] += face_run.unet_s
             good.append((face_run.crop, photo.mask))
-            if ident:
-                id_items.append(
-                    identity_check.IdentityItem(path.name, name, photo.input_crop, face_run.crop, photo.mask)
-                )
+            id_items.append(identity_check.IdentityItem(path.name, name, photo.input_crop, face_run.crop, photo.mask))
             row = {
                 "photo": path.name,
                 "psnr": q.psnr(face_run.crop, base.crop, photo.mask),
@@ -293,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(summary, verdict)
     artifacts = q.artifact_calibration(good, args.seed)
     print_artifacts(artifacts)
-    if ident:
+    if id_items:
         artifacts["wrong_identity"] = identity_section(identity_check.measure(id_items, ident))
         print_identity(artifacts["wrong_identity"])
     out = {

@@ -1,10 +1,11 @@
 """Artifact check on a fused face crop: catches the failures a token schedule (or fp16) can cause.
 
 A crop fails when it holds NaN/Inf, is near-constant or black, is blown out (most pixels clipped), looks like noise
-(neighbouring pixels uncorrelated: a diverged sampler), or lost identity (only when embeddings exist: an
-IdentityScore on its embedder's own scale, checked against that embedder's threshold). Thresholds are loose on
-purpose: a real face crop, even a dark or flat-lit one, passes; the check exists to trigger a rerun, not to grade
-quality.
+(neighbouring pixels uncorrelated: a diverged sampler), is no longer the face it was sampled from (the coarse
+structure of the face region, compared with the crop the sampler started from: another person's face, or a sampler
+that lost the face; needs no model), or lost identity (only when embeddings exist: an IdentityScore on its embedder's
+own scale, checked against that embedder's threshold). Thresholds are loose on purpose: a real face crop, even a dark
+or flat-lit one, passes; the check exists to trigger a rerun, not to grade quality.
 """
 
 from __future__ import annotations
@@ -12,9 +13,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+import cv2
 import numpy as np
 
 IdentityEmbedder = Literal["arcface", "dlib"]
+
+
+STRUCTURE_FLOOR = 0.81
+"""Default min_structure. Calibrated on the trained face model's outputs of 20 held-out faces (guide 512, 20 steps):
+good outputs >= 0.898 at denoise 0.45 and >= 0.848 at 0.6; other people's faces pasted through the output's mask
+<= 0.772, whole other faces lower (docs/notes/identity_check.md)."""
+STRUCTURE_MAX_DENOISE = 0.6
+"""Above this denoise ScheduledFusion turns the structure check off: the face is meant to change (its tooltip)."""
+STRUCTURE_SIGMA = 1 / 64
+"""Low-pass of structure_similarity, as a fraction of the crop side (8 px at 512): what a refine keeps."""
 
 
 @dataclass(frozen=True)
@@ -26,6 +38,8 @@ class ArtifactThresholds:
     128-d descriptors, input face vs output: the worst of the trained face model's 20 held-out good outputs (guide 512)
     is 0.731, so 0.76 keeps false positives at 0 (dlib's own "same person" cut, 0.6, flags real outputs). It only
     catches far identities: other held-out people pasted into an output score 0.41-0.80 (docs/notes/identity_check.md).
+    min_structure: floor on structure_similarity(sampled crop, output) inside the face; None turns it off (a denoise
+    above STRUCTURE_MAX_DENOISE re-draws the face on purpose).
     """
 
     black_mean: float = 0.04
@@ -34,6 +48,12 @@ class ArtifactThresholds:
     min_neighbour_corr: float = 0.5
     min_identity: float = 0.35
     max_identity_distance_dlib: float = 0.76
+    min_structure: float | None = STRUCTURE_FLOOR
+
+
+def thresholds_for_denoise(denoise: float) -> ArtifactThresholds:
+    """The default thresholds for a run at this denoise: the structure rule only up to STRUCTURE_MAX_DENOISE."""
+    return ArtifactThresholds(min_structure=STRUCTURE_FLOOR if denoise <= STRUCTURE_MAX_DENOISE else None)
 
 
 @dataclass(frozen=True)
@@ -116,6 +136,34 @@ def _neighbour_corr(gray: np.ndarray, sel: np.ndarray) -> float:
     return float(((a - a.mean()) * (b - b.mean())).mean() / (sa * sb))
 
 
+def structure_similarity(
+    reference: np.ndarray, output: np.ndarray, mask: np.ndarray | None = None, sigma: float = STRUCTURE_SIGMA
+) -> float:
+    """Correlation of the low-passed luminance of output and reference inside the face (mask > 0.5).
+
+    reference, output: [H, W, 3] in 0..1, the same alignment (the crop the sampler started from, and its result);
+    mask: [H, W] or None (whole crop). sigma: the Gaussian low-pass as a fraction of the side. A refine keeps the
+    face's coarse layout (the trained face model on 20 held-out faces: >= 0.898 at denoise 0.45, >= 0.848 at 0.6)
+    while another person's aligned face, or a sampler that drew something else, does not (<= 0.772); correlation
+    ignores brightness and contrast, which a refine may change. 1.0 for a region too small or flat to tell.
+    """
+    a = np.asarray(reference, np.float32).mean(axis=2)
+    b = np.asarray(output, np.float32).mean(axis=2)
+    if a.shape != b.shape:
+        raise ValueError(f"structure_similarity: reference {a.shape} and output {b.shape} differ in size")
+    s = max(1.0, sigma * max(a.shape))
+    a = cv2.GaussianBlur(a, (0, 0), sigmaX=s)
+    b = cv2.GaussianBlur(b, (0, 0), sigmaX=s)
+    sel = np.ones(a.shape, bool) if mask is None else np.asarray(mask, np.float32) > 0.5
+    if sel.sum() < 16:
+        return 1.0
+    x, y = a[sel].astype(np.float64), b[sel].astype(np.float64)
+    sx, sy = x.std(), y.std()
+    if sx < 1e-6 or sy < 1e-6:
+        return 1.0
+    return float(((x - x.mean()) * (y - y.mean())).mean() / (sx * sy))
+
+
 def cosine_similarity(a: np.ndarray, b: np.ndarray) -> float:
     """Cosine similarity of two embeddings ([D] each)."""
     a = np.asarray(a, dtype=np.float64).ravel()
@@ -129,6 +177,7 @@ def check_crop(
     mask: np.ndarray | None = None,
     identity_similarity: float | IdentityScore | None = None,
     thresholds: ArtifactThresholds | None = None,
+    reference: np.ndarray | None = None,
 ) -> ArtifactResult:
     """Check one output crop.
 
@@ -136,6 +185,8 @@ def check_crop(
     mask: optional [H, W] face weight in [0, 1]; statistics are taken where mask > 0.5 (the refined region).
     identity_similarity: the output's identity vs the reference face, when embeddings are known: an IdentityScore
     (its embedder picks the threshold), or a plain float = ArcFace cosine similarity (the pack's embedder).
+    reference: optional [H, W, 3] crop the sampler started from (same alignment): checked with structure_similarity
+    against thresholds.min_structure.
     """
     t = thresholds or ArtifactThresholds()
     identity = (
@@ -170,6 +221,11 @@ def check_crop(
         reasons.append(f"blown ({clipped:.0%} pixels clipped)")
     if std >= t.min_std and corr < t.min_neighbour_corr:
         reasons.append(f"noise (neighbour correlation {corr:.2f})")
+    structure = None
+    if reference is not None and t.min_structure is not None and np.shape(reference) == crop.shape:
+        structure = structure_similarity(reference, x, sel.astype(np.float32))
+        if not np.isfinite(structure) or structure < t.min_structure:
+            reasons.append(f"not the sampled face (structure {structure:.2f} < {t.min_structure})")
     id_reason = None if identity is None else identity.failure(t)
     if id_reason:
         reasons.append(id_reason)
@@ -179,6 +235,8 @@ def check_crop(
         ("clipped", clipped),
         ("neighbour_corr", corr),
     )
+    if structure is not None:
+        stats += (("structure", structure),)
     if identity is not None:
         stats += ((identity.stat_name, float(identity.value)),)
     return ArtifactResult(not reasons, tuple(reasons), stats)

@@ -207,7 +207,7 @@ def _run_batch(
         if hooks.embed is not None and ref is not None:
             emb = hooks.embed(fused, preps[k][3])
             sim = None if emb is None else IdentityScore.between("arcface", ref, emb)  # ArcFace hooks (swap.py)
-        verdict = check_crop(fused, masks[k], sim, s.thresholds)
+        verdict = check_crop(fused, masks[k], sim, s.thresholds, reference=crops[k])
         rep = reports[j.number]
         if plan is not None:
             rep.kept_tokens = plan.budgets[k][8]

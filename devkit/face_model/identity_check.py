@@ -73,18 +73,37 @@ def scores(ref: np.ndarray, emb: np.ndarray) -> dict[str, float]:
     return {"l2": float(np.linalg.norm(a - b)), "cos": 1.0 - (float(a @ b) / den if den else 0.0)}
 
 
-def measure(items: list[IdentityItem], ident: Embedder) -> dict[str, list[dict[str, Any]]]:
+STRUCTURE_SIGMAS = {"struct_fine": 1 / 128, "struct": None, "struct_coarse": 1 / 32}
+"""structure_similarity's low-pass per recorded scale (None: the check's own STRUCTURE_SIGMA); stored as 1 - corr."""
+
+
+def structure_scores(input_crop: np.ndarray, output: np.ndarray, mask: np.ndarray) -> dict[str, float]:
+    """{"struct", "struct_fine", "struct_coarse"}: 1 - structure_similarity(input, output) inside the mask at three
+    low-passes (lower = the same face; the check uses "struct")."""
+    from tokenfuse.fusion.artifacts import STRUCTURE_SIGMA, structure_similarity
+
+    return {
+        k: 1.0 - structure_similarity(input_crop, output, mask, STRUCTURE_SIGMA if v is None else v)
+        for k, v in STRUCTURE_SIGMAS.items()
+    }
+
+
+def measure(items: list[IdentityItem], ident: Embedder | None) -> dict[str, list[dict[str, Any]]]:
     """Raw scores: "good" (input vs its output, per item) and "wrong" (input vs the output with another person's
     face, per unscheduled item and WRONG_KINDS), "same_person" (input vs another photo of the same person's input:
-    dlib on this data, recorded, never used for the threshold)."""
-    inputs: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    dlib on this data, recorded, never used for the threshold). Every good and wrong row also holds
+    structure_scores (model-free); without an embedder (ident None) only those."""
+    inputs: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
     for it in items:
         if it.photo not in inputs:
-            inputs[it.photo] = (it.input_crop, ident.embed(it.input_crop))
-    good = [
-        {"photo": it.photo, "variant": it.variant, **scores(inputs[it.photo][1], ident.embed(it.output_crop))}
-        for it in items
-    ]
+            inputs[it.photo] = (it.input_crop, ident.embed(it.input_crop) if ident else None)
+
+    def row(photo: str, crop: np.ndarray, mask: np.ndarray) -> dict[str, float]:
+        ref = inputs[photo][1]
+        emb = scores(ref, ident.embed(crop)) if ident is not None and ref is not None else {}
+        return {**emb, **structure_scores(inputs[photo][0], crop, mask)}
+
+    good = [{"photo": it.photo, "variant": it.variant, **row(it.photo, it.output_crop, it.mask)} for it in items]
     photos = list(inputs)
     wrong: list[dict[str, Any]] = []
     base = {it.photo: it for it in items if it.variant == "unscheduled"}
@@ -96,13 +115,12 @@ def measure(items: list[IdentityItem], ident: Embedder) -> dict[str, list[dict[s
         donor_crop = inputs[donor][0]
         made = {"paste": paste_face(it.output_crop, donor_crop, it.mask), "whole": donor_crop}
         for kind in WRONG_KINDS:
-            row = {"photo": photo, "donor": donor, "kind": kind, **scores(inputs[photo][1], ident.embed(made[kind]))}
-            wrong.append(row)
+            wrong.append({"photo": photo, "donor": donor, "kind": kind, **row(photo, made[kind], it.mask)})
     same = [
-        {"photo": a, "other": b, **scores(inputs[a][1], inputs[b][1])}
+        {"photo": a, "other": b, **scores(ea, eb)}
         for k, a in enumerate(photos)
         for b in photos[k + 1 :]
-        if person_of(a) == person_of(b)
+        if person_of(a) == person_of(b) and (ea := inputs[a][1]) is not None and (eb := inputs[b][1]) is not None
     ]
     return {"good": good, "wrong": wrong, "same_person": same}
 
@@ -124,35 +142,53 @@ def separation(good: list[float], wrong: list[float]) -> dict[str, float | None]
     }
 
 
-def summarise(raw: dict[str, list[dict[str, Any]]], threshold: float) -> dict[str, Any]:
-    """The calibration's summary from measure()'s raw scores: per scale the separation; at `threshold` (the check's
-    dlib L2 ceiling, fusion/artifacts.ArtifactThresholds.max_identity_distance_dlib) the false positives on good
-    outputs and the true positives per wrong kind, counted by fusion/artifacts.check_crop's own identity rule."""
+def summarise(
+    raw: dict[str, list[dict[str, Any]]], threshold: float, structure_floor: float | None = None
+) -> dict[str, Any]:
+    """The calibration's summary from measure()'s raw scores: per scale the separation; false positives on good
+    outputs and true positives per wrong kind, counted by fusion/artifacts.check_crop's own rules: "dlib" (L2 above
+    `threshold`, ArtifactThresholds.max_identity_distance_dlib; rows with dlib scores only), "structure"
+    (structure_similarity below `structure_floor`, ArtifactThresholds.min_structure; None: that rule off) and
+    "either" (what the check does with both). The top-level counts are "either"'s."""
     from tokenfuse.fusion.artifacts import ArtifactThresholds, IdentityScore
 
     t = ArtifactThresholds(max_identity_distance_dlib=threshold)
-
-    def fails(v: float) -> bool:
-        return IdentityScore("dlib", v).failure(t) is not None
-
+    rules: dict[str, Any] = {}
     good, wrong = raw["good"], raw["wrong"]
+    if good and "l2" in good[0]:
+        rules["dlib"] = lambda r: IdentityScore("dlib", r["l2"]).failure(t) is not None
+    if structure_floor is not None and good and "struct" in good[0]:
+        rules["structure"] = lambda r: not (1.0 - r["struct"] >= structure_floor)
+    if len(rules) == 2:
+        rules["either"] = lambda r: rules["dlib"](r) or rules["structure"](r)
+
+    def counts(fails: Any) -> dict[str, Any]:
+        return {
+            "false_positives": sum(bool(fails(r)) for r in good),
+            "true_positives": {
+                k: f"{sum(bool(fails(r)) for r in wrong if r['kind'] == k)}/{sum(r['kind'] == k for r in wrong)}"
+                for k in WRONG_KINDS
+            },
+        }
+
+    by_rule = {name: counts(f) for name, f in rules.items()}
     out: dict[str, Any] = {
-        "embedder": "dlib face_recognition_model_v1 (128-d), score = L2 distance input face vs output",
+        "embedder": "dlib face_recognition_model_v1 (128-d), score = L2 distance input face vs output; structure = "
+        "1 - correlation of the low-passed face, input vs output (model-free)",
         "threshold_l2": threshold,
+        "structure_floor": structure_floor,
         "good_outputs": len(good),
-        "false_positives": sum(fails(r["l2"]) for r in good),
-        "true_positives": {
-            k: f"{sum(fails(r['l2']) for r in wrong if r['kind'] == k)}/{sum(r['kind'] == k for r in wrong)}"
-            for k in WRONG_KINDS
-        },
+        **(list(by_rule.values())[-1] if by_rule else {"false_positives": 0, "true_positives": {}}),
+        "by_rule": by_rule,
         "separation": {},
     }
     if good and wrong:
-        for scale in ("l2", "cos"):
-            out["separation"][scale] = {
-                k: separation([r[scale] for r in good], [r[scale] for r in wrong if r["kind"] == k])
-                for k in WRONG_KINDS
-            }
+        for scale in ("l2", "cos", *STRUCTURE_SIGMAS):
+            if scale in good[0]:
+                out["separation"][scale] = {
+                    k: separation([r[scale] for r in good], [r[scale] for r in wrong if r["kind"] == k])
+                    for k in WRONG_KINDS
+                }
     same = raw.get("same_person", [])
     if same:
         out["same_person_l2"] = [round(min(r["l2"] for r in same), 4), round(max(r["l2"] for r in same), 4)]
@@ -160,7 +196,7 @@ def summarise(raw: dict[str, list[dict[str, Any]]], threshold: float) -> dict[st
 
 
 def table(summary: dict[str, Any]) -> str:
-    """The calibration as a Markdown table (one row per scale x wrong kind) plus the verdict line."""
+    """The calibration as a Markdown table (one row per scale x wrong kind) plus a verdict line per rule."""
     lines = [
         "| scale | wrong kind | good min / max | wrong min / max | gap | gap / spread | midpoint |",
         "|---|---|---|---|---|---|---|",
@@ -172,9 +208,16 @@ def table(summary: dict[str, Any]) -> str:
                 f"| {scale} | {kind} | {s['good_min']:.3f} / {s['good_max']:.3f} | {s['wrong_min']:.3f} / "
                 f"{s['wrong_max']:.3f} | {s['gap']:+.3f} | {s['gap_over_spread']:+.2f} | {mid} |"
             )
-    lines.append(
-        f"at dlib L2 <= {summary['threshold_l2']}: false positives {summary['false_positives']}/"
-        f"{summary['good_outputs']} good outputs; wrong identity caught {summary['true_positives']}"
-        + (f"; same person, other photo: L2 {summary['same_person_l2']}" if "same_person_l2" in summary else "")
-    )
+    rule_text = {
+        "dlib": f"dlib L2 <= {summary['threshold_l2']}",
+        "structure": f"structure >= {summary.get('structure_floor')}",
+        "either": "both",
+    }
+    for name, c in summary.get("by_rule", {}).items():
+        lines.append(
+            f"check with {rule_text[name]}: false positives {c['false_positives']}/{summary['good_outputs']} good "
+            f"outputs; wrong identity caught {c['true_positives']}"
+        )
+    if "same_person_l2" in summary:
+        lines.append(f"same person, other photo: dlib L2 {summary['same_person_l2']}")
     return "\n".join(lines)
