@@ -244,8 +244,9 @@ def _record(v: _Video, out: Outcome) -> None:
     v.chunks[info["index"]] = info
 
 
-def _join(v: _Video) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
-    """Every chunk is back: the report row and the joined file (chunk order, the input's audio copied once)."""
+def _join(v: _Video, metadata: dict[str, str] | None = None) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+    """Every chunk is back: the report row and the joined file (chunk order, the input's audio copied once;
+    metadata: its container tags)."""
     from ..video.chunks import join_chunks
 
     row = v.row
@@ -266,7 +267,7 @@ def _join(v: _Video) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
             for i in sorted(v.blobs):
                 paths.append(Path(tmp) / f"chunk_{i}.mp4")
                 paths[-1].write_bytes(v.blobs.pop(i))
-            join = join_chunks(v.item.path, paths, Path(tmp) / v.out_name)
+            join = join_chunks(v.item.path, paths, Path(tmp) / v.out_name, metadata)
             files = [(v.out_name, (Path(tmp) / v.out_name).read_bytes())]
     except Exception as e:  # noqa: BLE001 - a failed join fails this item only
         v.fail(e)

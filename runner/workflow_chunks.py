@@ -147,6 +147,17 @@ def chunk_prompt(prompt: dict[str, dict[str, Any]], graph: VideoGraph, job: str)
     return out
 
 
+def joined_metadata(prompt: dict[str, dict[str, Any]], names: dict[str, str]) -> dict[str, str]:
+    """The joined file's container tags: what ComfyUI's SaveVideo writes for the workflow ("prompt": the prompt as
+    run, JSON), with the loaders bound to the input files' names (loader node id -> file name), not the chunk prompt
+    the workers ran. A UI workflow's "workflow" tag is not written: the runner never passes one, in any mode."""
+    import json
+
+    from .run import bind
+
+    return {"prompt": json.dumps(bind(prompt, names))}
+
+
 def output_name(prompt: dict[str, dict[str, Any]], graph: VideoGraph, item_name: str) -> str:
     """The joined file's name: SaveVideo's first file name for a plain prefix (`<prefix>_00001_.mp4`, as a
     one-worker run names it), else `<item>_fused.mp4`."""

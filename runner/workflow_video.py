@@ -29,6 +29,7 @@ from .workflow_chunks import (
     driver_tracks,
     find_video_graph,
     fuse_options,
+    joined_metadata,
     output_name,
     track_widgets,
 )
@@ -168,7 +169,8 @@ def run_workflow_videos_ray(
             v = out.job[0]
             _record(v, out)
             if len(v.chunks) == len(v.plan):
-                row, files = _join(v)
+                names = {**{nid: p.name for nid, p in constants.items()}, slot: v.item.path.name}
+                row, files = _join(v, joined_metadata(prompt, names))
                 workers = row.get("workers", [])
                 row["route"] = f"chunks: {len(v.plan)} on {len(workers)} worker(s)"
                 row["faces_per_batch"] = 1

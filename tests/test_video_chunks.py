@@ -111,3 +111,25 @@ def test_boundary_between_key_frames(runs, clip: Path, tmp_path: Path) -> None:
     join_chunks(clip, paths, tmp_path / "joined.mp4")
     one, joined = read_frames(d / "single.mp4"), read_frames(tmp_path / "joined.mp4")
     assert all(np.array_equal(a, b) for a, b in zip(one, joined, strict=True))
+
+
+@pytest.mark.parametrize("reencode", [False, True])
+def test_join_writes_the_given_container_tags(runs, clip: Path, tmp_path: Path, reencode: bool) -> None:
+    """The runner's joined file carries the workflow's "prompt" tag as ComfyUI's SaveVideo writes it (issue 10), by
+    copy and by the re-encoding fallback; without tags no custom tag appears."""
+    _, plan, _, _, _, d = runs
+    paths = [d / f"c{c.index}.mp4" for c in plan]
+    if reencode:
+        with av.open(str(clip)) as c:
+            pts = [f.pts for f in c.decode(video=0)]
+        other = FuseOptions(crop_size=128, encode=EncodeOptions(crf=30, preset="veryfast"))
+        ft = runs[0]
+        fuse_chunk(clip, tmp_path / "c1.mp4", ft, standin_refine, plan[1], pts, other)
+        paths[1] = tmp_path / "c1.mp4"
+    tags = {"prompt": '{"1": {"class_type": "LoadVideo", "inputs": {"file": "clip.mp4"}}}'}
+    join = join_chunks(clip, paths, tmp_path / "tagged.mp4", tags)
+    assert join.copied is not reencode, join
+    with av.open(str(tmp_path / "tagged.mp4")) as c:
+        assert c.metadata.get("prompt") == tags["prompt"], c.metadata
+    with av.open(str(d / "joined.mp4")) as c:
+        assert "prompt" not in c.metadata, c.metadata

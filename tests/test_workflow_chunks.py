@@ -22,6 +22,7 @@ from tokenfuse.runner.workflow_chunks import (
     chunk_prompt,
     find_video_graph,
     fuse_options,
+    joined_metadata,
     output_name,
     track_widgets,
 )
@@ -127,6 +128,21 @@ def test_workflows_that_run_whole_say_why(prompt: dict[str, dict[str, Any]], cas
     edit(p, names)
     result = find_video_graph(p, ids(p, "LoadVideo")[0])
     assert isinstance(result, str) and reason in result, result
+
+
+def test_joined_file_names_the_workflow_not_the_chunk_prompt(prompt: dict[str, dict[str, Any]]) -> None:
+    """The joined file's "prompt" tag is the workflow as a one-worker run embeds it (SaveVideo's metadata), with the
+    LoadVideo bound to the item's file: never the workers' chunk prompt (no chunk node, FaceTrack and SaveVideo
+    kept); the workflow itself is not changed."""
+    original = copy.deepcopy(prompt)
+    (load,) = ids(prompt, "LoadVideo")
+    tags = joined_metadata(prompt, {load: "talk.mp4"})
+    assert set(tags) == {"prompt"}
+    embedded = json.loads(tags["prompt"])
+    assert embedded[load]["inputs"]["file"] == "talk.mp4"
+    assert {nid: n["class_type"] for nid, n in embedded.items()} == {nid: n["class_type"] for nid, n in prompt.items()}
+    assert CHUNK_CLASS not in tags["prompt"] and "TokenFuseFaceTrack" in tags["prompt"]
+    assert prompt == original
 
 
 def test_chunk_count() -> None:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .decode import Source, VideoReader, probe
-from .encode import _FORMATS, VideoWriter, temp_path
+from .encode import _FORMATS, VideoWriter, mux_options, temp_path
 from .fuse_pass import FuseOptions, Refine, VideoStats, _Fuser
 from .keyframes import REASON_NONE, choose_keyframes
 from .track_pass import FaceTracks, Progress
@@ -246,8 +246,11 @@ def _time(packet: Any) -> float:
     return float(packet.dts * packet.time_base)
 
 
-def join_chunks(source: Source, chunk_paths: list[Path], out_path: str | Path) -> JoinStats:
-    """Concatenate chunk files (in order) into out_path and copy the input's audio streams once.
+def join_chunks(
+    source: Source, chunk_paths: list[Path], out_path: str | Path, metadata: dict[str, str] | None = None
+) -> JoinStats:
+    """Concatenate chunk files (in order) into out_path and copy the input's audio streams once; metadata: container
+    tags of the joined file (the runner puts the workflow's "prompt" there, as ComfyUI's SaveVideo does).
 
     Packets are copied without re-encoding when all chunks share one codec header; otherwise (or when the
     muxer refuses the timestamps) the chunks' frames are re-encoded with the input's timestamps. Written under a
@@ -264,8 +267,9 @@ def join_chunks(source: Source, chunk_paths: list[Path], out_path: str | Path) -
         stats = JoinStats(copied=True)
         try:
             with av.open(str(chunk_paths[0])) as first, VideoReader(source, keep_audio=True) as inp:
-                opts = {"movflags": "+faststart"} if fmt in ("mp4", "mov") else {}
-                with av.open(str(tmp), "w", format=fmt, options=opts) as out:
+                with av.open(str(tmp), "w", format=fmt, options=mux_options(fmt, metadata)) as out:
+                    for key, value in (metadata or {}).items():
+                        out.metadata[key] = value
                     ov = out.add_stream_from_template(first.streams.video[0])
                     amap = {a.index: out.add_stream_from_template(a) for a in inp.audio}
                     last_dts: int | None = None
@@ -297,15 +301,19 @@ def join_chunks(source: Source, chunk_paths: list[Path], out_path: str | Path) -
             tmp.unlink(missing_ok=True)
     else:
         reason = "the chunks' codec headers differ"
-    return _join_reencode(source, chunk_paths, out_path, reason)
+    return _join_reencode(source, chunk_paths, out_path, reason, metadata)
 
 
-def _join_reencode(source: Source, chunk_paths: list[Path], out_path: Path, reason: str) -> JoinStats:
+def _join_reencode(
+    source: Source, chunk_paths: list[Path], out_path: Path, reason: str, metadata: dict[str, str] | None
+) -> JoinStats:
     """The fallback join: decode the chunks in order and encode one stream (timestamps kept, audio copied)."""
     info = probe(chunk_paths[0])
     stats = JoinStats(copied=False, reason=reason)
     with VideoReader(source, keep_audio=True) as inp:
-        with VideoWriter(out_path, info.width, info.height, info.rate, info.time_base, inp.audio) as writer:
+        with VideoWriter(
+            out_path, info.width, info.height, info.rate, info.time_base, inp.audio, metadata=metadata
+        ) as writer:
             for path in chunk_paths:
                 with VideoReader(path) as reader:
                     for frame in reader:

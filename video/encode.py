@@ -90,6 +90,14 @@ def temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.part")
 
 
+def mux_options(fmt: str, metadata: dict[str, str] | None = None) -> dict[str, str]:
+    """The muxer options of an output: MP4/MOV start playing before they are fully downloaded (faststart) and, with
+    metadata, keep custom tags such as ComfyUI's "prompt" (use_metadata_tags, as ComfyUI's SaveVideo writes)."""
+    if fmt not in ("mp4", "mov"):
+        return {}
+    return {"movflags": "+faststart+use_metadata_tags" if metadata else "+faststart"}
+
+
 class VideoWriter:
     """Write RGB frames as H.264 plus copied audio packets to `path` (.mp4/.m4v/.mov/.mkv).
 
@@ -112,6 +120,7 @@ class VideoWriter:
         audio_streams: list[Any] | tuple[Any, ...] = (),
         options: EncodeOptions = EncodeOptions(),
         subtitle_streams: list[Any] | tuple[Any, ...] = (),
+        metadata: dict[str, str] | None = None,
     ) -> None:
         import av
 
@@ -139,9 +148,10 @@ class VideoWriter:
                 height,
                 *even_size(width, height),
             )
-        options_mux = {"movflags": "+faststart"} if fmt in ("mp4", "mov") else {}
-        self.container = av.open(str(self.tmp), "w", format=fmt, options=options_mux)
+        self.container = av.open(str(self.tmp), "w", format=fmt, options=mux_options(fmt, metadata))
         try:
+            for key, value in (metadata or {}).items():
+                self.container.metadata[key] = value
             ew, eh = even_size(width, height)
             self.stream = self.container.add_stream("libx264", rate=self.rate)
             self.stream.width, self.stream.height = ew, eh
