@@ -12,8 +12,8 @@ worst; skipped with a note without dlib-bin + face-recognition-models), the PSNR
 the unscheduled run, and the U-Net time ratio (unscheduled / preset, wall time inside the U-Net forward).
 JSON: {"presets": {name: {psnr_mean, psnr_p5, ssim_mean, ssim_p5, id_dist_mean, id_dist_max, speed_ratio, ...}},
 "faces": N, "rows": per-photo values, "artifacts": the artifact check on every output + injected failures, and
-"wrong_identity": another person's face pasted into each unscheduled output, FP/TP of the check's structure rule (and
-with dlib its dlib rule, and both) (devkit/face_model/identity_check.py)}. The comfy backend (default) needs
+"wrong_identity": another person's face pasted into each unscheduled output, FP/TP of the check's opt-in structure
+rule (and with dlib its dlib rule, and both) (devkit/face_model/identity_check.py)}. The comfy backend (default) needs
 ComfyUI: --comfyui or COMFYUI_PATH; --backend torch runs the same node code on the plain-torch model (bit-identical
 on CPU, no ComfyUI). --shard K/N splits the photos over processes (a shared CPU: one thread each); --merge recomputes
 the table from their JSON.
@@ -89,12 +89,13 @@ def print_identity(section: dict | None) -> None:
 
 
 def identity_section(raw: dict) -> dict:
-    """The JSON's artifacts.wrong_identity: the summary at the check's current thresholds + the raw scores."""
+    """The JSON's artifacts.wrong_identity: the summary at the check's thresholds + the raw scores."""
     from tokenfuse.devkit.face_model import identity_check
-    from tokenfuse.fusion.artifacts import ArtifactThresholds
+    from tokenfuse.fusion.artifacts import STRUCTURE_FLOOR, ArtifactThresholds
 
+    # the structure rule at its opt-in floor (off in the default thresholds)
     t = ArtifactThresholds()
-    return {**identity_check.summarise(raw, t.max_identity_distance_dlib, t.min_structure), "raw": raw}
+    return {**identity_check.summarise(raw, t.max_identity_distance_dlib, STRUCTURE_FLOOR), "raw": raw}
 
 
 def merge(paths: list[str], out_path: str) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
-from ..fusion.artifacts import thresholds_for_denoise
 from ..fusion.fallback import FallbackConfig, FallbackMode
 from ..fusion.run import FusionSettings
 
@@ -62,8 +61,7 @@ class FusionWidgets:
         self, use_plan: bool, protect_threshold: float, stronger_presets: tuple[str, ...], incoming_preset: str
     ) -> FusionSettings:
         """The per-face loop's settings (fusion/run.py); the fallback never shrinks the guide below 64 or half of
-        it (at most 256). Above fusion/artifacts.STRUCTURE_MAX_DENOISE the artifact check no longer asks the output
-        to keep the sampled face's structure: the face is meant to change there."""
+        it (at most 256)."""
         return FusionSettings(
             seed=self.seed,
             guide_size=self.guide,
@@ -79,7 +77,6 @@ class FusionWidgets:
                 incoming_preset=incoming_preset,
                 min_guide=max(64, min(256, self.guide_size // 2)),
             ),
-            thresholds=thresholds_for_denoise(self.denoise),
         )
 
     def header(self, faces: int, frames: int, use_plan: bool) -> str:

@@ -54,7 +54,6 @@ def demo_refine(
     from ..faces.align import template
     from ..faces.masks import crop_mask
     from ..faces.types import Face, FaceSet
-    from ..fusion.artifacts import thresholds_for_denoise
     from ..fusion.run import FusionSettings, run_fusion
 
     if threads > 0:
@@ -63,7 +62,6 @@ def demo_refine(
     if preset != "off":
         model = scheduled(model, preset)
     backend = fusion_backend(model, steps, denoise)
-    thresholds = thresholds_for_denoise(denoise)
     masks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def face_for(s: int) -> FaceSet:
@@ -87,9 +85,7 @@ def demo_refine(
         out = np.empty_like(crops, dtype=np.float32)
         for i, (crop, seed) in enumerate(zip(crops, seeds, strict=True)):
             s = int(crop.shape[0])
-            settings = FusionSettings(
-                seed=int(seed), guide_size=s, max_size=s, crop_factor=1.0, feather=0.04, thresholds=thresholds
-            )
+            settings = FusionSettings(seed=int(seed), guide_size=s, max_size=s, crop_factor=1.0, feather=0.04)
             with torch.inference_mode():
                 result = run_fusion(np.ascontiguousarray(crop[None], np.float32), face_for(s), settings, backend)
             out[i] = np.clip(result.crops[0], 0.0, 1.0)
