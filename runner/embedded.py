@@ -124,6 +124,15 @@ class EmbeddedComfy:
             shutil.copyfile(path, dst)
         return name
 
+    def unstage(self, name: str) -> None:
+        """Remove a name `stage` returned from ComfyUI's input folder (the file it links to stays)."""
+        (self.work / "input" / name).unlink(missing_ok=True)
+
+    def clear_outputs(self) -> None:
+        """Delete every file the workflows saved so far (a Ray worker calls it once an item's files were read)."""
+        shutil.rmtree(self.work / "output", ignore_errors=True)
+        (self.work / "output").mkdir(parents=True, exist_ok=True)
+
     def execute(self, prompt: dict[str, dict[str, Any]], progress: Progress | None = None) -> ExecResult:
         import comfy.model_management as mm
         import comfy.utils

@@ -12,6 +12,7 @@ writes outputs and report rows. Ray is optional (requirements-scale.txt); import
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -37,6 +38,62 @@ class WorkerSpec:
     num_cpus: float = 1.0
 
 
+class WorkerFiles:
+    """A worker's inputs, written from the bytes the driver sends and staged in its ComfyUI's input folder.
+
+    Constants (the same bytes for every item: a reference face, a mask) are written once per content. An item's own
+    file goes as soon as the item is done (`drop`). A video under chunking stays while more of its chunks may come
+    here, at most `keep_videos` of them: the oldest goes first (a retried chunk brings its bytes again). So a worker's
+    disk use is bounded by a few inputs, however many items a run or a service sends it.
+    engine: anything with stage(path) -> name and unstage(name) (EmbeddedComfy).
+    """
+
+    def __init__(self, engine: Any, root: Path, keep_videos: int = 2) -> None:
+        self.engine, self.root, self.keep_videos = engine, root, keep_videos
+        self._staged: dict[str, tuple[str, Path]] = {}  # key -> (staged name, the written file)
+        self._videos: list[str] = []
+
+    def stage(self, key: str, filename: str, blob: bytes, video: bool = False) -> str:
+        """The staged name for `key` (written and staged on first use). video: counts towards keep_videos."""
+        if key in self._staged:
+            if video:
+                self._videos.remove(key)
+                self._videos.append(key)
+            return self._staged[key][0]
+        folder = Path(tempfile.mkdtemp(dir=self.root))
+        path = folder / Path(filename).name
+        path.write_bytes(blob)
+        self._staged[key] = (self.engine.stage(path), path)
+        if video:
+            self._videos.append(key)
+            while len(self._videos) > self.keep_videos:
+                self.drop(self._videos[0])
+        return self._staged[key][0]
+
+    def drop(self, key: str) -> None:
+        """Unstage `key` and delete its file (nothing when it is not staged)."""
+        entry = self._staged.pop(key, None)
+        if key in self._videos:
+            self._videos.remove(key)
+        if entry is not None:
+            self.engine.unstage(entry[0])
+            shutil.rmtree(entry[1].parent, ignore_errors=True)
+
+    def path(self, key: str) -> Path:
+        """The written file of a staged key."""
+        return self._staged[key][1]
+
+    def keys(self) -> list[str]:
+        return list(self._staged)
+
+
+def constant_key(name: str, blob: bytes) -> str:
+    """A constant's key: its file name and content (the same bytes are written once per worker)."""
+    import hashlib
+
+    return f"const:{name}:{hashlib.sha1(blob).hexdigest()}"
+
+
 class RunnerWorker:
     """Ray actor body: a warm EmbeddedComfy; `run` processes one item given as bytes."""
 
@@ -59,7 +116,7 @@ class RunnerWorker:
         self.engine = EmbeddedComfy(spec.comfyui, cpu=spec.cpu, sdpa=spec.sdpa, extra_nodes=extra)
         self.pid = os.getpid()
         self._files = Path(tempfile.mkdtemp(prefix="tokenfuse_worker_"))
-        self._staged: dict[str, str] = {}  # video key or constant -> its staged name (written once per worker)
+        self._inputs = WorkerFiles(self.engine, self._files)
         self._jobs = 0
 
     def ident(self) -> int:
@@ -81,9 +138,16 @@ class RunnerWorker:
     ) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
         from .run import process_item
 
-        fixed = {nid: self.engine.stage(self._write(name, blob)) for nid, (name, blob) in constants.items()}
-        local = Item(path=self._write(item.path.name, data), name=item.name, kind=item.kind)
-        row, files = process_item(self.engine, prompt, slot, fixed, local)
+        fixed = {nid: self._inputs.stage(constant_key(n, b), n, b) for nid, (n, b) in constants.items()}
+        self._jobs += 1
+        key = f"item:{self._jobs}"
+        staged = self._inputs.stage(key, item.path.name, data)
+        local = Item(path=self._inputs.path(key), name=item.name, kind=item.kind)
+        try:
+            row, files = process_item(_Prestaged(self.engine, staged), prompt, slot, fixed, local)
+        finally:
+            self._inputs.drop(key)
+            self.engine.clear_outputs()  # read into `files` already
         row["item"], row["worker"] = item.key, self.pid
         return row, files
 
@@ -102,22 +166,14 @@ class RunnerWorker:
         """One time chunk of a video workflow (runner/workflow_chunks.py): prompt is the chunk prompt, key names the
         video (its bytes are staged once per worker, whatever number of its chunks run here). Returns the chunk's
         MP4 (video only; None when the prompt failed), its stats (or {"error": ...}) and this worker's pid."""
-        import hashlib
-
         from .chunk_node import JOBS, ChunkJob
         from .core_video import stats_row
         from .run import bind
 
-        names = {}
-        for nid, (name, blob) in constants.items():
-            if nid in prompt:
-                ckey = f"const:{name}:{hashlib.sha1(blob).hexdigest()}"
-                if ckey not in self._staged:
-                    self._staged[ckey] = self.engine.stage(self._write(name, blob))
-                names[nid] = self._staged[ckey]
-        if key not in self._staged:
-            self._staged[key] = self.engine.stage(self._write(filename, data))
-        names[slot] = self._staged[key]
+        names = {
+            nid: self._inputs.stage(constant_key(n, b), n, b) for nid, (n, b) in constants.items() if nid in prompt
+        }
+        names[slot] = self._inputs.stage(key, filename, data, video=True)
         self._jobs += 1
         job = f"{prompt[_chunk_node_id(prompt)]['inputs']['job']}#{self._jobs}"  # unique: never a cached result
         out = self._files / f"chunk_{self._jobs}.mp4"
@@ -135,15 +191,20 @@ class RunnerWorker:
 
     def cleanup(self) -> None:
         """Delete this worker's scratch files (RayPool.close calls it before killing the actor)."""
-        import shutil
-
         shutil.rmtree(self._files, ignore_errors=True)
 
-    def _write(self, name: str, blob: bytes) -> Path:
-        folder = Path(tempfile.mkdtemp(dir=self._files))
-        path = folder / Path(name).name
-        path.write_bytes(blob)
-        return path
+
+class _Prestaged:
+    """An engine view whose `stage` returns a name staged already (process_item stages the item itself)."""
+
+    def __init__(self, engine: Any, name: str) -> None:
+        self._engine, self._name = engine, name
+
+    def stage(self, path: Path) -> str:
+        return self._name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._engine, attr)
 
 
 def _chunk_node_id(prompt: dict[str, dict[str, Any]]) -> str:
