@@ -4,7 +4,8 @@ ComfyUI start (printed separately as the first item's extra latency is not split
 
     python bench/scale.py --comfyui /path/to/ComfyUI --cpu --photos 8 --workers 1,2 --steps 1 --guide 64
 
-Demo graph (runner/demo.py: seeded random weights until the trained face model is merged): cost, never quality.
+Demo graph (runner/demo.py: the project's small trained face model, a few MB): the runner's own cost and spread,
+not a real checkpoint's.
 On a 2-core CPU two workers compete for the same cores, so a ratio near 1x there says nothing about GPUs.
 """
 
