@@ -1,6 +1,6 @@
 """`run --ray`: items spread over a local 2-worker Ray cluster (CPU, `address="local"`, num_cpus 2), each worker a
-warm embedded ComfyUI running the demo graph (the small trained face model, shrunk for CPU); a worker killed mid-run is replaced
-and its item retried elsewhere, with every item reported exactly once. Skips without Ray or ComfyUI."""
+warm embedded ComfyUI running the demo graph (the small trained face model, shrunk for CPU); a worker killed mid-run
+is replaced and its item retried elsewhere, with every item reported exactly once. Skips without Ray or ComfyUI."""
 
 from __future__ import annotations
 
