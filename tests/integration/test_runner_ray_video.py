@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import av
 import numpy as np
 import pytest
 
@@ -118,6 +119,14 @@ def test_video_workflow_chunked_equals_one_worker(comfyui_path: Path, tmp_path: 
     assert max(changed[:60]) > 32, changed  # the faces were refined (lossless: the rest is YUV round trip)
     assert video_pts(Path(out))[0] == video_pts(clip)[0] == video_pts(Path(ref_out))[0]
     assert audio_packets(Path(out)) == audio_packets(clip)
+    # the joined file's "prompt" tag is the workflow as SaveVideo embeds it in the one-worker run, the loader naming
+    # the input file instead of the worker's staged copy (never the workers' chunk prompt)
+    with av.open(out) as a, av.open(ref_out) as b:
+        joined, single = json.loads(a.metadata["prompt"]), json.loads(b.metadata["prompt"])
+    assert joined[slot]["inputs"].pop("file") == clip.name and single[slot]["inputs"].pop("file").endswith(clip.name)
+    for node in single.values():  # ComfyUI's executor records its cache key (the staged file's mtime) in the prompt
+        node.pop("is_changed", None)
+    assert joined == single
     assert pool.pids and not any(_alive(p) for p in pool.pids), "close() left a worker process"
     for part in set(glob.glob(PARTS)) - before:  # the killed worker could not delete its scratch folder
         shutil.rmtree(Path(part).parent, ignore_errors=True)
