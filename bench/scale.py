@@ -3,6 +3,11 @@ graph, same photos), printing wall time, items/s and the ratio to one worker. Wa
 ComfyUI start (printed separately as the first item's extra latency is not split out: compare with --photos large).
 
     python bench/scale.py --comfyui /path/to/ComfyUI --cpu --photos 8 --workers 1,2 --steps 1 --guide 64
+    python bench/scale.py --video 600 --workers 1,2 --steps 4 --guide 256          # one long video in time chunks
+
+--video FRAMES: one 1280x720 30 fps talking-head clip of FRAMES frames (bench/video.py's) through `run --engine core
+--sampler demo --ray local --workers N --chunks N` (no ComfyUI needed): tracks once on the driver, N time chunks on
+N workers, joined in order; prints the same table per worker count plus the chunks and key frames.
 
 Demo graph (runner/demo.py: the project's small trained face model, a few MB): the runner's own cost and spread,
 not a real checkpoint's.
@@ -30,12 +35,16 @@ def main() -> None:
     ap.add_argument("--workers", default="1,2")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--guide", type=int, default=512)
+    ap.add_argument("--video", type=int, default=0, help="frames of one long video instead of photos (0: photos)")
     args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="tokenfuse_scale_"))
+    if args.video:
+        video_rows(args, tmp)
+        return
     import cv2
     import numpy as np
     from skimage import data
 
-    tmp = Path(tempfile.mkdtemp(prefix="tokenfuse_scale_"))
     (tmp / "in").mkdir()
     img = data.astronaut()[:, :, ::-1]
     for k in range(args.photos):
@@ -66,6 +75,38 @@ def main() -> None:
     for n, wall, ok, item_s, used, _ in rows:
         med = item_s[len(item_s) // 2] if item_s else float("nan")
         print(f"| {n} | {wall:.1f} | {ok / wall:.3f} | {med:.2f} | {used} | {base / wall:.2f}x |")
+
+
+def video_rows(args: argparse.Namespace, tmp: Path) -> None:
+    """--video: one clip, `run --engine core --ray local --workers N --chunks N` per worker count."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from video import make_clip
+
+    clip = make_clip(tmp / "talk.mp4", args.video)
+    rows = []
+    for n in [int(w) for w in args.workers.split(",")]:
+        out = tmp / f"out_{n}"
+        cmd = [sys.executable, str(REPO), "run", "--engine", "core", "--sampler", "demo", str(clip), "-o", str(out)]
+        cmd += ["--steps", str(args.steps), "--crop-size", str(args.guide), "--quiet"]
+        cmd += ["--ray", "local", "--workers", str(n), "--chunks", str(n)]
+        t0 = time.perf_counter()
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        wall = time.perf_counter() - t0
+        (row,) = [json.loads(line) for line in (out / "report.jsonl").read_text().splitlines()]
+        rows.append((n, wall, row, res.returncode))
+        print(f"workers {n}: exit {res.returncode}, {row['status']}, wall {wall:.1f} s", flush=True)
+        if res.returncode:
+            print(res.stdout[-2000:] + res.stderr[-2000:], flush=True)
+    base = rows[0][1]
+    print(f"\nrun --engine core --ray local, demo sampler, {args.video} frames 1280x720, ", end="")
+    print(f"steps {args.steps}, crop {args.guide}, CPU torch threads: 1 per worker")
+    print("| workers | chunks | wall s (incl. worker start) | frames/s | key frames | workers used | vs 1 |")
+    print("|---|---|---|---|---|---|---|")
+    for n, wall, row, _ in rows:
+        frames, chunks = row.get("frames", 0), len(row.get("chunks", []))
+        used = len(row.get("workers", []))
+        keys = row.get("key_frames")
+        print(f"| {n} | {chunks} | {wall:.1f} | {frames / wall:.2f} | {keys} | {used} | {base / wall:.2f}x |")
 
 
 if __name__ == "__main__":
