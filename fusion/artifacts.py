@@ -3,9 +3,9 @@
 A crop fails when it holds NaN/Inf, is near-constant or black, is blown out (most pixels clipped), looks like noise
 (neighbouring pixels uncorrelated: a diverged sampler), optionally is no longer the face it was sampled from (the
 coarse structure of the face region vs the crop the sampler started from; off by default, see min_structure), or
-lost identity (only when embeddings exist: an IdentityScore on its embedder's
-own scale, checked against that embedder's threshold). Thresholds are loose on purpose: a real face crop, even a dark
-or flat-lit one, passes; the check exists to trigger a rerun, not to grade quality.
+lost identity (only when embeddings exist: an IdentityScore on its embedder's own scale, checked against that
+embedder's threshold). Thresholds are loose on purpose: a real face crop, even a dark or flat-lit one, passes; the
+check exists to trigger a rerun, not to grade quality.
 """
 
 from __future__ import annotations
@@ -124,8 +124,13 @@ def _neighbour_corr(gray: np.ndarray, sel: np.ndarray) -> float:
     b = np.concatenate([gray[:, 1:][h_pair], gray[1:, :][v_pair]])
     if a.size < 2:
         return 1.0
+    return _pearson(a, b, 1e-8)
+
+
+def _pearson(a: np.ndarray, b: np.ndarray, eps: float) -> float:
+    """Pearson correlation of two equal-length samples [N]; 1.0 when either is flat (std < eps): nothing to tell."""
     sa, sb = a.std(), b.std()
-    if sa < 1e-8 or sb < 1e-8:
+    if sa < eps or sb < eps:
         return 1.0
     return float(((a - a.mean()) * (b - b.mean())).mean() / (sa * sb))
 
@@ -152,11 +157,15 @@ def structure_similarity(
     sel = np.ones(a.shape, bool) if mask is None else np.asarray(mask, np.float32) > 0.5
     if sel.sum() < 16:
         return 1.0
-    x, y = a[sel].astype(np.float64), b[sel].astype(np.float64)
-    sx, sy = x.std(), y.std()
-    if sx < 1e-6 or sy < 1e-6:
-        return 1.0
-    return float(((x - x.mean()) * (y - y.mean())).mean() / (sx * sy))
+    return _pearson(a[sel].astype(np.float64), b[sel].astype(np.float64), 1e-6)
+
+
+def structure_failure(value: float, t: ArtifactThresholds) -> str | None:
+    """The reason a structure_similarity `value` fails t.min_structure (a non-finite value fails), or None when it
+    passes or the rule is off."""
+    if t.min_structure is None or (np.isfinite(value) and value >= t.min_structure):
+        return None
+    return f"not the sampled face (structure {value:.2f} < {t.min_structure})"
 
 
 def cosine_similarity(a: np.ndarray, b: np.ndarray) -> float:
@@ -219,8 +228,8 @@ def check_crop(
     structure = None
     if reference is not None and t.min_structure is not None and np.shape(reference) == crop.shape:
         structure = structure_similarity(reference, x, sel.astype(np.float32))
-        if not np.isfinite(structure) or structure < t.min_structure:
-            reasons.append(f"not the sampled face (structure {structure:.2f} < {t.min_structure})")
+        if reason := structure_failure(structure, t):
+            reasons.append(reason)
     id_reason = None if identity is None else identity.failure(t)
     if id_reason:
         reasons.append(id_reason)

@@ -144,7 +144,7 @@ class RunnerWorker:
         staged = self._inputs.stage(key, item.path.name, data)
         local = Item(path=self._inputs.path(key), name=item.name, kind=item.kind)
         try:
-            row, files = process_item(_Prestaged(self.engine, staged), prompt, slot, fixed, local)
+            row, files = process_item(self.engine, prompt, slot, fixed, local, staged=staged)
         finally:
             self._inputs.drop(key)
             self.engine.clear_outputs()  # read into `files` already
@@ -192,19 +192,6 @@ class RunnerWorker:
     def cleanup(self) -> None:
         """Delete this worker's scratch files (RayPool.close calls it before killing the actor)."""
         shutil.rmtree(self._files, ignore_errors=True)
-
-
-class _Prestaged:
-    """An engine view whose `stage` returns a name staged already (process_item stages the item itself)."""
-
-    def __init__(self, engine: Any, name: str) -> None:
-        self._engine, self._name = engine, name
-
-    def stage(self, path: Path) -> str:
-        return self._name
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self._engine, attr)
 
 
 def _chunk_node_id(prompt: dict[str, dict[str, Any]]) -> str:

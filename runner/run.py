@@ -101,15 +101,17 @@ def process_item(
     fixed: dict[str, str],
     item: Item,
     step: Any = None,
+    staged: str | None = None,
 ) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
     """Stage, bind and execute one item; returns its report row (without `outputs`) and its output files (name,
-    bytes). Never raises for a bad item: the row says failed and why."""
+    bytes). Never raises for a bad item: the row says failed and why. staged: the item's name in the engine's input
+    folder when the caller staged it already (a Ray worker's WorkerFiles)."""
     row: dict[str, Any] = {"item": item.key, "name": item.name, "kind": item.kind}
     files: list[tuple[str, bytes]] = []
     t0 = time.perf_counter()
     try:
-        staged = bind(prompt, {**fixed, slot: engine.stage(item.path)})
-        result = engine.execute(staged, step)
+        name = engine.stage(item.path) if staged is None else staged
+        result = engine.execute(bind(prompt, {**fixed, slot: name}), step)
         row["time_s"] = round(time.perf_counter() - t0, 3)
         row["peak_memory_mib"] = None if result.peak_memory_mib is None else round(result.peak_memory_mib, 1)
         row["memory_kind"] = result.memory_kind

@@ -150,15 +150,15 @@ def summarise(
     `threshold`, ArtifactThresholds.max_identity_distance_dlib; rows with dlib scores only), "structure"
     (structure_similarity below `structure_floor`, ArtifactThresholds.min_structure; None: that rule off) and
     "either" (what the check does with both). The top-level counts are "either"'s."""
-    from tokenfuse.fusion.artifacts import ArtifactThresholds, IdentityScore
+    from tokenfuse.fusion.artifacts import ArtifactThresholds, IdentityScore, structure_failure
 
-    t = ArtifactThresholds(max_identity_distance_dlib=threshold)
+    t = ArtifactThresholds(max_identity_distance_dlib=threshold, min_structure=structure_floor)
     rules: dict[str, Any] = {}
     good, wrong = raw["good"], raw["wrong"]
     if good and "l2" in good[0]:
         rules["dlib"] = lambda r: IdentityScore("dlib", r["l2"]).failure(t) is not None
     if structure_floor is not None and good and "struct" in good[0]:
-        rules["structure"] = lambda r: not (1.0 - r["struct"] >= structure_floor)
+        rules["structure"] = lambda r: structure_failure(1.0 - r["struct"], t) is not None
     if len(rules) == 2:
         rules["either"] = lambda r: rules["dlib"](r) or rules["structure"](r)
 
