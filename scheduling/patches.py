@@ -113,8 +113,9 @@ class _StepTracker:
 _MISSING: Any = object()
 
 
-def _no_dynamo(fn: Any) -> Any:
-    """fn wrapped in torch.compiler.disable: dynamo runs it eagerly as one graph break (see build_unet_patches)."""
+def eager_under_compile(fn: Any) -> Any:
+    """fn wrapped in torch.compiler.disable: dynamo runs it eagerly as one graph break (see build_unet_patches and
+    step_cache.build_step_cache)."""
     return torch.compiler.disable(fn)  # type: ignore[no-untyped-call]
 
 
@@ -297,7 +298,7 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
     # per-model-call objects they compare (a recompile every step until the recompile limit, then eager). Disabled for
     # dynamo, each patch is one graph break that runs eagerly (microseconds of host work) and the graphs between them
     # stay stable across steps. Eager cost of the wrapper: ~0.3 us per call.
-    return _no_dynamo(attn1_patch), _no_dynamo(attn1_output_patch)
+    return eager_under_compile(attn1_patch), eager_under_compile(attn1_output_patch)
 
 
 def build_attention_override(schedule: Schedule, telemetry: RunTelemetry) -> Callable[..., Any]:

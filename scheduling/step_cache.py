@@ -26,10 +26,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from .patches import eager_under_compile
 from .step_state import run_steps
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,14 @@ class _Entry:
     x: torch.Tensor | None = None
 
 
+class _CallPlan(NamedTuple):
+    """One U-Net call's decision: key of its condition group; deep = the feature to reuse (cached) or None (full)."""
+
+    key: CacheKey
+    deep: torch.Tensor | None
+    transformer_index: int
+
+
 @dataclass
 class StepCacheState:
     """Per-run state (reset by the node layer's OUTER_SAMPLE wrapper) and the run's counters.
@@ -155,8 +164,9 @@ class StepCacheState:
     decided: dict[int, bool] = field(default_factory=dict)  # step -> full
     last_full: int = -1
     entries: dict[CacheKey, _Entry] = field(default_factory=dict)
-    capture_key: CacheKey | None = None
-    capture_block: int = -1
+    capture_block: int = -1  # the output block whose input is the deep feature (n - depth; constant per model)
+    captured: torch.Tensor | None = None  # that input, written by the output patch during the current full call
+    captured_index: int = 0
     full_calls: int = 0
     cached_calls: int = 0
     refreshed: int = 0  # cached steps promoted to full by the threshold
@@ -168,7 +178,7 @@ class StepCacheState:
         self.decided.clear()
         self.last_full = -1
         self.entries.clear()  # drops the cached features: nothing outlives a run
-        self.capture_key = None
+        self.captured = None
         self.full_calls = self.cached_calls = self.refreshed = 0
         self.fallback = ""
 
@@ -239,11 +249,11 @@ def build_step_cache(
     def step_cache_output_patch(
         h: torch.Tensor, hsp: torch.Tensor, transformer_options: dict[str, Any]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # ("output", id): h is the feature entering output block id; keep it on full steps at the cache branch
-        if state.capture_key is not None and transformer_options.get("block") == ("output", state.capture_block):
-            entry = state.entries.setdefault(state.capture_key, _Entry())
-            entry.deep = h
-            entry.transformer_index = int(transformer_options.get("transformer_index", 0) or 0)
+        # h enters output block ("output", id): keep the one entering the cache branch. Traceable on purpose (no read
+        # of per-step state, so torch.compile neither breaks the graph here nor guards on a value that changes).
+        if transformer_options.get("block") == ("output", state.capture_block):
+            state.captured = h
+            state.captured_index = int(transformer_options.get("transformer_index", 0) or 0)
         return h, hsp
 
     def is_full_step(i: int, x: torch.Tensor, key: CacheKey, plan: Any, n_steps: int, sigma: float) -> bool:
@@ -265,15 +275,14 @@ def build_step_cache(
                 state.last_full = i
         return state.decided[i]
 
-    def step_cache_diffusion_model(executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        # UNetModel.forward's executor: (x, timesteps, context, y, control, transformer_options, **kwargs)
-        unet = getattr(executor, "class_obj", None)
+    def plan_call(unet: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _CallPlan | None:
+        """The host side of one U-Net call: None = run it untouched (cache off or standing aside); else full
+        (deep None: run it and keep its deep feature) or cached (the deep feature to reuse)."""
+        state.captured = None
         opts = args[5] if len(args) > 5 else kwargs.get("transformer_options")
         if not isinstance(opts, dict) or opts.get(disabled_key):
-            return executor(*args, **kwargs)
-        x, timesteps = args[0], args[1]
-        context = args[2] if len(args) > 2 else kwargs.get("context")
-        y = args[3] if len(args) > 3 else kwargs.get("y")
+            return None
+        x = args[0]
         control = args[4] if len(args) > 4 else kwargs.get("control")
         n_blocks = len(getattr(unet, "output_blocks", ()))
         reason = ""
@@ -290,7 +299,7 @@ def build_step_cache(
         if reason:
             stand_aside(reason)
             state.full_calls += 1
-            return executor(*args, **kwargs)
+            return None
         steps = run_steps(opts, step_key)
         if steps is not None:
             # The sampler's step from the run's host-side step state: no device sync (scheduling/step_state.py).
@@ -305,20 +314,41 @@ def build_step_cache(
             n_steps = max(1, len(state.sample_sigmas) - 1)
             i = step_index(sigma, state.sample_sigmas)
         key = (tuple(opts.get("uuids", ()) or ()), tuple(opts.get("cond_or_uncond", ()) or ()), tuple(x.shape))
-        plan = opts.get(plan_key)
         entry = state.entries.get(key)
-        if not is_full_step(i, x, key, plan, n_steps, sigma) and entry is not None and entry.deep is not None:
-            state.cached_calls += 1
-            return shallow_forward(
-                unet, entry.deep, entry.transformer_index, depth, embed, x, timesteps, context, y, opts
-            )
+        if not is_full_step(i, x, key, opts.get(plan_key), n_steps, sigma) and entry is not None:
+            if entry.deep is not None:
+                state.cached_calls += 1
+                return _CallPlan(key, entry.deep, entry.transformer_index)
         state.full_calls += 1
-        state.capture_key, state.capture_block = key, n_blocks - depth
-        try:
-            out = executor(*args, **kwargs)
-        finally:
-            state.capture_key = None
-        state.entries.setdefault(key, _Entry()).x = x if threshold > 0 else None
+        state.capture_block = n_blocks - depth
+        return _CallPlan(key, None, 0)
+
+    def keep_full(key: CacheKey, x: torch.Tensor) -> None:
+        """After a full call: the deep feature its output patch captured becomes the entry for `key`."""
+        entry = state.entries.setdefault(key, _Entry())
+        entry.deep, entry.transformer_index, state.captured = state.captured, state.captured_index, None
+        entry.x = x if threshold > 0 else None
+
+    # The host logic runs eagerly under torch.compile (ComfyUI's TorchCompileModel compiles the whole U-Net,
+    # this wrapper included): one graph break before the call and one after a full call. Traced, dynamo guarded on
+    # the per-step state (`decided`, counters) and recompiled every step until its recompile limit.
+    plan_call_eager, keep_full_eager = eager_under_compile(plan_call), eager_under_compile(keep_full)
+
+    def step_cache_diffusion_model(executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        # UNetModel.forward's executor: (x, timesteps, context, y, control, transformer_options, **kwargs)
+        unet = getattr(executor, "class_obj", None)
+        call = plan_call_eager(unet, args, kwargs)
+        if call is None:
+            return executor(*args, **kwargs)
+        if call.deep is not None:
+            context = args[2] if len(args) > 2 else kwargs.get("context")
+            y = args[3] if len(args) > 3 else kwargs.get("y")
+            opts = args[5] if len(args) > 5 else kwargs["transformer_options"]
+            return shallow_forward(
+                unet, call.deep, call.transformer_index, depth, embed, args[0], args[1], context, y, opts
+            )
+        out = executor(*args, **kwargs)
+        keep_full_eager(call.key, args[0])
         return out
 
     return StepCacheHooks(state, step_cache_diffusion_model, step_cache_output_patch)

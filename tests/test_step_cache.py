@@ -38,7 +38,8 @@ class Block(nn.Module):
         self.up, self.attn, self.calls = up, attn, 0
 
     def forward(self, h: torch.Tensor, emb: torch.Tensor, context: Any, opts: dict, output_shape: Any = None) -> Any:
-        self.calls += 1
+        if not torch.compiler.is_compiling():  # traced, the count would be a guard and a recompile per call
+            self.calls += 1
         h = torch.tanh(self.conv(h) + self.emb(emb)[:, :, None, None])
         if self.attn:
             opts["transformer_index"] += 1
@@ -105,8 +106,9 @@ def deep_calls(unet: TinyUNet, depth: int) -> int:
     return sum(b.calls for b in blocks)
 
 
-def run(unet, hooks, xs, sigmas, opts_extra=None, control=None):
-    """One 'sampling run': a model call per step with x = xs[i]; returns the outputs."""
+def run(unet, hooks, xs, sigmas, opts_extra=None, control=None, forward=None):
+    """One 'sampling run': a model call per step with x = xs[i]; returns the outputs. forward(*args): the U-Net's
+    forward (default: the hooks' wrapper around _forward, as UNetModel.forward dispatches it)."""
     outs = []
     for i, x in enumerate(xs):
         opts = {
@@ -118,7 +120,10 @@ def run(unet, hooks, xs, sigmas, opts_extra=None, control=None):
             **(opts_extra or {}),
         }
         args = (x, sigmas[i : i + 1] * 10, None, None, control, opts)
-        outs.append(hooks.diffusion_model_wrapper(Executor(unet), *args) if hooks else Executor(unet)(*args))
+        if forward is not None:
+            outs.append(forward(*args))
+        else:
+            outs.append(hooks.diffusion_model_wrapper(Executor(unet), *args) if hooks else Executor(unet)(*args))
     return outs
 
 
@@ -208,6 +213,45 @@ def test_cached_steps_skip_deep_blocks_and_full_steps_equal_unpatched(depth: int
     assert deep_calls(unet, depth) == n_full * per_full  # cached steps never ran a deep block
     assert unet.input_blocks[0].calls == 10 and unet.output_blocks[-1].calls == 10  # shallow ones every step
     assert (hooks.state.full_calls, hooks.state.cached_calls) == (n_full, 10 - n_full)
+
+
+class WrappedForward(nn.Module):
+    """UNetModel.forward's shape: the DIFFUSION_MODEL wrapper dispatched around _forward (what TorchCompileModel
+    compiles, the wrapper included)."""
+
+    def __init__(self, unet: TinyUNet, wrapper: Any) -> None:
+        super().__init__()
+        self.unet, self.wrapper = unet, wrapper
+
+    def forward(self, *args: Any) -> Any:
+        return self.wrapper(Executor(self.unet), *args)
+
+
+def test_under_torch_compile_same_outputs_and_no_graph_per_step() -> None:
+    """The per-call bookkeeping runs eagerly under torch.compile: traced, dynamo guarded on the per-step state and
+    compiled a graph per step (then hit its recompile limit). Two graphs for 10 steps, full and cached; the same
+    outputs as eager. The counting backend runs dynamo's graphs as traced (no C compiler, fast)."""
+    unet = TinyUNet().eval()
+    xs, sig = latents(), torch.tensor(SIGMAS)
+    with torch.no_grad():
+        ref = run(unet, hooks_for(), xs, sig)
+    graphs: list[Any] = []
+
+    def counting(gm: torch.fx.GraphModule, _inputs: Any) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    hooks = hooks_for()
+    torch._dynamo.reset()
+    compiled = torch.compile(WrappedForward(unet, hooks.diffusion_model_wrapper), backend=counting)
+    with torch.no_grad():
+        got = run(unet, hooks, xs, sig, forward=compiled)
+    torch._dynamo.reset()
+    for i, (a, b) in enumerate(zip(got, ref, strict=True)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f"step {i}")
+    n_full = sum(plan_full_steps(10, 3, [True] * 10))
+    assert (hooks.state.full_calls, hooks.state.cached_calls) == (n_full, 10 - n_full)
+    assert len(graphs) == 2, f"{len(graphs)} graphs for 10 steps"
 
 
 def test_shallow_forward_equals_full_forward_on_the_same_input() -> None:
