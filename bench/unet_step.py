@@ -19,6 +19,10 @@ on NVIDIA; `--backend default` keeps ComfyUI's own choice (sub-quadratic on CPU)
     python bench/unet_step.py --comfyui ... --device cpu --models sd15 --sizes 512,768 --batch 1,2
     python bench/unet_step.py --comfyui ... --device cuda --sizes 1024 --batch 2,8 --profile --json out.json
 
+`--compile BACKEND` puts ComfyUI's TorchCompileModel wrapper (`set_torch_compile_wrapper`, e.g. `inductor`) on every
+variant, baseline included, with dynamo's default limits as a user gets them: does a preset still pay over the
+*compiled* unpatched U-Net? Use `--warmup 3` or more (the untimed calls compile), and no closure timing is done.
+
 Presets: a comma list of preset[/strategy] (balanced, lowvram_8gb, balanced/tome, ...); `balanced-static` is balanced
 with device_aware off (every level reduced whatever it costs), to show what the calibration changes.
 """
@@ -68,6 +72,16 @@ def make_variants(patcher: Any, presets: list[str], tome_ratio: float, control: 
     return variants
 
 
+def compiled(patcher: Any, backend: str) -> Any:
+    """patcher.clone() with ComfyUI's TorchCompileModel wrapper (an APPLY_MODEL wrapper running a torch.compile'd
+    diffusion_model), as the TorchCompileModel node applies it."""
+    from comfy_api.torch_helpers import set_torch_compile_wrapper
+
+    m = patcher.clone()
+    set_torch_compile_wrapper(model=m, backend=backend)
+    return m
+
+
 def profile(name: str, run: Any, device: torch.device) -> None:
     """One profiled forward: busy time vs wall (GPU-bound when close), op count, host-device syncs (CUDA warns)."""
     from torch.profiler import ProfilerActivity
@@ -114,6 +128,7 @@ def face_crop_plan(batch: int, size: int) -> Any:
 
 def bench_step(patcher: Any, family: str, size: int, batch: int, args: argparse.Namespace) -> list[ub.Variant]:
     import comfy.model_management as mm
+    import comfy.patcher_extension
     import comfy.samplers
 
     device = mm.get_torch_device()
@@ -132,13 +147,25 @@ def bench_step(patcher: Any, family: str, size: int, batch: int, args: argparse.
 
     def options(p: Any) -> dict:
         to = ub.sampling_options(p, t, sample_sigmas, batch)
+        if args.compile:  # the sampler hands the patcher's wrappers to apply_model (sampler_helpers.prepare_model)
+            to["wrappers"] = comfy.patcher_extension.copy_nested_dicts(p.wrappers)
         if plan is not None:
             to[PLAN_KEY] = plan
         return to
 
     variants = make_variants(patcher, args.presets, args.tome_ratio, args.control)
+    if args.compile:
+        for v in variants:
+            v.patcher = compiled(v.patcher, args.compile)
     ub.run_variants(
-        variants, call, options, device, args.repeats, args.warmup, args.cpu_peak, overhead=not args.no_overhead
+        variants,
+        call,
+        options,
+        device,
+        args.repeats,
+        args.warmup,
+        args.cpu_peak,
+        overhead=not (args.no_overhead or args.compile),
     )
     if args.profile:
         for v in variants:
@@ -200,6 +227,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--json", default="", help="write {'rows': [{model, size, batch, device, variant, step_ms, vs_base}]}"
     )
     p.add_argument("--quick", action="store_true", help="tiny smoke run: narrow models, 128 px, 2 repeats")
+    p.add_argument("--compile", default="", help="TorchCompileModel backend on every variant (inductor, eager, ...)")
     args = p.parse_args(argv)
     if not args.comfyui:
         p.error("--comfyui (or COMFYUI_PATH) must point at a ComfyUI checkout")
@@ -236,6 +264,7 @@ def main(argv: list[str] | None = None) -> None:
         f"TokenFuse unet_step bench | device {device} ({name}) | {args.dtype} | attention backend: {backend} | "
         f"torch {torch.__version__} | seed {args.seed} | median of {args.repeats} | "
         f"{'QUICK tiny models' if args.quick else 'full architectures'} | load average {load[0]:.2f}"
+        + (f" | TorchCompileModel backend {args.compile} on every variant" if args.compile else "")
     )
     torch.manual_seed(args.seed)
     rows: list[dict[str, Any]] = []
@@ -248,9 +277,12 @@ def main(argv: list[str] | None = None) -> None:
                 variants = bench_step(patcher, family, size, batch, args)
                 print_table(
                     f"{family.upper()} U-Net, {size}x{size} px, latent {size // 8}x{size // 8}, batch {batch}, "
-                    f"{backend}",
+                    f"{backend}" + (f", TorchCompileModel {args.compile}" if args.compile else ""),
                     variants,
                 )
+                if args.compile:
+                    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+                    print(f"dynamo graphs so far (all variants): {graphs}")
                 base = variants[0].results["ms"]
                 for v in variants:
                     rows.append(
@@ -266,6 +298,7 @@ def main(argv: list[str] | None = None) -> None:
                             "dtype": args.dtype,
                             "quick": args.quick,
                             "device_aware": v.results.get("device_aware", ""),
+                            "compile": args.compile,
                         }
                     )
         del patcher
