@@ -315,10 +315,13 @@ def build_step_cache(
             i = step_index(sigma, state.sample_sigmas)
         key = (tuple(opts.get("uuids", ()) or ()), tuple(opts.get("cond_or_uncond", ()) or ()), tuple(x.shape))
         entry = state.entries.get(key)
-        if not is_full_step(i, x, key, opts.get(plan_key), n_steps, sigma) and entry is not None:
-            if entry.deep is not None:
-                state.cached_calls += 1
-                return _CallPlan(key, entry.deep, entry.transformer_index)
+        if (
+            not is_full_step(i, x, key, opts.get(plan_key), n_steps, sigma)
+            and entry is not None
+            and entry.deep is not None
+        ):
+            state.cached_calls += 1
+            return _CallPlan(key, entry.deep, entry.transformer_index)
         state.full_calls += 1
         state.capture_block = n_blocks - depth
         return _CallPlan(key, None, 0)

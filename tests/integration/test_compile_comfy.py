@@ -29,8 +29,6 @@ from tokenfuse.nodes.scheduler_node import TokenSchedulerController, schedule_fr
 
 pytestmark = pytest.mark.integration
 SIZE = 128
-
-
 CACHE = '{"cache_interval": 3, "cache_depth": 2}'
 CACHE_STEPS = 7  # interval 3: full at 0, 3, 6, cached at 1, 2, 4, 5
 
