@@ -21,7 +21,9 @@ on NVIDIA; `--backend default` keeps ComfyUI's own choice (sub-quadratic on CPU)
 
 `--compile BACKEND` puts ComfyUI's TorchCompileModel wrapper (`set_torch_compile_wrapper`, e.g. `inductor`) on every
 variant, baseline included, with dynamo's default limits as a user gets them: does a preset still pay over the
-*compiled* unpatched U-Net? Use `--warmup 3` or more (the untimed calls compile), and no closure timing is done.
+*compiled* unpatched U-Net? Compiled variants are timed one after another, dynamo reset before each (they share the
+U-Net's code objects, so interleaved they would share one cache and recompile limit); the table gives each variant's
+graph count and timed rounds. Use `--warmup 3` or more (the untimed calls compile); no closure timing is done.
 
 Presets: a comma list of preset[/strategy] (balanced, lowvram_8gb, balanced/tome, ...); `balanced-static` is balanced
 with device_aware off (every level reduced whatever it costs), to show what the calibration changes.
@@ -80,6 +82,17 @@ def compiled(patcher: Any, backend: str) -> Any:
     m = patcher.clone()
     set_torch_compile_wrapper(model=m, backend=backend)
     return m
+
+
+def dynamo_graphs() -> int:
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+def fresh_dynamo() -> int:
+    """Dynamo's caches cleared, as in a fresh process (each compiled variant gets the default recompile limit to
+    itself, like a user's one model); returns the graph counter before the variant runs."""
+    torch._dynamo.reset()
+    return dynamo_graphs()
 
 
 def profile(name: str, run: Any, device: torch.device) -> None:
@@ -154,6 +167,7 @@ def bench_step(patcher: Any, family: str, size: int, batch: int, args: argparse.
         return to
 
     variants = make_variants(patcher, args.presets, args.tome_ratio, args.control)
+    graphs: list[int] = []
     if args.compile:
         for v in variants:
             v.patcher = compiled(v.patcher, args.compile)
@@ -166,7 +180,10 @@ def bench_step(patcher: Any, family: str, size: int, batch: int, args: argparse.
         args.warmup,
         args.cpu_peak,
         overhead=not (args.no_overhead or args.compile),
+        isolate=(lambda: graphs.append(fresh_dynamo())) if args.compile else None,
     )
+    for v, before, after in zip(variants, graphs, [*graphs[1:], dynamo_graphs()], strict=False):
+        v.results["graphs"] = after - before
     if args.profile:
         for v in variants:
             profile(v.name, lambda v=v: call(v.patcher, options(v.patcher)), device)
@@ -281,8 +298,9 @@ def main(argv: list[str] | None = None) -> None:
                     variants,
                 )
                 if args.compile:
-                    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-                    print(f"dynamo graphs so far (all variants): {graphs}")
+                    for v in variants:
+                        rounds = ", ".join(f"{t:.1f}" for t in v.results["rounds_ms"])
+                        print(f"  {v.name:26s} dynamo graphs {v.results['graphs']:3d}; timed rounds ms: {rounds}")
                 base = variants[0].results["ms"]
                 for v in variants:
                     rows.append(
@@ -299,6 +317,7 @@ def main(argv: list[str] | None = None) -> None:
                             "quick": args.quick,
                             "device_aware": v.results.get("device_aware", ""),
                             "compile": args.compile,
+                            "graphs": v.results.get("graphs"),
                         }
                     )
         del patcher

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +221,7 @@ def run_variants(
     warmup: int,
     cpu_peak: bool = False,
     overhead: bool = True,
+    isolate: Callable[[], None] | None = None,
 ) -> None:
     """Time, measure memory, telemetry and deviation of every variant. call(patcher, transformer_options).
 
@@ -229,50 +231,94 @@ def run_variants(
     changes hit every variant alike; the step time is the median over rounds. The order rotates each round, so no
     variant always runs first or right after the same neighbour (on a launch-bound GPU a call's time can depend on
     what the previous call left in the allocator and the queue).
+
+    isolate: run before each variant, which is then timed alone, start to end (no interleaving). For compiled
+    variants: they share the U-Net's code objects, so interleaved they would share dynamo's cache and recompile
+    limit, and one variant's guards would evict or cap another's graphs (the baseline then recompiled on every call).
     """
-    fns = [lambda v=v: call(v.patcher, options(v.patcher)) for v in variants]
+    fns: list[Callable[[], torch.Tensor]] = [partial(_call_variant, call, options, v) for v in variants]
     with torch.no_grad():
+        if isolate is None:
+            _first_calls(variants, fns, warmup, None)
+            times = _timed_rounds(fns, device, repeats)
+            for v, fn, ts in zip(variants, fns, times, strict=True):
+                _finish(v, fn, ts, call, options, device, cpu_peak, overhead)
+            return
         base_out = None
         for v, fn in zip(variants, fns, strict=True):
-            out = fn()
-            base_out = out if base_out is None else base_out
-            v.results["dev"] = rel_l2(out, base_out)
-            v.results["finite"] = bool(torch.isfinite(out).all())
-            for _ in range(warmup):
-                fn()
-        times: list[list[float]] = [[] for _ in variants]
-        for r in range(repeats):
-            for i in rotated(len(fns), r):
-                fn = fns[i]
-                sync(device)
-                t0 = time.perf_counter()
-                fn()
-                sync(device)
-                times[i].append((time.perf_counter() - t0) * 1000)
-        for v, fn, ts in zip(variants, fns, times, strict=True):
-            v.results["ms"] = statistics.median(ts)
-            v.results["peak"] = peak_mib(fn, device, cpu_peak)
-            if v.telemetry is not None:  # tokens of one call, then device-synced matching time of one call
-                v.telemetry.reset()
-                fn()
-                v.results["levels"] = levels_text(v.telemetry)
-                v.results["device_aware"] = v.telemetry.levels_text()
-                v.results["calls"] = (v.telemetry.summary()["reduced_calls"], v.telemetry.calls)
-                v.results["ran"] = v.telemetry.calls > 0 or v.schedule.is_off
-                if not overhead:
-                    continue
-                timer = SyncedTimer(device, timed=True)
-                timed = instrument(v.patcher, timer)
-                call(timed, options(timed))
-                timer.seconds = 0.0
-                call(timed, options(timed))
-                v.results["overhead_ms"] = timer.seconds * 1000
-            elif v.name.startswith("TomePatchModel"):
-                timer = SyncedTimer(device, timed=False)
-                counted = instrument(v.patcher, timer)
-                call(counted, options(counted))
-                v.results["calls"] = (timer.changed, timer.calls)
-                v.results["ran"] = timer.calls > 0
+            isolate()
+            base_out = _first_calls([v], [fn], warmup, base_out)
+            _finish(v, fn, _timed_rounds([fn], device, repeats)[0], call, options, device, cpu_peak, overhead)
+
+
+def _call_variant(
+    call: Callable[[Any, dict], torch.Tensor], options: Callable[[Any], dict], v: Variant
+) -> torch.Tensor:
+    return call(v.patcher, options(v.patcher))
+
+
+def _first_calls(
+    variants: list[Variant], fns: list[Callable[[], torch.Tensor]], warmup: int, base_out: torch.Tensor | None
+) -> torch.Tensor | None:
+    """The untimed first call (deviation vs the first variant's output, finiteness) and the warm-up calls."""
+    for v, fn in zip(variants, fns, strict=True):
+        out = fn()
+        base_out = out if base_out is None else base_out
+        v.results["dev"] = rel_l2(out, base_out)
+        v.results["finite"] = bool(torch.isfinite(out).all())
+        for _ in range(warmup):
+            fn()
+    return base_out
+
+
+def _timed_rounds(fns: list[Callable[[], torch.Tensor]], device: torch.device, repeats: int) -> list[list[float]]:
+    """Per-function call times in ms, one call of each per round, the order rotating."""
+    times: list[list[float]] = [[] for _ in fns]
+    for r in range(repeats):
+        for i in rotated(len(fns), r):
+            sync(device)
+            t0 = time.perf_counter()
+            fns[i]()
+            sync(device)
+            times[i].append((time.perf_counter() - t0) * 1000)
+    return times
+
+
+def _finish(
+    v: Variant,
+    fn: Callable[[], torch.Tensor],
+    times: list[float],
+    call: Callable[[Any, dict], torch.Tensor],
+    options: Callable[[Any], dict],
+    device: torch.device,
+    cpu_peak: bool,
+    overhead: bool,
+) -> None:
+    """Median time, peak memory, telemetry (tokens of one call) and, with overhead, the synced closure time."""
+    v.results["ms"] = statistics.median(times)
+    v.results["rounds_ms"] = times
+    v.results["peak"] = peak_mib(fn, device, cpu_peak)
+    if v.telemetry is not None:
+        v.telemetry.reset()
+        fn()
+        v.results["levels"] = levels_text(v.telemetry)
+        v.results["device_aware"] = v.telemetry.levels_text()
+        v.results["calls"] = (v.telemetry.summary()["reduced_calls"], v.telemetry.calls)
+        v.results["ran"] = v.telemetry.calls > 0 or v.schedule.is_off
+        if not overhead:
+            return
+        timer = SyncedTimer(device, timed=True)
+        timed = instrument(v.patcher, timer)
+        call(timed, options(timed))
+        timer.seconds = 0.0
+        call(timed, options(timed))
+        v.results["overhead_ms"] = timer.seconds * 1000
+    elif v.name.startswith("TomePatchModel"):
+        timer = SyncedTimer(device, timed=False)
+        counted = instrument(v.patcher, timer)
+        call(counted, options(counted))
+        v.results["calls"] = (timer.changed, timer.calls)
+        v.results["ran"] = timer.calls > 0
 
 
 def track_large_allocations() -> None:
