@@ -7,7 +7,8 @@ wrapper (nodes/sampler_steps.py) keeps the run's step index on the host, so the 
 
 The step cache (Schedule.cache_*, scheduling/step_cache.py) rides on the same clone: a DIFFUSION_MODEL wrapper and an
 output_block_patch under the same key, its per-run state reset by the same OUTER_SAMPLE wrapper, its counters in the
-same summary line.
+same summary line. Under torch.compile (ComfyUI's TorchCompileModel) a DIFFUSION_MODEL wrapper of the attention
+patches, outside the cache's, hands them their frozen per-call table (scheduling/patches.py build_unet_hooks).
 
 "Scheduling off" (the artifact fallback) = a clone with TokenFuse's attn1 patches, wrappers and attention override
 removed (another pack's override that ours wrapped is put back) and `transformer_options["tokenfuse_disabled"]` set,
@@ -306,7 +307,7 @@ def schedule_model(
 
     Bench scripts call this directly to time a model with a given Schedule.
     """
-    from ..scheduling.patches import build_attention_override, build_unet_patches
+    from ..scheduling.patches import build_dit_hooks, build_unet_hooks
     from ..scheduling.telemetry import RunTelemetry
 
     # Aggregated per step and level; per-call records only when the telemetry file asks for them (issue 11).
@@ -317,13 +318,16 @@ def schedule_model(
     if schedule.is_off:
         pass  # identity: attach nothing to the attention path, so the output stays bit-identical at zero cost
     elif family.route == "unet":
-        attn1, attn1_out = build_unet_patches(schedule, telemetry)
-        m.set_model_attn1_patch(attn1)
-        m.set_model_attn1_output_patch(attn1_out)
+        hooks = build_unet_hooks(schedule, telemetry)
+        m.set_model_attn1_patch(hooks.attn1_patch)
+        m.set_model_attn1_output_patch(hooks.attn1_output_patch)
+        # before the step cache's wrapper (outer): its cached steps' shallow blocks read the same table
+        patcher.add_wrapper(m, "DIFFUSION_MODEL", WRAPPER_KEY, hooks.diffusion_model_wrapper)
     elif family.route == "override":
         previous = m.model_options.get("transformer_options", {}).get(OVERRIDE_KEY)
-        ours = build_attention_override(schedule, telemetry)
-        patcher.set_transformer_option(m, OVERRIDE_KEY, chain_attention_override(ours, previous))
+        dit = build_dit_hooks(schedule, telemetry)
+        patcher.set_transformer_option(m, OVERRIDE_KEY, chain_attention_override(dit.override, previous))
+        patcher.add_wrapper(m, "DIFFUSION_MODEL", WRAPPER_KEY, dit.diffusion_model_wrapper)  # for torch.compile
     cache = _attach_step_cache(m, schedule) if schedule.cache_on and family.route == "unet" else None
     if plan is not None:
         patcher.set_transformer_option(m, PLAN_KEY, plan)

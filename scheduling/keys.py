@@ -13,4 +13,6 @@ PRESET_KEY = "tokenfuse_preset"  # the preset in force (ScheduledFusion's OOM fa
 UNMERGE_KEY = "tokenfuse_unmerge"  # per-call state from attn1_patch to attn1_output_patch
 OVERRIDE_KEY = "optimized_attention_override"  # ComfyUI's own key: the DiT attention override
 WRAPPER_KEY = "tokenfuse"  # the key of TokenFuse's ModelPatcher wrappers
+TRACE_KEY = "tokenfuse_trace"  # per compiled model call: the frozen table the traced attn1 patches read
+SHALLOW_KEY = "tokenfuse_shallow"  # per model call the step cache serves from its cache: (depth, output blocks)
 STEP_KEY = "tokenfuse_steps"  # the run's SamplingSteps (scheduling/step_state.py), set by the SAMPLER_SAMPLE wrapper

@@ -8,8 +8,15 @@ U-Net families (SD1.x/2.x, SDXL): `build_unet_patches` -> (attn1_patch, attn1_ou
   tokens, and merge q-only when they do not.
 - g(n, extra_options) -> n restores N tokens after a tome merge. The unmerge travels from f to g inside
   `extra_options`, a fresh dict per BasicTransformerBlock call, so concurrent blocks can never mix them up.
+- Under torch.compile (ComfyUI's TorchCompileModel) `build_unet_hooks` adds a DIFFUSION_MODEL wrapper: once per model
+  call, eagerly, it hands the patches a frozen table of what each attention call does (TRACE_KEY), so they trace to
+  plain tensor ops (K/V pooling or nothing) and the U-Net stays one graph. The first model call of a (shape, step
+  window, plan) runs eagerly, whole, while the patches fill that table (a new TOKEN_PLAN, e.g. each face crop, is
+  learnt again); calls the table cannot express (tome's merge, plan-aware or adaptive reduction) stay one graph break
+  each into the eager patch.
 DiT families: `build_attention_override` -> override(func, *args, **kwargs) for
 `transformer_options["optimized_attention_override"]`; top-K K/V on the 1-D sequence (the grid is unknown).
+`build_dit_hooks` adds its DIFFUSION_MODEL wrapper for torch.compile: the step window's state per model call.
 
 Every closure returns its inputs unchanged (same objects) when the schedule is off, outside the sigma window, in a
 protected block, at a level with ratio 0, or when the call does not look like a known token grid.
@@ -20,20 +27,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
 
 from . import calibrate
 from .adaptive import adapt_ratio, token_complexity
-from .downsample import kernel_for_ratio
-from .keys import DISABLED_KEY, PLAN_KEY, STEP_KEY, UNMERGE_KEY
+from .downsample import kernel_for_ratio, pool_tokens
+from .keys import DISABLED_KEY, PLAN_KEY, SHALLOW_KEY, STEP_KEY, TRACE_KEY, UNMERGE_KEY
 from .reducers import LRU, REDUCERS, ReduceState
 from .schedule import MAX_RATIO, Schedule
 from .step_state import run_steps
 from .telemetry import RunTelemetry
 from .topk import gather_tokens, keep_count, topk_indices
+from .vocabulary import do_nothing
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +138,47 @@ class _Call(NamedTuple):
     fn: Callable[[torch.Tensor], torch.Tensor] | None  # prebuilt K/V reduction for plan-free, non-adaptive todo
 
 
+# A traced call's action: None = identity, (h, w, kernel, pool mode) = plain K/V pooling, EAGER = the eager patch
+TraceAction = tuple[int, int, tuple[int, int], str] | str | None
+EAGER = "eager"
+LEARN = "learn"  # trace_table's answer while a row is learnt: run the model call eagerly
+
+
+def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return fn(*args, **kwargs)
+
+
+@dataclass
+class _Row:
+    """What the attention calls of one (latent shape, step window, plan) do: entries built by the eager patch, then,
+    for compiled U-Nets, frozen into the table the traced patch reads."""
+
+    calls: dict[int, dict[Any, _Call | None]] = field(default_factory=dict)  # token count -> transformer index -> call
+    learning: bool = False  # the eager patches are filling this row for the trace table (one model call)
+    learnt: bool = False  # ... and a whole U-Net call did (not a step cache's cached step: it skips the deep blocks)
+    # the learning call's telemetry records, replayed per traced call: (call key, block, (label, level, tokens...))
+    replay: list[tuple[tuple[int, Any], Any, tuple[str, int, int, int, int, int]]] = field(default_factory=list)
+    frozen: dict[tuple[int, Any], TraceAction] | None = None
+
+
+def _runs_shallow(block: Any, shallow: tuple[int, int]) -> bool:
+    """Whether a block runs in a step cache's cached step: (depth d, n output blocks) -> input < d, output >= n - d."""
+    depth, n_blocks = shallow
+    if not (isinstance(block, (tuple, list)) and len(block) >= 2):
+        return True
+    kind, index = block[0], int(block[1])
+    return (kind == "input" and index < depth) or (kind == "output" and index >= n_blocks - depth)
+
+
+class UnetHooks(NamedTuple):
+    """What `build_unet_hooks` returns: the two attn1 patches and the DIFFUSION_MODEL wrapper feeding them under
+    torch.compile (see the module docstring)."""
+
+    attn1_patch: AttnPatch
+    attn1_output_patch: OutputPatch
+    diffusion_model_wrapper: Callable[..., Any]
+
+
 def _block_label(options: dict[str, Any]) -> str:
     block = options.get("block")
     if isinstance(block, (tuple, list)) and len(block) >= 2:
@@ -138,7 +187,14 @@ def _block_label(options: dict[str, Any]) -> str:
 
 
 def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[AttnPatch, OutputPatch]:
-    """(attn1_patch, attn1_output_patch) closures for a U-Net model (see module docstring)."""
+    """(attn1_patch, attn1_output_patch) closures for a U-Net model (see module docstring). Without the wrapper of
+    `build_unet_hooks` they still work under torch.compile, each call one graph break."""
+    hooks = build_unet_hooks(schedule, telemetry)
+    return hooks.attn1_patch, hooks.attn1_output_patch
+
+
+def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
+    """The attn1 patches of a U-Net model and the DIFFUSION_MODEL wrapper that keeps them traceable under compile."""
     steps = _StepTracker()
     state = ReduceState(schedule)  # the reducers' caches (partitions, plan ROI tensors, pooling closures)
     reduce = REDUCERS[schedule.strategy]
@@ -160,13 +216,14 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
         None,
         None,
         None,
-        {},
+        _Row(),
         StepInfo(-1, 0, 0.0, float("nan")),
     ]  # shape, sig, ss, plan, row, info
     static_off = schedule.is_off or not schedule.ratios
 
-    def repick(options: dict[str, Any]) -> None:
-        shape, plan = options.get("original_shape"), options.get(PLAN_KEY)
+    def repick(options: dict[str, Any], shape: Any = _MISSING) -> None:
+        shape = options.get("original_shape") if shape is _MISSING else shape
+        plan = options.get(PLAN_KEY)
         info = steps(options)
         key = (
             tuple(int(d) for d in shape) if isinstance(shape, (list, tuple)) else None,
@@ -175,7 +232,7 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
         )
         if plan is not current[3]:
             rows.clear()  # a new plan: its ids may be reused later, never serve an old plan's row
-        current[:] = [shape, options.get("sigmas"), options.get("sample_sigmas"), plan, rows.get_or(key, dict), info]
+        current[:] = [shape, options.get("sigmas"), options.get("sample_sigmas"), plan, rows.get_or(key, _Row), info]
 
     def entry_for(n: torch.Tensor, tidx: Any, options: dict[str, Any]) -> _Call | None:
         """Build (once) what a call with n's token count at transformer index tidx does in the current row."""
@@ -226,12 +283,14 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
             repick(extra_options)
         n_tok = n.shape[1]
         tidx = extra_options.get("transformer_index")
-        by_tidx = current[4].get(n_tok)
+        row: _Row = current[4]
+        by_tidx = row.calls.get(n_tok)
         if by_tidx is None:
-            by_tidx = current[4][n_tok] = {}
+            by_tidx = row.calls[n_tok] = {}
         call = by_tidx.get(tidx, _MISSING)
         if call is _MISSING:
             call = by_tidx[tidx] = entry_for(n, tidx, extra_options)
+            row.frozen = None  # a call the frozen table missed (its learning call skipped blocks): learn it again
         if call is None:
             return n, ctx, val
         info: StepInfo = current[5]
@@ -261,6 +320,9 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
                 out = (n, ctx, val)
         new_n, new_ctx = out[0], out[1]
         kv_out = new_ctx.shape[1] if isinstance(new_ctx, torch.Tensor) and new_ctx.ndim == 3 else new_n.shape[1]
+        if row.learning:
+            rec = (call.label, call.level, n_tok, new_n.shape[1], kv_in, kv_out)
+            row.replay.append(((n_tok, tidx), extra_options.get("block"), rec))
         telemetry.record(
             call.label,
             call.level,
@@ -294,11 +356,103 @@ def build_unet_patches(schedule: Schedule, telemetry: RunTelemetry) -> tuple[Att
             telemetry.add_seconds(time.perf_counter() - t0)
         return out
 
+    def traced_action(call: _Call | None) -> TraceAction:
+        if call is None or call.ratio <= 0.0 or call.fn is do_nothing:
+            return None
+        return EAGER if call.fn is None else (call.h, call.w, kernel_for_ratio(call.ratio), schedule.pool)
+
+    pending: list[_Row | None] = [None]  # the row of the compiled model call in flight
+
+    def trace_table(shape: tuple[int, ...], options: dict[str, Any]) -> dict[tuple[int, Any], TraceAction] | str | None:
+        """Once per compiled model call, eagerly, before it: the frozen table of the current row, LEARN while the
+        eager patches learn it, None when the patches pass everything through."""
+        pending[0] = None
+        if static_off or options.get(DISABLED_KEY):
+            return None
+        repick(options, list(shape))
+        row: _Row = current[4]
+        pending[0] = row
+        if row.frozen is None and row.learning and row.learnt:
+            table = {(n_tok, t): traced_action(c) for n_tok, by in row.calls.items() for t, c in by.items()}
+            row.replay = [r for r in row.replay if table[r[0]] != EAGER]  # eager calls record themselves
+            row.frozen, row.learning = table, False
+        if row.frozen is None:
+            row.learning, row.learnt, row.replay = True, False, []
+            return LEARN
+        return row.frozen
+
+    def after_call(options: dict[str, Any]) -> None:
+        """After a compiled model call, eagerly: the telemetry of its traced calls (a cached step of the step cache,
+        SHALLOW_KEY, ran only the shallow blocks), or whether a learning call was a whole U-Net call."""
+        row = pending[0]
+        if row is None:
+            return
+        shallow = options.get(SHALLOW_KEY)
+        if row.learning:
+            row.learnt = shallow is None and bool(row.calls)
+            return
+        info: StepInfo = current[5]
+        for _, block, (label, level, q_in, q_out, kv_in, kv_out) in row.replay:
+            if shallow is None or _runs_shallow(block, shallow):
+                telemetry.record(label, level, info.step, info.sigma, q_in, q_out, kv_in, kv_out, schedule.strategy)
+
     # Under ComfyUI's TorchCompileModel dynamo would trace into the closures and guard on the tables they fill and the
-    # per-model-call objects they compare (a recompile every step until the recompile limit, then eager). Disabled for
-    # dynamo, each patch is one graph break that runs eagerly (microseconds of host work) and the graphs between them
-    # stay stable across steps. Eager cost of the wrapper: ~0.3 us per call.
-    return eager_under_compile(attn1_patch), eager_under_compile(attn1_output_patch)
+    # per-model-call objects they compare (a recompile every step until the recompile limit, then eager). So the host
+    # work runs eagerly: per model call in the wrapper (one graph break before the U-Net), and the traced patches
+    # read only the frozen table (a guard that changes with the step window, not per step). A call the table does not
+    # settle is one graph break into the eager patch. Eager (not compiling) the patches run directly.
+    attn1_eager, output_eager, table_eager, after_eager, call_eager = (
+        eager_under_compile(f) for f in (attn1_patch, attn1_output_patch, trace_table, after_call, _call)
+    )
+
+    def attn1_traced(
+        n: torch.Tensor, ctx: Any, val: Any, extra_options: dict[str, Any]
+    ) -> tuple[torch.Tensor, Any, Any]:
+        if not torch.compiler.is_compiling():
+            return attn1_patch(n, ctx, val, extra_options)
+        if static_off or n.ndim != 3 or extra_options.get(DISABLED_KEY):
+            return n, ctx, val
+        table = extra_options.get(TRACE_KEY)
+        action = EAGER if table is None else table.get((n.shape[1], extra_options.get("transformer_index")), EAGER)
+        if action is None:
+            return n, ctx, val
+        if isinstance(action, tuple) and ctx is n and val is n:
+            h, w, kernel, mode = action
+            kv = pool_tokens(n, h, w, kernel, mode)
+            return n, kv, kv
+        out: tuple[torch.Tensor, Any, Any] = attn1_eager(n, ctx, val, extra_options)
+        return out
+
+    def attn1_output_traced(n: torch.Tensor, extra_options: dict[str, Any]) -> torch.Tensor:
+        if not torch.compiler.is_compiling():
+            return attn1_output_patch(n, extra_options)
+        if UNMERGE_KEY not in extra_options:  # only a tome merge done by the eager patch leaves an unmerge
+            return n
+        out: torch.Tensor = output_eager(n, extra_options)
+        return out
+
+    def diffusion_model_wrapper(executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        # UNetModel.forward's executor: (x, timesteps, context, y, control, transformer_options, **kwargs)
+        if not torch.compiler.is_compiling():
+            return executor(*args, **kwargs)
+        opts = args[5] if len(args) > 5 else kwargs.get("transformer_options")
+        if not isinstance(opts, dict) or not args or not isinstance(args[0], torch.Tensor):
+            return executor(*args, **kwargs)
+        table = table_eager(tuple(args[0].shape), opts)
+        if table is LEARN:  # the whole call eagerly: traced, its graph breaks would compile (and use up) fragments
+            out = call_eager(executor, args, kwargs)
+        else:
+            if table is not None:
+                opts = {**opts, TRACE_KEY: table}
+                if len(args) > 5:
+                    args = (*args[:5], opts, *args[6:])
+                else:
+                    kwargs = {**kwargs, "transformer_options": opts}
+            out = executor(*args, **kwargs)
+        after_eager(opts)
+        return out
+
+    return UnetHooks(attn1_traced, attn1_output_traced, diffusion_model_wrapper)
 
 
 def build_attention_override(schedule: Schedule, telemetry: RunTelemetry) -> Callable[..., Any]:
@@ -307,12 +461,79 @@ def build_attention_override(schedule: Schedule, telemetry: RunTelemetry) -> Cal
     ComfyUI calls it as override(attention_fn, q, k, v, heads, [mask], ..., skip_reshape=..., transformer_options=...);
     q/k/v are projected: [B, N, H*D], or [B, H, N, D] with skip_reshape. Inside the window and past the protected
     blocks, self-attention calls (k has q's token count, no mask) keep the top (1 - dit_ratio) K/V tokens by
-    saliency; everything else is passed through untouched.
+    saliency; everything else is passed through untouched. Without the wrapper of `build_dit_hooks`, torch.compile
+    recompiles it every step (it reads the step).
+    """
+    return build_dit_hooks(schedule, telemetry).override
+
+
+@dataclass
+class _DitFlight:
+    """The compiled DiT model call in flight: the (shape, window state) it learns eagerly and that call's telemetry
+    records, or the key whose records a traced call replays."""
+
+    learning: tuple[tuple[int, ...], bool] | None = None
+    records: list[tuple[str, int, int]] = field(default_factory=list)
+    traced: tuple[tuple[int, ...], bool] | None = None
+
+
+class DitHooks(NamedTuple):
+    """What `build_dit_hooks` returns: the attention override and the DIFFUSION_MODEL wrapper that keeps it traceable
+    under torch.compile."""
+
+    override: Callable[..., Any]
+    diffusion_model_wrapper: Callable[..., Any]
+
+
+def build_dit_hooks(schedule: Schedule, telemetry: RunTelemetry) -> DitHooks:
+    """The DiT attention override (see `build_attention_override`) and its DIFFUSION_MODEL wrapper.
+
+    Under torch.compile the override reads no step: the wrapper passes, per model call, whether the step window is
+    active (TRACE_KEY), computed eagerly; dynamo guards on that flag, so a run compiles one graph per window state.
+    The first model call of a (latent shape, window state) runs eagerly, whole, and its telemetry records are replayed
+    after each later (traced) call of that kind.
     """
     steps = _StepTracker()
+    replays: dict[tuple[tuple[int, ...], bool], list[tuple[str, int, int]]] = {}
+    flight = _DitFlight()
+    off = schedule.dit_ratio <= 0.0 or schedule.end_percent <= schedule.start_percent
+
+    def reduce(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], active: bool) -> Any:
+        """The tensor side of a call (traceable): the top-K K/V when active and past the protected blocks."""
+        q, k, v = args[0], args[1], args[2]
+        topts = kwargs.get("transformer_options") or {}
+        tok_dim = 2 if kwargs.get("skip_reshape", False) else 1
+        bidx = topts.get("block_index")
+        n_tok = k.shape[tok_dim]
+        keep = keep_count(n_tok, schedule.dit_ratio)
+        if not active or (isinstance(bidx, int) and bidx < schedule.protect_blocks) or keep >= n_tok:
+            return func(*args, **kwargs)
+        idx = topk_indices(k, keep, None, tok_dim)
+        k2, v2 = gather_tokens(k, idx, tok_dim), gather_tokens(v, idx, tok_dim)
+        return func(q, k2, v2, *args[3:], **kwargs)
+
+    def eager_override(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        topts = kwargs.get("transformer_options") or {}
+        info = steps(topts)
+        active = schedule.active_at(info.progress)
+        t0 = time.perf_counter() if schedule.time_calls else 0.0
+        out = reduce(func, args, kwargs, active)
+        k = args[1]
+        n_tok = k.shape[2 if kwargs.get("skip_reshape", False) else 1]
+        bidx = topts.get("block_index")
+        keep = keep_count(n_tok, schedule.dit_ratio)
+        if active and not (isinstance(bidx, int) and bidx < schedule.protect_blocks) and keep < n_tok:
+            label = str(topts.get("block_index", "?"))
+            seconds = (time.perf_counter() - t0) if schedule.time_calls else None
+            telemetry.record(label, 0, info.step, info.sigma, n_tok, n_tok, n_tok, keep, "topk", seconds)
+            if flight.learning is not None:
+                flight.records.append((label, n_tok, keep))
+        return out
+
+    eager_call = eager_under_compile(eager_override)
 
     def override(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if schedule.dit_ratio <= 0.0 or schedule.end_percent <= schedule.start_percent or len(args) < 3:
+        if off or len(args) < 3:
             return func(*args, **kwargs)
         q, k, v = args[0], args[1], args[2]
         mask = args[4] if len(args) > 4 else kwargs.get("mask")
@@ -329,29 +550,69 @@ def build_attention_override(schedule: Schedule, telemetry: RunTelemetry) -> Cal
             or k.shape[tok_dim] < MIN_DIT_TOKENS
         ):
             return func(*args, **kwargs)
-        info = steps(topts)
-        bidx = topts.get("block_index")
-        if not schedule.active_at(info.progress) or (isinstance(bidx, int) and bidx < schedule.protect_blocks):
-            return func(*args, **kwargs)
-        t0 = time.perf_counter() if schedule.time_calls else 0.0
-        n_tok = k.shape[tok_dim]
-        keep = keep_count(n_tok, schedule.dit_ratio)
-        if keep >= n_tok:
-            return func(*args, **kwargs)
-        idx = topk_indices(k, keep, None, tok_dim)
-        k2, v2 = gather_tokens(k, idx, tok_dim), gather_tokens(v, idx, tok_dim)
-        telemetry.record(
-            str(topts.get("block_index", "?")),
-            0,
-            info.step,
-            info.sigma,
-            n_tok,
-            n_tok,
-            n_tok,
-            keep,
-            "topk",
-            (time.perf_counter() - t0) if schedule.time_calls else None,
-        )
-        return func(q, k2, v2, *args[3:], **kwargs)
+        if not torch.compiler.is_compiling():
+            return eager_override(func, args, kwargs)
+        active = topts.get(TRACE_KEY)
+        if active is None:  # no wrapper: the step is read eagerly, one graph break per call
+            return eager_call(func, args, kwargs)
+        return reduce(func, args, kwargs, bool(active))
 
-    return override
+    def window(shape: tuple[int, ...], options: dict[str, Any]) -> bool | str | None:
+        """Once per compiled model call, eagerly: the window state for the traced override, LEARN for the first call
+        of a (shape, window state), None when the override passes everything through."""
+        flight.learning = flight.traced = None
+        if off or options.get(DISABLED_KEY):
+            return None
+        key = (shape, schedule.active_at(steps(options).progress))
+        if key not in replays:
+            flight.learning, flight.records = key, []
+            return LEARN
+        flight.traced = key
+        return key[1]
+
+    def after_call(options: dict[str, Any]) -> None:
+        """After a compiled model call, eagerly: keep the learning call's records, or replay them for a traced call."""
+        if flight.learning is not None:
+            replays[flight.learning] = flight.records
+            flight.learning = None
+        if flight.traced is None:
+            return
+        info = steps(options)
+        for label, n_tok, keep in replays[flight.traced]:
+            telemetry.record(label, 0, info.step, info.sigma, n_tok, n_tok, n_tok, keep, "topk")
+
+    window_eager, after_eager, call_eager = (eager_under_compile(f) for f in (window, after_call, _call))
+
+    def diffusion_model_wrapper(executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if not torch.compiler.is_compiling() or not args or not isinstance(args[0], torch.Tensor):
+            return executor(*args, **kwargs)
+        where, opts = _transformer_options(args, kwargs)
+        if opts is None:
+            return executor(*args, **kwargs)
+        state = window_eager(tuple(args[0].shape), opts)
+        if state is LEARN:
+            out = call_eager(executor, args, kwargs)
+        else:
+            if state is not None:
+                opts = {**opts, TRACE_KEY: state}
+                if isinstance(where, int):
+                    args = (*args[:where], opts, *args[where + 1 :])
+                else:
+                    kwargs = {**kwargs, "transformer_options": opts}
+            out = executor(*args, **kwargs)
+        after_eager(opts)
+        return out
+
+    return DitHooks(override, diffusion_model_wrapper)
+
+
+def _transformer_options(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int | str, dict[str, Any] | None]:
+    """Where a DiT's DIFFUSION_MODEL executor call carries transformer_options (the argument order differs per
+    model): the keyword, else the last positional dict (after `control`, which can be a dict too)."""
+    opts = kwargs.get("transformer_options")
+    if isinstance(opts, dict):
+        return "transformer_options", opts
+    for i in range(len(args) - 1, -1, -1):
+        if isinstance(args[i], dict):
+            return i, args[i]
+    return "", None

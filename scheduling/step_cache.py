@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .keys import SHALLOW_KEY
 from .patches import eager_under_compile
 from .step_state import run_steps
 
@@ -282,6 +283,7 @@ def build_step_cache(
         opts = args[5] if len(args) > 5 else kwargs.get("transformer_options")
         if not isinstance(opts, dict) or opts.get(disabled_key):
             return None
+        opts.pop(SHALLOW_KEY, None)
         x = args[0]
         control = args[4] if len(args) > 4 else kwargs.get("control")
         n_blocks = len(getattr(unet, "output_blocks", ()))
@@ -321,6 +323,7 @@ def build_step_cache(
             and entry.deep is not None
         ):
             state.cached_calls += 1
+            opts[SHALLOW_KEY] = (depth, n_blocks)  # the blocks this call runs (the attention telemetry's replay)
             return _CallPlan(key, entry.deep, entry.transformer_index)
         state.full_calls += 1
         state.capture_block = n_blocks - depth

@@ -1,0 +1,251 @@
+"""The attn1 patches under torch.compile (issue 11 §1: "no graph break caused by our patches inside a compiled block").
+
+ComfyUI's TorchCompileModel compiles the whole diffusion model, DIFFUSION_MODEL wrappers and attention patches
+included. A small module here follows that call chain (UNetModel.forward -> wrapper -> _forward; per transformer block
+a fresh extra_options dict, the attn1 patch list, attention, the attn1 output patch list) and is compiled with a
+backend that counts dynamo's graphs and runs them as traced (no C compiler, fast on 2 cores).
+
+With `build_unet_hooks`' wrapper the first model call of a step window runs eagerly, whole (the patches fill their
+table; traced, its graph breaks would compile fragments and use up dynamo's recompile limits), and every later call
+of that window runs one graph holding all the attention of the U-Net, pooled K/V included. With the patches alone (no
+wrapper) every patch call stays a graph break. tests/integration/test_compile_comfy.py runs the real U-Net.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tokenfuse.scheduling.keys import STEP_KEY
+from tokenfuse.scheduling.patches import build_dit_hooks, build_unet_hooks
+from tokenfuse.scheduling.schedule import Schedule
+from tokenfuse.scheduling.step_state import SamplingSteps
+from tokenfuse.scheduling.telemetry import RunTelemetry
+from torch import nn
+
+LEVELS = [8, 8, 16, 32, 16, 8]  # the blocks' token levels, in call order (/8 = the latent grid)
+STEPS = 8
+SAMPLE_SIGMAS = torch.linspace(14.6, 0.0, STEPS + 1)
+# reduce /8 and /16 in the first half of sampling, protect the first transformer block: two step windows
+SCHEDULE = Schedule(strategy="todo", ratios={8: 0.75, 16: 0.75}, protect_blocks=1, end_percent=0.5)
+
+
+class TokenNet(nn.Module):
+    """UNetModel's attention call pattern on a latent [B, 4, H, W]: per block, tokens of its level -> attn1 patches ->
+    SDPA -> attn1 output patches; returns [B, len(LEVELS), 4] (each block's mean attention output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.ModuleList(nn.Linear(4, 4) for _ in LEVELS)
+
+    def _forward(self, x, timesteps, context, y, control, transformer_options):  # ComfyUI's argument order
+        opts = transformer_options
+        opts["original_shape"] = list(x.shape)
+        patches = opts.get("patches", {})
+        outs = []
+        for i, level in enumerate(LEVELS):
+            grid = F.avg_pool2d(x, level // 8) if level > 8 else x
+            n = self.proj[i](grid.flatten(2).transpose(1, 2))  # [B, N, C]
+            extra = {k: v for k, v in opts.items() if k != "patches"}  # BasicTransformerBlock: a fresh dict per call
+            extra.update(block=("input", i), block_index=0, transformer_index=i)
+            ctx = val = n
+            for p in patches.get("attn1_patch", []):
+                n, ctx, val = p(n, ctx, val, extra)
+            a = F.scaled_dot_product_attention(n, ctx, val)
+            for p in patches.get("attn1_output_patch", []):
+                a = p(a, extra)
+            outs.append(a.mean(dim=1))
+        return torch.stack(outs, dim=1)
+
+
+class Executor:
+    def __init__(self, net: TokenNet) -> None:
+        self.class_obj = net
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.class_obj._forward(*args, **kwargs)
+
+
+class Forward(nn.Module):
+    """UNetModel.forward: the DIFFUSION_MODEL wrapper (when given) around _forward, as TorchCompileModel compiles it."""
+
+    def __init__(self, net: TokenNet, wrapper: Any) -> None:
+        super().__init__()
+        self.net, self.wrapper = net, wrapper
+
+    def forward(self, *args: Any) -> Any:
+        if self.wrapper is None:
+            return self.net._forward(*args)
+        return self.wrapper(Executor(self.net), *args)
+
+
+def sample(forward: Any, hooks: Any, after_call: Any = None) -> list[torch.Tensor]:
+    """STEPS model calls as a sampler makes them: a new sigmas tensor and transformer_options per call."""
+    x = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(1))
+    outs = []
+    with torch.no_grad():
+        for step in range(STEPS):
+            opts = {
+                "patches": {"attn1_patch": [hooks.attn1_patch], "attn1_output_patch": [hooks.attn1_output_patch]},
+                "sigmas": SAMPLE_SIGMAS[step : step + 1].clone(),
+                "sample_sigmas": SAMPLE_SIGMAS,
+            }
+            outs.append(forward(x, SAMPLE_SIGMAS[step : step + 1], None, None, None, opts))
+            if after_call is not None:
+                after_call(step)
+    return outs
+
+
+def counting_compile(module: nn.Module, graphs: list[torch.fx.GraphModule]) -> Any:
+    def counting(gm: torch.fx.GraphModule, _inputs: Any) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    return torch.compile(module, backend=counting)
+
+
+def sdpa_calls(gm: torch.fx.GraphModule) -> int:
+    return sum(1 for node in gm.graph.nodes if node.target is F.scaled_dot_product_attention)
+
+
+def pooled_sdpa_calls(gm: torch.fx.GraphModule) -> int:
+    """Attention calls in the graph whose keys have fewer tokens than their queries."""
+    n = 0
+    for node in gm.graph.nodes:
+        if node.target is F.scaled_dot_product_attention:
+            q, k = (a.meta["example_value"] for a in node.args[:2])
+            n += int(k.shape[1] < q.shape[1])
+    return n
+
+
+def run_compiled(schedule: Schedule, with_wrapper: bool) -> tuple[list[torch.Tensor], list[Any], list[int], Any]:
+    """(outputs, graphs, graph count after each call, telemetry summary) of a compiled sampling run."""
+    net = TokenNet().eval()
+    hooks = build_unet_hooks(schedule, telemetry := RunTelemetry())
+    graphs: list[torch.fx.GraphModule] = []
+    forward = counting_compile(Forward(net, hooks.diffusion_model_wrapper if with_wrapper else None), graphs)
+    after: list[int] = []
+    try:
+        outs = sample(forward, hooks, lambda _step: after.append(len(graphs)))
+    finally:
+        torch._dynamo.reset()
+    return outs, graphs, after, telemetry.summary()
+
+
+def run_eager(schedule: Schedule) -> tuple[list[torch.Tensor], Any]:
+    net = TokenNet().eval()
+    hooks = build_unet_hooks(schedule, telemetry := RunTelemetry())
+    return sample(Forward(net, hooks.diffusion_model_wrapper), hooks), telemetry.summary()
+
+
+def test_compiled_patches_trace_into_one_graph_per_step_window() -> None:
+    """Per window: one eager learning call, then one graph with every block's attention and nothing else compiled,
+    no new graph per step; the same outputs and the same telemetry (tokens per call) as eager."""
+    ref, ref_summary = run_eager(SCHEDULE)
+    outs, graphs, after, summary = run_compiled(SCHEDULE, with_wrapper=True)
+    for step, (a, b) in enumerate(zip(outs, ref, strict=True)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f"step {step}")
+    assert [sdpa_calls(gm) for gm in graphs] == [len(LEVELS)] * 2, "one whole graph per step window, no fragment"
+    assert [pooled_sdpa_calls(gm) for gm in graphs] == [4, 0], "/8 and /16 pooled, bar the protected block"
+    # steps 0-3 reduce, 4-7 do not: each window's first call runs eagerly, its second compiles, the rest reuse it
+    assert after == [0, 1, 1, 1, 1, 2, 2, 2], f"graphs after each call: {after}"
+    for key in ("calls", "reduced_calls", "kv_tokens_in", "kv_tokens_out"):
+        assert summary[key] == ref_summary[key], key
+    assert summary["reduced_calls"] > 0
+
+
+def test_without_the_wrapper_every_patch_call_breaks_the_graph() -> None:
+    """What the wrapper is for: the patches alone are correct under compile but split the U-Net at every call."""
+    ref, _ = run_eager(SCHEDULE)
+    outs, graphs, _after, _summary = run_compiled(SCHEDULE, with_wrapper=False)
+    for a, b in zip(outs, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert max(sdpa_calls(gm) for gm in graphs) <= 1
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        Schedule(strategy="tome", ratios={8: 0.5}, protect_blocks=0),  # merge + unmerge: eager, per call
+        Schedule(strategy="todo", ratios={8: 0.75}, protect_blocks=0, adaptive=0.1),  # content-dependent ratio
+    ],
+    ids=["tome", "adaptive"],
+)
+def test_calls_the_table_cannot_express_run_eagerly_and_match(schedule: Schedule) -> None:
+    ref, ref_summary = run_eager(schedule)
+    outs, _graphs, _after, summary = run_compiled(schedule, with_wrapper=True)
+    for a, b in zip(outs, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert summary["reduced_calls"] == ref_summary["reduced_calls"] > 0
+
+
+class DitNet(nn.Module):
+    """A DiT's attention call pattern: per block, ComfyUI's optimized_attention_override(func, q, k, v, heads, ...,
+    transformer_options=...) on the latent's tokens; returns [B, blocks, C]."""
+
+    def __init__(self, blocks: int = 4) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.ModuleList(nn.Linear(4, 12) for _ in range(blocks))
+
+    def _forward(self, x, timestep, context, y, guidance, control, transformer_options):  # Flux's argument order
+        opts = transformer_options
+        tokens = x.flatten(2).transpose(1, 2)  # [B, H*W, C]
+        outs = []
+        for i, proj in enumerate(self.proj):
+            q, k, v = proj(tokens).chunk(3, dim=-1)
+            block_opts = {**opts, "block_index": i}
+            override = opts.get("optimized_attention_override")
+            a = override(attention, q, k, v, 1, transformer_options=block_opts) if override else attention(q, k, v, 1)
+            outs.append(a.mean(dim=1))
+        return torch.stack(outs, dim=1)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, **_kw: Any) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+def dit_sample(forward: Any, override: Any, after: list[int], graphs: list[Any]) -> list[torch.Tensor]:
+    """STEPS model calls with the run's host-side step state, as ComfyUI's sampler path gives them (STEP_KEY)."""
+    x = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(1))
+    state = SamplingSteps(SAMPLE_SIGMAS.tolist())
+    outs = []
+    with torch.no_grad():
+        for step in range(STEPS):
+            opts = {
+                "optimized_attention_override": override,
+                "sigmas": SAMPLE_SIGMAS[step : step + 1].clone(),
+                "sample_sigmas": SAMPLE_SIGMAS,
+                STEP_KEY: state,
+            }
+            outs.append(forward(x, SAMPLE_SIGMAS[step : step + 1], None, None, None, None, opts))
+            after.append(len(graphs))
+            state.advance(step)
+    return outs
+
+
+def test_dit_override_compiles_once_per_step_window() -> None:
+    """The DiT override with its wrapper: each window state's first call eager, then one graph per window state, the
+    same outputs and telemetry as eager. (Traced without the wrapper, the override read the run's step state: on real
+    ComfyUI Flux that was a recompile per step, tests/integration/test_compile_comfy.py.)"""
+    schedule = Schedule(strategy="topk", dit_ratio=0.5, protect_blocks=1, end_percent=0.5)
+    net = DitNet().eval()
+    eager_hooks = build_dit_hooks(schedule, eager_tel := RunTelemetry())
+    ref = dit_sample(Forward(net, eager_hooks.diffusion_model_wrapper), eager_hooks.override, [], [])
+    hooks = build_dit_hooks(schedule, tel := RunTelemetry())
+    graphs: list[torch.fx.GraphModule] = []
+    forward = counting_compile(Forward(net, hooks.diffusion_model_wrapper), graphs)
+    after: list[int] = []
+    try:
+        outs = dit_sample(forward, hooks.override, after, graphs)
+    finally:
+        torch._dynamo.reset()
+    for step, (a, b) in enumerate(zip(outs, ref, strict=True)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f"step {step}")
+    assert tel.summary()["reduced_calls"] == eager_tel.summary()["reduced_calls"] == 3 * STEPS // 2
+    assert after == [0, 1, 1, 1, 1, 2, 2, 2], f"graphs after each call: {after}"
+    assert [sdpa_calls(gm) for gm in graphs] == [4, 4], "one whole graph per window state"
