@@ -498,37 +498,33 @@ def build_dit_hooks(schedule: Schedule, telemetry: RunTelemetry) -> DitHooks:
     flight = _DitFlight()
     off = schedule.dit_ratio <= 0.0 or schedule.end_percent <= schedule.start_percent
 
-    def reduce(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], active: bool) -> Any:
-        """The tensor side of a call (traceable): the top-K K/V when active and past the protected blocks."""
-        q, k, v = args[0], args[1], args[2]
-        topts = kwargs.get("transformer_options") or {}
+    def top_kv(args: tuple[Any, ...], kwargs: dict[str, Any], active: bool) -> tuple[Any, Any, int, int] | None:
+        """The tensor side of a call (traceable): (k', v', tokens, kept) with the top-K K/V when active and past the
+        protected blocks, else None."""
+        k, v = args[1], args[2]
+        bidx = (kwargs.get("transformer_options") or {}).get("block_index")
         tok_dim = 2 if kwargs.get("skip_reshape", False) else 1
-        bidx = topts.get("block_index")
         n_tok = k.shape[tok_dim]
         keep = keep_count(n_tok, schedule.dit_ratio)
         if not active or (isinstance(bidx, int) and bidx < schedule.protect_blocks) or keep >= n_tok:
-            return func(*args, **kwargs)
+            return None
         idx = topk_indices(k, keep, None, tok_dim)
-        k2, v2 = gather_tokens(k, idx, tok_dim), gather_tokens(v, idx, tok_dim)
-        return func(q, k2, v2, *args[3:], **kwargs)
+        return gather_tokens(k, idx, tok_dim), gather_tokens(v, idx, tok_dim), n_tok, keep
 
     def eager_override(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         topts = kwargs.get("transformer_options") or {}
         info = steps(topts)
-        active = schedule.active_at(info.progress)
         t0 = time.perf_counter() if schedule.time_calls else 0.0
-        out = reduce(func, args, kwargs, active)
-        k = args[1]
-        n_tok = k.shape[2 if kwargs.get("skip_reshape", False) else 1]
-        bidx = topts.get("block_index")
-        keep = keep_count(n_tok, schedule.dit_ratio)
-        if active and not (isinstance(bidx, int) and bidx < schedule.protect_blocks) and keep < n_tok:
-            label = str(topts.get("block_index", "?"))
-            seconds = (time.perf_counter() - t0) if schedule.time_calls else None
-            telemetry.record(label, 0, info.step, info.sigma, n_tok, n_tok, n_tok, keep, "topk", seconds)
-            if flight.learning is not None:
-                flight.records.append((label, n_tok, keep))
-        return out
+        top = top_kv(args, kwargs, schedule.active_at(info.progress))
+        if top is None:
+            return func(*args, **kwargs)
+        k2, v2, n_tok, keep = top
+        label = str(topts.get("block_index", "?"))
+        seconds = (time.perf_counter() - t0) if schedule.time_calls else None
+        telemetry.record(label, 0, info.step, info.sigma, n_tok, n_tok, n_tok, keep, "topk", seconds)
+        if flight.learning is not None:
+            flight.records.append((label, n_tok, keep))
+        return func(args[0], k2, v2, *args[3:], **kwargs)
 
     eager_call = eager_under_compile(eager_override)
 
@@ -555,7 +551,10 @@ def build_dit_hooks(schedule: Schedule, telemetry: RunTelemetry) -> DitHooks:
         active = topts.get(TRACE_KEY)
         if active is None:  # no wrapper: the step is read eagerly, one graph break per call
             return eager_call(func, args, kwargs)
-        return reduce(func, args, kwargs, bool(active))
+        top = top_kv(args, kwargs, bool(active))
+        if top is None:
+            return func(*args, **kwargs)
+        return func(args[0], top[0], top[1], *args[3:], **kwargs)
 
     def window(shape: tuple[int, ...], options: dict[str, Any]) -> bool | str | None:
         """Once per compiled model call, eagerly: the window state for the traced override, LEARN for the first call
