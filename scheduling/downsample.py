@@ -83,8 +83,19 @@ def kv_downsample_functions(
     if free_cells.numel() == 0:  # the ROI covers every cell: nothing to pool
         return do_nothing
 
-    def kv(x: torch.Tensor) -> torch.Tensor:
-        pooled = pool_tokens(x, h, w, kernel, mode).index_select(1, free_cells)
-        return torch.cat([pooled, x.index_select(1, full_tokens)], dim=1)
+    return lambda x: pool_keeping(x, h, w, kernel, mode, free_cells, full_tokens)
 
-    return kv
+
+def pool_keeping(
+    x: torch.Tensor,
+    h: int,
+    w: int,
+    kernel: tuple[int, int],
+    mode: str,
+    free_cells: torch.Tensor,
+    full_tokens: torch.Tensor,
+) -> torch.Tensor:
+    """[B, h*w, C] -> [B, M + K, C]: the M pooled cells outside the ROI, then the K full-resolution ROI tokens
+    (free_cells / full_tokens from `protected_cell_tokens`, on x's device)."""
+    pooled = pool_tokens(x, h, w, kernel, mode).index_select(1, free_cells)
+    return torch.cat([pooled, x.index_select(1, full_tokens)], dim=1)

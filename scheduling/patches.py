@@ -10,10 +10,10 @@ U-Net families (SD1.x/2.x, SDXL): `build_unet_patches` -> (attn1_patch, attn1_ou
   `extra_options`, a fresh dict per BasicTransformerBlock call, so concurrent blocks can never mix them up.
 - Under torch.compile (ComfyUI's TorchCompileModel) `build_unet_hooks` adds a DIFFUSION_MODEL wrapper: once per model
   call, eagerly, it hands the patches a frozen table of what each attention call does (TRACE_KEY), so they trace to
-  plain tensor ops (K/V pooling or nothing) and the U-Net stays one graph. The first model call of a (shape, step
-  window, plan) runs eagerly, whole, while the patches fill that table (a new TOKEN_PLAN, e.g. each face crop, is
-  learnt again); calls the table cannot express (tome's merge, plan-aware or adaptive reduction) stay one graph break
-  each into the eager patch.
+  plain tensor ops (K/V pooling, around a TOKEN_PLAN's protected cells too, or nothing) and the U-Net stays one
+  graph. The first model call of a (shape, step window, plan) runs eagerly, whole, while the patches fill that table
+  (a new TOKEN_PLAN, e.g. each face crop, is learnt again); calls the table cannot express (tome's merge, adaptive
+  ratios) stay one graph break each into the eager patch.
 DiT families: `build_attention_override` -> override(func, *args, **kwargs) for
 `transformer_options["optimized_attention_override"]`; top-K K/V on the 1-D sequence (the grid is unknown).
 `build_dit_hooks` adds its DIFFUSION_MODEL wrapper for torch.compile: the step window's state per model call.
@@ -34,7 +34,7 @@ import torch
 
 from . import calibrate
 from .adaptive import adapt_ratio, token_complexity
-from .downsample import kernel_for_ratio, pool_tokens
+from .downsample import kernel_for_ratio, pool_keeping, pool_tokens
 from .keys import DISABLED_KEY, PLAN_KEY, SHALLOW_KEY, STEP_KEY, TRACE_KEY, UNMERGE_KEY
 from .reducers import LRU, REDUCERS, ReduceState
 from .schedule import MAX_RATIO, Schedule
@@ -135,11 +135,13 @@ class _Call(NamedTuple):
     h: int
     w: int
     ratio: float  # base ratio after block protection, ramp and step window (0 = identity)
-    fn: Callable[[torch.Tensor], torch.Tensor] | None  # prebuilt K/V reduction for plan-free, non-adaptive todo
+    fn: Callable[[torch.Tensor], torch.Tensor] | None  # prebuilt K/V reduction for non-adaptive todo
+    keep: tuple[torch.Tensor, torch.Tensor] | None = None  # with a plan: (free cells, full-resolution tokens)
 
 
-# A traced call's action: None = identity, (h, w, kernel, pool mode) = plain K/V pooling, EAGER = the eager patch
-TraceAction = tuple[int, int, tuple[int, int], str] | str | None
+# A traced call's action: None = identity, EAGER = the eager patch, or K/V pooling (h, w, kernel, pool mode, free
+# cells, full-resolution tokens), the last two None without a plan (downsample.pool_tokens / pool_keeping)
+TraceAction = tuple[int, int, tuple[int, int], str, torch.Tensor | None, torch.Tensor | None] | str | None
 EAGER = "eager"
 LEARN = "learn"  # trace_table's answer while a row is learnt: run the model call eagerly
 
@@ -243,12 +245,16 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
         t = int(options.get("transformer_index", options.get("block_index", 0)) or 0)
         info: StepInfo = current[5]
         ratio = schedule.ratio_for(level, t) if schedule.active_at(info.progress) else 0.0
-        fn = None
-        if ratio > 0.0 and schedule.strategy == "todo" and schedule.adaptive == 0.0 and current[3] is None:
-            fn = state.pool_fn(h, w, ratio)
+        fn, keep, plan = None, None, current[3]
+        if ratio > 0.0 and schedule.strategy == "todo" and schedule.adaptive == 0.0:
+            if plan is None:
+                fn = state.pool_fn(h, w, ratio)
+            else:
+                fn = state.plan_pool_fn(plan, h, w, n.shape[0], ratio, n.device)
+                keep = state.plan_keep(plan, h, w, n.shape[0], kernel_for_ratio(ratio), n.device)
         if ratio > 0.0 and schedule.device_aware and not calibrated(n, options, level, h, w, ratio, fn, info.step):
-            ratio, fn = 0.0, None
-        return _Call(_block_label(options), level, h, w, ratio, fn)
+            ratio, fn, keep = 0.0, None, None
+        return _Call(_block_label(options), level, h, w, ratio, fn, keep)
 
     def calibrated(
         n: torch.Tensor, options: dict[str, Any], level: int, h: int, w: int, ratio: float, fn: Any, step: int
@@ -359,7 +365,10 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
     def traced_action(call: _Call | None) -> TraceAction:
         if call is None or call.ratio <= 0.0 or call.fn is do_nothing:
             return None
-        return EAGER if call.fn is None else (call.h, call.w, kernel_for_ratio(call.ratio), schedule.pool)
+        if call.fn is None:
+            return EAGER
+        free, full = call.keep if call.keep is not None and call.keep[1].numel() > 0 else (None, None)
+        return (call.h, call.w, kernel_for_ratio(call.ratio), schedule.pool, free, full)
 
     pending: list[_Row | None] = [None]  # the row of the compiled model call in flight
 
@@ -408,19 +417,24 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
     def attn1_traced(
         n: torch.Tensor, ctx: Any, val: Any, extra_options: dict[str, Any]
     ) -> tuple[torch.Tensor, Any, Any]:
-        if not torch.compiler.is_compiling():
-            return attn1_patch(n, ctx, val, extra_options)
-        if static_off or n.ndim != 3 or extra_options.get(DISABLED_KEY):
-            return n, ctx, val
-        table = extra_options.get(TRACE_KEY)
-        action = EAGER if table is None else table.get((n.shape[1], extra_options.get("transformer_index")), EAGER)
+        table = extra_options.get(TRACE_KEY)  # only in a compiled model call (the wrapper, build_unet_hooks)
+        if table is None:
+            if not torch.compiler.is_compiling():
+                return attn1_patch(n, ctx, val, extra_options)
+            if static_off or n.ndim != 3 or extra_options.get(DISABLED_KEY):
+                return n, ctx, val
+            out: tuple[torch.Tensor, Any, Any] = attn1_eager(n, ctx, val, extra_options)  # no wrapper: a graph break
+            return out
+        # The table's action, traced, or run eagerly where dynamo left a frame eager: either way the wrapper replays
+        # the telemetry of a settled call, so this path never records it.
+        action = table.get((n.shape[1], extra_options.get("transformer_index")), EAGER) if n.ndim == 3 else None
         if action is None:
             return n, ctx, val
         if isinstance(action, tuple) and ctx is n and val is n:
-            h, w, kernel, mode = action
-            kv = pool_tokens(n, h, w, kernel, mode)
+            h, w, kernel, mode, free, full = action
+            kv = pool_tokens(n, h, w, kernel, mode) if free is None else pool_keeping(n, h, w, kernel, mode, free, full)
             return n, kv, kv
-        out: tuple[torch.Tensor, Any, Any] = attn1_eager(n, ctx, val, extra_options)
+        out = attn1_eager(n, ctx, val, extra_options)
         return out
 
     def attn1_output_traced(n: torch.Tensor, extra_options: dict[str, Any]) -> torch.Tensor:
@@ -546,11 +560,11 @@ def build_dit_hooks(schedule: Schedule, telemetry: RunTelemetry) -> DitHooks:
             or k.shape[tok_dim] < MIN_DIT_TOKENS
         ):
             return func(*args, **kwargs)
-        if not torch.compiler.is_compiling():
-            return eager_override(func, args, kwargs)
-        active = topts.get(TRACE_KEY)
-        if active is None:  # no wrapper: the step is read eagerly, one graph break per call
-            return eager_call(func, args, kwargs)
+        active = topts.get(TRACE_KEY)  # only in a compiled model call (the wrapper); its telemetry is replayed
+        if active is None:
+            if not torch.compiler.is_compiling():
+                return eager_override(func, args, kwargs)
+            return eager_call(func, args, kwargs)  # no wrapper: the step is read eagerly, one graph break per call
         top = top_kv(args, kwargs, bool(active))
         if top is None:
             return func(*args, **kwargs)

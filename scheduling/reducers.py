@@ -95,6 +95,34 @@ class ReduceState:
 
         return self.plans.get(plan, key + (str(device),), make)
 
+    def plan_keep(
+        self, plan: Any, h: int, w: int, batch: int, kernel: tuple[int, int], device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(free_cells, full_tokens) of a plan's protected cells on `device` (downsample.protected_cell_tokens)."""
+        keep: tuple[torch.Tensor, torch.Tensor] = self.on_device(
+            plan,
+            ("cells", h, w, batch, kernel),
+            lambda: protected_cell_tokens(self.roi(plan, h, w, batch)[1], h, w, kernel),
+            device,
+        )
+        return keep
+
+    def plan_pool_fn(
+        self, plan: Any, h: int, w: int, batch: int, ratio: float, device: torch.device
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The plan-aware K/V pooling closure (protected cells keep full resolution), built once per (plan, grid,
+        batch, kernel, device), like the plan-free `pool_fn`: no closure per call."""
+        kernel = kernel_for_ratio(ratio)
+
+        def make() -> Callable[[torch.Tensor], torch.Tensor]:
+            keep = self.plan_keep(plan, h, w, batch, kernel, device)
+            return kv_downsample_functions(h, w, ratio, self.schedule.pool, keep)
+
+        fn: Callable[[torch.Tensor], torch.Tensor] = self.plans.get(
+            plan, ("kvfn", h, w, batch, kernel, str(device)), make
+        )
+        return fn
+
     def pool_fn(self, h: int, w: int, ratio: float) -> Callable[[torch.Tensor], torch.Tensor]:
         """The plan-free K/V pooling closure of a grid and ratio (built once per (grid, kernel))."""
         fn: Callable[[torch.Tensor], torch.Tensor] = self.kv_fns.get_or(
@@ -193,19 +221,7 @@ def reduce_todo(
     if plan is None:
         fn = state.pool_fn(h, w, ratio)
     else:
-        kernel, batch = kernel_for_ratio(ratio), n.shape[0]
-
-        def make_fn() -> Callable[[torch.Tensor], torch.Tensor]:
-            keep = state.on_device(
-                plan,
-                ("cells", h, w, batch, kernel),
-                lambda: protected_cell_tokens(state.roi(plan, h, w, batch)[1], h, w, kernel),
-                n.device,
-            )
-            return kv_downsample_functions(h, w, ratio, state.schedule.pool, keep)
-
-        # built once per (plan, grid, batch, kernel, device), like the plan-free pool_fn: no closure per call
-        fn = state.plans.get(plan, ("kvfn", h, w, batch, kernel, str(n.device)), make_fn)
+        fn = state.plan_pool_fn(plan, h, w, n.shape[0], ratio, n.device)
     new_ctx, new_val = kv_targets(n, ctx, val, fn)
     return n, new_ctx, new_val
 

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from tokenfuse.scheduling.keys import STEP_KEY
+from tokenfuse.scheduling.keys import PLAN_KEY, STEP_KEY
 from tokenfuse.scheduling.patches import build_dit_hooks, build_unet_hooks
+from tokenfuse.scheduling.plan import TokenPlan
 from tokenfuse.scheduling.schedule import Schedule
 from tokenfuse.scheduling.step_state import SamplingSteps
 from tokenfuse.scheduling.telemetry import RunTelemetry
@@ -82,7 +83,7 @@ class Forward(nn.Module):
         return self.wrapper(Executor(self.net), *args)
 
 
-def sample(forward: Any, hooks: Any, after_call: Any = None) -> list[torch.Tensor]:
+def sample(forward: Any, hooks: Any, after_call: Any = None, plan: TokenPlan | None = None) -> list[torch.Tensor]:
     """STEPS model calls as a sampler makes them: a new sigmas tensor and transformer_options per call."""
     x = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(1))
     outs = []
@@ -93,6 +94,8 @@ def sample(forward: Any, hooks: Any, after_call: Any = None) -> list[torch.Tenso
                 "sigmas": SAMPLE_SIGMAS[step : step + 1].clone(),
                 "sample_sigmas": SAMPLE_SIGMAS,
             }
+            if plan is not None:
+                opts[PLAN_KEY] = plan
             outs.append(forward(x, SAMPLE_SIGMAS[step : step + 1], None, None, None, opts))
             if after_call is not None:
                 after_call(step)
@@ -156,6 +159,45 @@ def test_compiled_patches_trace_into_one_graph_per_step_window() -> None:
     for key in ("calls", "reduced_calls", "kv_tokens_in", "kv_tokens_out"):
         assert summary[key] == ref_summary[key], key
     assert summary["reduced_calls"] > 0
+
+
+def face_plan(top: int, size: int) -> TokenPlan:
+    """A face-crop TOKEN_PLAN on the 128 px image: a protected square at (top, top) of `size` px."""
+    imp = torch.full((1, 128, 128), 0.1)
+    imp[:, top : top + size, top : top + size] = 1.0
+    return TokenPlan(importance=imp, image_size=(128, 128))
+
+
+def test_face_crop_plans_trace_too() -> None:
+    """ScheduledFusion's case: each crop brings its own plan, whose protected cells keep full-resolution K/V. Traced
+    like the plain pooling (the cells' index tensors ride in the table): eager-equal outputs and telemetry, two
+    crops of different face sizes, no graph per step (a new crop: one eager call, at most one new graph)."""
+    schedule = Schedule(strategy="todo", ratios={8: 0.75, 16: 0.75}, protect_blocks=1)
+    plans = [face_plan(32, 48), face_plan(40, 24)]
+    net = TokenNet().eval()
+    eager_hooks = build_unet_hooks(schedule, eager_tel := RunTelemetry())
+    ref = [sample(Forward(net, eager_hooks.diffusion_model_wrapper), eager_hooks, plan=p) for p in plans]
+    hooks = build_unet_hooks(schedule, tel := RunTelemetry())
+    graphs: list[torch.fx.GraphModule] = []
+    forward = counting_compile(Forward(net, hooks.diffusion_model_wrapper), graphs)
+    after: list[list[int]] = [[], []]
+    try:
+        outs = [
+            sample(forward, hooks, lambda _s, a=a: a.append(len(graphs)), plan=p)
+            for p, a in zip(plans, after, strict=True)
+        ]
+    finally:
+        torch._dynamo.reset()
+    print(f"graphs after each call, crop 1 then crop 2: {after}")
+    for got, want in zip(outs, ref, strict=True):
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    for key in ("calls", "reduced_calls", "kv_tokens_in", "kv_tokens_out"):
+        assert tel.summary()[key] == eager_tel.summary()[key], key
+    assert after[0][0] == 0 and len(set(after[0][1:])) == 1 and len(set(after[1][1:])) == 1, f"graphs: {after}"
+    assert after[1][-1] - after[0][-1] <= 1, f"graphs: {after}"
+    assert all(sdpa_calls(gm) == len(LEVELS) for gm in graphs), "a graph break in a traced call"
+    assert all(pooled_sdpa_calls(gm) == 4 for gm in graphs), "/8 and /16 pooled around the face, bar block 0"
 
 
 def test_without_the_wrapper_every_patch_call_breaks_the_graph() -> None:
