@@ -385,6 +385,16 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
             table = {(n_tok, t): traced_action(c) for n_tok, by in row.calls.items() for t, c in by.items()}
             row.replay = [r for r in row.replay if table[r[0]] != EAGER]  # eager calls record themselves
             row.frozen, row.learning = table, False
+            if EAGER in table.values():
+                warn_once(
+                    "compile",
+                    "TokenFuse: under torch.compile this schedule (strategy %s, adaptive %s) runs %d kinds of "
+                    "attention call eagerly, one graph break each, which can make the compiled model slower than "
+                    "unpatched; plain K/V pooling (`balanced`, todo without adaptive) compiles whole",
+                    schedule.strategy,
+                    schedule.adaptive,
+                    sum(1 for a in table.values() if a == EAGER),
+                )
         if row.frozen is None:
             row.learning, row.learnt, row.replay = True, False, []
             return LEARN

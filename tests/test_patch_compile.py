@@ -13,6 +13,7 @@ wrapper) every patch call stays a graph break. tests/integration/test_compile_co
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -145,11 +146,13 @@ def run_eager(schedule: Schedule) -> tuple[list[torch.Tensor], Any]:
     return sample(Forward(net, hooks.diffusion_model_wrapper), hooks), telemetry.summary()
 
 
-def test_compiled_patches_trace_into_one_graph_per_step_window() -> None:
+def test_compiled_patches_trace_into_one_graph_per_step_window(caplog) -> None:
     """Per window: one eager learning call, then one graph with every block's attention and nothing else compiled,
-    no new graph per step; the same outputs and the same telemetry (tokens per call) as eager."""
+    no new graph per step; the same outputs and the same telemetry (tokens per call) as eager; no warning."""
     ref, ref_summary = run_eager(SCHEDULE)
-    outs, graphs, after, summary = run_compiled(SCHEDULE, with_wrapper=True)
+    with caplog.at_level(logging.WARNING, logger="tokenfuse"):
+        outs, graphs, after, summary = run_compiled(SCHEDULE, with_wrapper=True)
+    assert not [r for r in caplog.records if "under torch.compile" in r.getMessage()]
     for step, (a, b) in enumerate(zip(outs, ref, strict=True)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f"step {step}")
     assert [sdpa_calls(gm) for gm in graphs] == [len(LEVELS)] * 2, "one whole graph per step window, no fragment"
@@ -217,12 +220,15 @@ def test_without_the_wrapper_every_patch_call_breaks_the_graph() -> None:
     ],
     ids=["tome", "adaptive"],
 )
-def test_calls_the_table_cannot_express_run_eagerly_and_match(schedule: Schedule) -> None:
+def test_calls_the_table_cannot_express_run_eagerly_and_match(schedule: Schedule, caplog) -> None:
     ref, ref_summary = run_eager(schedule)
-    outs, _graphs, _after, summary = run_compiled(schedule, with_wrapper=True)
+    with caplog.at_level(logging.WARNING, logger="tokenfuse"):
+        outs, _graphs, _after, summary = run_compiled(schedule, with_wrapper=True)
     for a, b in zip(outs, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert summary["reduced_calls"] == ref_summary["reduced_calls"] > 0
+    warned = [r.getMessage() for r in caplog.records if "under torch.compile" in r.getMessage()]
+    assert len(warned) == 1 and f"strategy {schedule.strategy}" in warned[0], warned
 
 
 class DitNet(nn.Module):
