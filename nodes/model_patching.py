@@ -307,7 +307,8 @@ def schedule_model(
 
     Bench scripts call this directly to time a model with a given Schedule.
     """
-    from ..scheduling.patches import build_dit_hooks, build_unet_hooks
+    from ..scheduling.dit_override import build_dit_hooks
+    from ..scheduling.patches import build_unet_hooks
     from ..scheduling.telemetry import RunTelemetry
 
     # Aggregated per step and level; per-call records only when the telemetry file asks for them (issue 11).

@@ -5,8 +5,9 @@ Public API (import the submodule you need; `schedule` is torch-free so UI code c
              preset_schedule(name, family="sd15"|"sdxl"|"dit"), parse_schedule_text(text, base), load_schedule(path),
              save_schedule(schedule, path), Schedule.to_dict() / Schedule.from_dict(data, base=None).
 - patches:   build_unet_patches(schedule, telemetry) -> (attn1_patch, attn1_output_patch); build_unet_hooks adds the
-             DIFFUSION_MODEL wrapper that keeps them traceable under torch.compile;
-             build_attention_override(schedule, telemetry) -> override for DiT families, infer_grid(n, shape).
+             DIFFUSION_MODEL wrapper that keeps them traceable under torch.compile; infer_grid(n, shape).
+- dit_override: build_attention_override(schedule, telemetry) -> override for DiT families; build_dit_hooks adds its
+             torch.compile wrapper.
 - telemetry: RunTelemetry (reset / record / summary / summary_line / write_jsonl / finish).
 - merge:     tome_functions, bipartite_soft_matching_2d, random_partition (ToMe merge/unmerge closures).
 - downsample: kv_downsample_functions, pool_tokens, kernel_for_ratio (ToDo K/V pooling).

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from tokenfuse.scheduling.dit_override import build_dit_hooks
 from tokenfuse.scheduling.keys import PLAN_KEY, STEP_KEY
-from tokenfuse.scheduling.patches import build_dit_hooks, build_unet_hooks
+from tokenfuse.scheduling.patches import build_unet_hooks
 from tokenfuse.scheduling.plan import TokenPlan
 from tokenfuse.scheduling.schedule import Schedule
 from tokenfuse.scheduling.step_state import SamplingSteps

@@ -7,9 +7,9 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from tokenfuse.scheduling.dit_override import build_attention_override
 from tokenfuse.scheduling.patches import (
     UNMERGE_KEY,
-    build_attention_override,
     build_unet_patches,
     infer_grid,
 )

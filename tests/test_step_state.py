@@ -11,8 +11,9 @@ import torch
 from test_patches import SAMPLE_SIGMAS, block, extra_options, tokens
 from test_step_cache import SIGMAS, Executor, TinyUNet, deep_calls, embed, latents
 from tokenfuse.nodes.sampler_steps import make_sampler_step_wrapper, stepwise_sampler, with_step_state
+from tokenfuse.scheduling.dit_override import build_attention_override
 from tokenfuse.scheduling.keys import DISABLED_KEY, PLAN_KEY, STEP_KEY
-from tokenfuse.scheduling.patches import build_attention_override, build_unet_patches
+from tokenfuse.scheduling.patches import build_unet_patches
 from tokenfuse.scheduling.schedule import Schedule
 from tokenfuse.scheduling.step_cache import build_step_cache
 from tokenfuse.scheduling.step_state import SamplingSteps
