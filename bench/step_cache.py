@@ -15,6 +15,8 @@ with PatchTokenize); --no-plan drops it.
     --part speed    full SD1.5 U-Net (random weights: valid for cost only) on the astronaut frame's face crop at
                     --guide (512), small random VAE (the VAE is not timed). Time = inside the U-Net forward: wall
                     and the thread's CPU time (robust on a shared, loaded CPU: torch runs on 1 thread here).
+                    With --compile BACKEND every variant runs under ComfyUI's TorchCompileModel, timed alone
+                    after a dynamo reset and one untimed compiling run; the time is then the whole fusion call.
     --part calls    the same U-Net and crop, but 3-step runs (full, cached, full call) timing each U-Net call; the
                     --steps total is projected from each variant's full/cached step count (EasyCache/LazyCache are
                     adaptive, so they are left out: see the quality part for their measured skips). For a CPU too
@@ -168,6 +170,40 @@ def table(rows: list[dict[str, Any]], quality: bool) -> None:
         print(line, flush=True)
 
 
+def compiled_speed(
+    pack: Any, a: argparse.Namespace, variants: list[Any], inputs: tuple[Any, ...], device: torch.device
+) -> list[dict[str, Any]]:
+    """--compile: each variant under ComfyUI's TorchCompileModel, timed alone after a dynamo reset (interleaved,
+    compiled variants share the U-Net's code objects, hence one dynamo cache and recompile limit). The time is the
+    whole ScheduledFusion call (the U-Net forward hooks would be traced into the compiled graph); one untimed run first
+    compiles (and lets our patches learn their tables)."""
+    import comfy_models as cm
+
+    vae, cond, image, faces = inputs
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    rows = []
+    for name, m, p, _text in variants:
+        torch._dynamo.reset()
+        compiled_model = cm.torch_compiled(m, a.compile)
+        fuse(pack, compiled_model, vae, cond, image, faces, a, p)
+        walls, cpus = [], []
+        for _ in range(a.rounds):
+            sync()
+            w, c = time.perf_counter(), time.thread_time()
+            with torch.inference_mode():
+                fuse(pack, compiled_model, vae, cond, image, faces, a, p)
+            sync()
+            walls.append(time.perf_counter() - w)
+            cpus.append(time.thread_time() - c)
+        graphs = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+        print(f"#   {name}: fuse wall s {', '.join(f'{t:.2f}' for t in walls)} (dynamo graphs so far {graphs})")
+        rows.append({"variant": name, "calls": "-", "wall_s": min(walls), "cpu_s": min(cpus)})
+    for r in rows:
+        r["x_wall"] = rows[0]["wall_s"] / r["wall_s"]
+        r["x_cpu"] = rows[0]["cpu_s"] / r["cpu_s"]
+    return rows
+
+
 def speed_part(pack: Any, a: argparse.Namespace, which: set[str]) -> list[dict[str, Any]]:
     import comfy.model_management as mm
 
@@ -199,6 +235,10 @@ def speed_part(pack: Any, a: argparse.Namespace, which: set[str]) -> list[dict[s
         f"{a.dtype}, rounds {a.rounds} (min per variant), load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
+    if a.compile:
+        rows = compiled_speed(pack, a, variants, (vae, cond, image, faces), device)
+        table(rows, quality=False)
+        return rows
     best: dict[str, dict[str, Any]] = {}
     for rnd in range(a.rounds):  # interleaved rounds: drift of the machine hits every variant alike
         for name, m, p, _text in variants:
@@ -371,6 +411,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"], help="speed part")
     ap.add_argument("--model", default="sd15", choices=["sd15", "sdxl"], help="speed part: U-Net architecture")
     ap.add_argument("--rounds", type=int, default=1, help="speed part: interleaved rounds, min per variant")
+    ap.add_argument(
+        "--compile",
+        default="",
+        help="speed part: ComfyUI's TorchCompileModel on every variant (inductor, eager, ...); times the whole fusion",
+    )
     ap.add_argument("--json", default="", help="write {'speed': rows, 'quality': rows, 'settings': ...}")
     ap.add_argument(
         "--quick",

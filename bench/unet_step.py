@@ -74,16 +74,6 @@ def make_variants(patcher: Any, presets: list[str], tome_ratio: float, control: 
     return variants
 
 
-def compiled(patcher: Any, backend: str) -> Any:
-    """patcher.clone() with ComfyUI's TorchCompileModel wrapper (an APPLY_MODEL wrapper running a torch.compile'd
-    diffusion_model), as the TorchCompileModel node applies it."""
-    from comfy_api.torch_helpers import set_torch_compile_wrapper
-
-    m = patcher.clone()
-    set_torch_compile_wrapper(model=m, backend=backend)
-    return m
-
-
 def dynamo_graphs() -> int:
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
@@ -170,7 +160,7 @@ def bench_step(patcher: Any, family: str, size: int, batch: int, args: argparse.
     graphs: list[int] = []
     if args.compile:
         for v in variants:
-            v.patcher = compiled(v.patcher, args.compile)
+            v.patcher = comfy_models.torch_compiled(v.patcher, args.compile)
     ub.run_variants(
         variants,
         call,

@@ -123,6 +123,17 @@ def attention_backend() -> str:
     }.get(name, name)
 
 
+def torch_compiled(patcher: Any, backend: Any) -> Any:
+    """patcher.clone() with ComfyUI's TorchCompileModel wrapper (`set_torch_compile_wrapper`: an APPLY_MODEL wrapper
+    running a torch.compile'd diffusion_model), as the TorchCompileModel node applies it. backend: a dynamo backend
+    name ("inductor", "eager") or a backend callable (tests count graphs with one)."""
+    from comfy_api.torch_helpers import set_torch_compile_wrapper
+
+    m = patcher.clone()
+    set_torch_compile_wrapper(model=m, backend=backend)
+    return m
+
+
 @torch.no_grad()
 def init_random_weights(module: torch.nn.Module, seed: int = 0) -> None:
     """Seeded fan-in scaled init of every parameter (ComfyUI's layers skip init, so memory is garbage otherwise).

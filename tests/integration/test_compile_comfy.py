@@ -46,17 +46,14 @@ def ksample(comfy: SimpleNamespace, model: Any, steps: int = 2) -> torch.Tensor:
     return samples
 
 
-def compiled(model: Any, graphs: list[Any]) -> Any:
+def compiled(comfy: SimpleNamespace, model: Any, graphs: list[Any]) -> Any:
     """model.clone() with ComfyUI's TorchCompileModel wrapper, compiled by a backend that counts dynamo's graphs."""
-    from comfy_api.torch_helpers import set_torch_compile_wrapper
 
     def counting_backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
         graphs.append(gm)
         return gm.forward
 
-    m = model.clone()
-    set_torch_compile_wrapper(model=m, backend=counting_backend)
-    return m
+    return comfy.models.torch_compiled(model, counting_backend)
 
 
 def test_balanced_runs_under_torch_compile(comfy, random_model) -> None:
@@ -67,12 +64,12 @@ def test_balanced_runs_under_torch_compile(comfy, random_model) -> None:
     eager = ksample(comfy, eager_patched)
 
     base_graphs: list[Any] = []
-    ksample(comfy, compiled(model, base_graphs))
+    ksample(comfy, compiled(comfy, model, base_graphs))
     torch._dynamo.reset()
 
     patched, telemetry = schedule_model(model, schedule, patcher.detect_family(model))
     ours_graphs: list[Any] = []
-    model_compiled = compiled(patched, ours_graphs)
+    model_compiled = compiled(comfy, patched, ours_graphs)
     out = ksample(comfy, model_compiled)
     torch.testing.assert_close(out, eager, rtol=1e-4, atol=1e-4)
     summary = telemetry.summary()
@@ -98,7 +95,7 @@ def test_step_cache_runs_under_torch_compile(comfy, random_model, caplog, preset
         caplog_eager = [r.getMessage() for r in caplog.records if split in r.getMessage()]
         caplog.clear()
         graphs: list[Any] = []
-        out = ksample(comfy, compiled(patched, graphs), steps=CACHE_STEPS)
+        out = ksample(comfy, compiled(comfy, patched, graphs), steps=CACHE_STEPS)
         caplog_compiled = [r.getMessage() for r in caplog.records if split in r.getMessage()]
     assert len(caplog_eager) == 1
     assert len(caplog_compiled) == 1, "compiled run: another full/cached split"
@@ -133,7 +130,7 @@ def test_dit_override_runs_under_torch_compile(comfy, random_model, caplog) -> N
         eager_lines = [lines.findall(r.getMessage()) for r in caplog.records if lines.search(r.getMessage())]
         caplog.clear()
         graphs: list[Any] = []
-        out = flux_sample(compiled(patched, graphs))
+        out = flux_sample(compiled(comfy, patched, graphs))
         compiled_lines = [lines.findall(r.getMessage()) for r in caplog.records if lines.search(r.getMessage())]
     torch.testing.assert_close(out, eager, rtol=1e-4, atol=1e-4)
     assert compiled_lines == eager_lines and "0/0" not in str(eager_lines)
