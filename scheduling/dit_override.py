@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .keys import DISABLED_KEY, TRACE_KEY
-from .patches import LEARN, StepTracker, call_with, eager_under_compile
+from .patches import LEARN, StepTracker, eager_under_compile, traced_call_wrapper
 from .schedule import Schedule
 from .telemetry import RunTelemetry
 from .topk import gather_tokens, keep_count, topk_indices
@@ -148,38 +148,4 @@ def build_dit_hooks(schedule: Schedule, telemetry: RunTelemetry) -> DitHooks:
         for label, n_tok, keep in replays[flight.traced]:
             telemetry.record(label, 0, info.step, info.sigma, n_tok, n_tok, n_tok, keep, "topk")
 
-    window_eager, after_eager, call_eager = (eager_under_compile(f) for f in (window, after_call, call_with))
-
-    def diffusion_model_wrapper(executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if not torch.compiler.is_compiling() or not args or not isinstance(args[0], torch.Tensor):
-            return executor(*args, **kwargs)
-        where, opts = _transformer_options(args, kwargs)
-        if opts is None:
-            return executor(*args, **kwargs)
-        state = window_eager(tuple(args[0].shape), opts)
-        if state is LEARN:
-            out = call_eager(executor, args, kwargs)
-        else:
-            if state is not None:
-                opts = {**opts, TRACE_KEY: state}
-                if isinstance(where, int):
-                    args = (*args[:where], opts, *args[where + 1 :])
-                else:
-                    kwargs = {**kwargs, "transformer_options": opts}
-            out = executor(*args, **kwargs)
-        after_eager(opts)
-        return out
-
-    return DitHooks(override, diffusion_model_wrapper)
-
-
-def _transformer_options(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int | str, dict[str, Any] | None]:
-    """Where a DiT's DIFFUSION_MODEL executor call carries transformer_options (the argument order differs per
-    model): the keyword, else the last positional dict (after `control`, which can be a dict too)."""
-    opts = kwargs.get("transformer_options")
-    if isinstance(opts, dict):
-        return "transformer_options", opts
-    for i in range(len(args) - 1, -1, -1):
-        if isinstance(args[i], dict):
-            return i, args[i]
-    return "", None
+    return DitHooks(override, traced_call_wrapper(window, after_call))

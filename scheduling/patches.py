@@ -142,9 +142,55 @@ EAGER = "eager"
 LEARN = "learn"  # trace_table's answer while a row is learnt: run the model call eagerly
 
 
-def call_with(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """fn(*args, **kwargs): wrapped by `eager_under_compile`, a whole model call run eagerly (the learning call)."""
+def _call_with(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return fn(*args, **kwargs)
+
+
+def traced_call_wrapper(
+    decide: Callable[[tuple[int, ...], dict[str, Any]], Any], after: Callable[[dict[str, Any]], None]
+) -> Callable[..., Any]:
+    """The DIFFUSION_MODEL wrapper the U-Net patches and the DiT override share under torch.compile.
+
+    Per compiled model call, eagerly (one graph break before the model): decide(latent shape, transformer_options)
+    gives what the traced patches read from transformer_options[TRACE_KEY], LEARN to run the whole call eagerly
+    (traced, its graph breaks would compile fragments and use up dynamo's recompile limits), or None for nothing;
+    after(transformer_options) runs eagerly once the call is done. Not compiling, it only calls the model.
+    """
+    decide_eager, after_eager, call_eager = (eager_under_compile(f) for f in (decide, after, _call_with))
+
+    def diffusion_model_wrapper(executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if not torch.compiler.is_compiling() or not args or not isinstance(args[0], torch.Tensor):
+            return executor(*args, **kwargs)
+        where, opts = _transformer_options(args, kwargs)
+        if opts is None:
+            return executor(*args, **kwargs)
+        value = decide_eager(tuple(args[0].shape), opts)
+        if value is LEARN:
+            out = call_eager(executor, args, kwargs)
+        else:
+            if value is not None:
+                opts = {**opts, TRACE_KEY: value}
+                if isinstance(where, int):
+                    args = (*args[:where], opts, *args[where + 1 :])
+                else:
+                    kwargs = {**kwargs, "transformer_options": opts}
+            out = executor(*args, **kwargs)
+        after_eager(opts)
+        return out
+
+    return diffusion_model_wrapper
+
+
+def _transformer_options(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int | str, dict[str, Any] | None]:
+    """Where a DIFFUSION_MODEL executor call carries transformer_options (the argument order differs per model): the
+    keyword, else the last positional dict (after `control`, which can be a dict too)."""
+    opts = kwargs.get("transformer_options")
+    if isinstance(opts, dict):
+        return "transformer_options", opts
+    for i in range(len(args) - 1, -1, -1):
+        if isinstance(args[i], dict):
+            return i, args[i]
+    return "", None
 
 
 @dataclass
@@ -417,9 +463,7 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
     # work runs eagerly: per model call in the wrapper (one graph break before the U-Net), and the traced patches
     # read only the frozen table (a guard that changes with the step window, not per step). A call the table does not
     # settle is one graph break into the eager patch. Eager (not compiling) the patches run directly.
-    attn1_eager, output_eager, table_eager, after_eager, call_eager = (
-        eager_under_compile(f) for f in (attn1_patch, attn1_output_patch, trace_table, after_call, call_with)
-    )
+    attn1_eager, output_eager = eager_under_compile(attn1_patch), eager_under_compile(attn1_output_patch)
 
     def attn1_traced(
         n: torch.Tensor, ctx: Any, val: Any, extra_options: dict[str, Any]
@@ -452,25 +496,4 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
         out: torch.Tensor = output_eager(n, extra_options)
         return out
 
-    def diffusion_model_wrapper(executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        # UNetModel.forward's executor: (x, timesteps, context, y, control, transformer_options, **kwargs)
-        if not torch.compiler.is_compiling():
-            return executor(*args, **kwargs)
-        opts = args[5] if len(args) > 5 else kwargs.get("transformer_options")
-        if not isinstance(opts, dict) or not args or not isinstance(args[0], torch.Tensor):
-            return executor(*args, **kwargs)
-        table = table_eager(tuple(args[0].shape), opts)
-        if table is LEARN:  # the whole call eagerly: traced, its graph breaks would compile (and use up) fragments
-            out = call_eager(executor, args, kwargs)
-        else:
-            if table is not None:
-                opts = {**opts, TRACE_KEY: table}
-                if len(args) > 5:
-                    args = (*args[:5], opts, *args[6:])
-                else:
-                    kwargs = {**kwargs, "transformer_options": opts}
-            out = executor(*args, **kwargs)
-        after_eager(opts)
-        return out
-
-    return UnetHooks(attn1_traced, attn1_output_traced, diffusion_model_wrapper)
+    return UnetHooks(attn1_traced, attn1_output_traced, traced_call_wrapper(trace_table, after_call))
