@@ -12,8 +12,9 @@ U-Net families (SD1.x/2.x, SDXL): `build_unet_patches` -> (attn1_patch, attn1_ou
   call, eagerly, it hands the patches a frozen table of what each attention call does (TRACE_KEY), so they trace to
   plain tensor ops (K/V pooling, around a TOKEN_PLAN's protected cells too, or nothing) and the U-Net stays one
   graph. The first model call of a (shape, step window, plan) runs eagerly, whole, while the patches fill that table
-  (a new TOKEN_PLAN, e.g. each face crop, is learnt again); calls the table cannot express (tome's merge, adaptive
-  ratios) stay one graph break each into the eager patch.
+  (a new TOKEN_PLAN, e.g. each face crop, is learnt again). Adaptive ratios (the lowvram presets) hold the kernels
+  their learning call adapted to for the window; tome's merge, which the table cannot express, stays one graph break
+  per call into the eager patch.
 DiT families: scheduling/dit_override.py (the attention override).
 
 Every closure returns its inputs unchanged (same objects) when the schedule is off, outside the sigma window, in a
@@ -203,6 +204,8 @@ class _Row:
     learnt: bool = False  # ... and a whole U-Net call did (not a step cache's cached step: it skips the deep blocks)
     # the learning call's telemetry records, replayed per traced call: (call key, block, (label, level, tokens...))
     replay: list[tuple[tuple[int, Any], Any, tuple[str, int, int, int, int, int]]] = field(default_factory=list)
+    # adaptive ratios under compile: the learning call's adapted pooling per call key, held for the row's window
+    held: dict[tuple[int, Any], _Call] = field(default_factory=dict)
     frozen: dict[tuple[int, Any], TraceAction] | None = None
 
 
@@ -288,16 +291,22 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
         t = int(options.get("transformer_index", options.get("block_index", 0)) or 0)
         info: StepInfo = current[5]
         ratio = schedule.ratio_for(level, t) if schedule.active_at(info.progress) else 0.0
-        fn, keep, plan = None, None, current[3]
+        fn, keep = None, None
         if ratio > 0.0 and schedule.strategy == "todo" and schedule.adaptive == 0.0:
-            if plan is None:
-                fn = state.pool_fn(h, w, ratio)
-            else:
-                fn = state.plan_pool_fn(plan, h, w, n.shape[0], ratio, n.device)
-                keep = state.plan_keep(plan, h, w, n.shape[0], kernel_for_ratio(ratio), n.device)
+            fn, keep = pooling(n, h, w, ratio)
         if ratio > 0.0 and schedule.device_aware and not calibrated(n, options, level, h, w, ratio, fn, info.step):
             ratio, fn, keep = 0.0, None, None
         return _Call(_block_label(options), level, h, w, ratio, fn, keep)
+
+    def pooling(
+        n: torch.Tensor, h: int, w: int, ratio: float
+    ) -> tuple[Callable[[torch.Tensor], torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None]:
+        """The todo K/V pooling of n's grid at ratio in the current row (around its plan's protected cells)."""
+        plan = current[3]
+        if plan is None:
+            return state.pool_fn(h, w, ratio), None
+        fn = state.plan_pool_fn(plan, h, w, n.shape[0], ratio, n.device)
+        return fn, state.plan_keep(plan, h, w, n.shape[0], kernel_for_ratio(ratio), n.device)
 
     def calibrated(
         n: torch.Tensor, options: dict[str, Any], level: int, h: int, w: int, ratio: float, fn: Any, step: int
@@ -357,6 +366,9 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
                             (info.step, info.sigma, call.level, n.shape[0]), lambda: token_complexity(n, call.h, call.w)
                         )
                         ratio = adapt_ratio(ratio, c, schedule.adaptive, MAX_RATIO)
+                        if row.learning and schedule.strategy == "todo":  # what compiled calls hold (trace_table)
+                            fn, keep = pooling(n, call.h, call.w, ratio) if ratio > 0.0 else (None, None)
+                            row.held[(n_tok, tidx)] = call._replace(ratio=ratio, fn=fn, keep=keep)
                     if ratio > 0.0:
                         out = reduce(state, n, ctx, val, extra_options, call.level, call.h, call.w, ratio, info.step)
             except Exception as exc:  # a shape we did not foresee: run this call unreduced, never crash sampling
@@ -425,21 +437,32 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
         row: _Row = current[4]
         pending[0] = row
         if row.frozen is None and row.learning and row.learnt:
-            table = {(n_tok, t): traced_action(c) for n_tok, by in row.calls.items() for t, c in by.items()}
+            table = {
+                (n_tok, t): traced_action(row.held.get((n_tok, t), c))
+                for n_tok, by in row.calls.items()
+                for t, c in by.items()
+            }
             row.replay = [r for r in row.replay if table[r[0]] != EAGER]  # eager calls record themselves
             row.frozen, row.learning = table, False
             if EAGER in table.values():
                 warn_once(
                     "compile",
-                    "TokenFuse: under torch.compile this schedule (strategy %s, adaptive %s) runs %d kinds of "
-                    "attention call eagerly, one graph break each, which can make the compiled model slower than "
-                    "unpatched; plain K/V pooling (`balanced`, todo without adaptive) compiles whole",
+                    "TokenFuse: under torch.compile this schedule (strategy %s) runs %d kinds of attention call "
+                    "eagerly, one graph break each, which can make the compiled model slower than unpatched; K/V "
+                    "pooling (strategy todo: `balanced`, the lowvram presets) compiles whole",
                     schedule.strategy,
-                    schedule.adaptive,
                     sum(1 for a in table.values() if a == EAGER),
                 )
+            if row.held:
+                warn_once(
+                    "held",
+                    "TokenFuse: under torch.compile the adaptive ratio (adaptive %s) is measured on the first model "
+                    "call of each step window and held for the window (eager measures it every step), so compiled "
+                    "samples can differ slightly from eager ones",
+                    schedule.adaptive,
+                )
         if row.frozen is None:
-            row.learning, row.learnt, row.replay = True, False, []
+            row.learning, row.learnt, row.replay, row.held = True, False, [], {}
             return LEARN
         return row.frozen
 

@@ -172,12 +172,13 @@ def face_plan(top: int, size: int) -> TokenPlan:
     return TokenPlan(importance=imp, image_size=(128, 128))
 
 
-def test_face_crop_plans_trace_too() -> None:
+@pytest.mark.parametrize("adaptive", [0.0, 0.2], ids=["todo", "adaptive"])
+def test_face_crop_plans_trace_too(adaptive: float) -> None:
     """ScheduledFusion's case: each crop brings its own plan, whose protected cells keep full-resolution K/V. Traced
     like the plain pooling (the cells' index tensors ride in the table): eager-equal outputs and telemetry, four
     crops of different face sizes as in a video, no graph per step (a new crop: one eager call; dynamo makes the index
     lengths dynamic after the second size, so later crops compile nothing)."""
-    schedule = Schedule(strategy="todo", ratios={8: 0.75, 16: 0.75}, protect_blocks=1)
+    schedule = Schedule(strategy="todo", ratios={8: 0.75, 16: 0.75}, protect_blocks=1, adaptive=adaptive)
     plans = [face_plan(32, 48), face_plan(40, 24), face_plan(24, 64), face_plan(36, 40)]
     net = TokenNet().eval()
     eager_hooks = build_unet_hooks(schedule, eager_tel := RunTelemetry())
@@ -214,15 +215,75 @@ def test_without_the_wrapper_every_patch_call_breaks_the_graph() -> None:
     assert max(sdpa_calls(gm) for gm in graphs) <= 1
 
 
-@pytest.mark.parametrize(
-    "schedule",
-    [
-        Schedule(strategy="tome", ratios={8: 0.5}, protect_blocks=0),  # merge + unmerge: eager, per call
-        Schedule(strategy="todo", ratios={8: 0.75}, protect_blocks=0, adaptive=0.1),  # content-dependent ratio
-    ],
-    ids=["tome", "adaptive"],
-)
-def test_calls_the_table_cannot_express_run_eagerly_and_match(schedule: Schedule, caplog) -> None:
+def test_adaptive_ratios_trace_held_per_step_window(caplog) -> None:
+    """The lowvram presets' adaptive ratio (content-dependent, one host read per level and step eagerly): under compile
+    the learning call's adapted kernels are held for the step window, so the U-Net still compiles whole; one warning
+    says so. The tokens are the same at every step here, so eager adapts to the same kernels: equal outputs."""
+    schedule = Schedule(strategy="todo", ratios={8: 0.75, 16: 0.75}, protect_blocks=1, end_percent=0.5, adaptive=0.2)
+    ref, ref_summary = run_eager(schedule)
+    _, plain_summary = run_eager(SCHEDULE)
+    with caplog.at_level(logging.WARNING, logger="tokenfuse"):
+        outs, graphs, after, summary = run_compiled(schedule, with_wrapper=True)
+    for step, (a, b) in enumerate(zip(outs, ref, strict=True)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f"step {step}")
+    assert after == [0, 1, 1, 1, 1, 2, 2, 2], f"graphs after each call: {after}"
+    assert [sdpa_calls(gm) for gm in graphs] == [len(LEVELS)] * 2, "one whole graph per step window, no fragment"
+    assert [pooled_sdpa_calls(gm) for gm in graphs] == [4, 0]
+    for key in ("calls", "reduced_calls", "kv_tokens_in", "kv_tokens_out"):
+        assert summary[key] == ref_summary[key], key
+    assert summary["kv_tokens_out"] != plain_summary["kv_tokens_out"], "the adaptation changed no kernel: a weak test"
+    messages = [r.getMessage() for r in caplog.records if "under torch.compile" in r.getMessage()]
+    assert len(messages) == 1 and "adaptive ratio (adaptive 0.2) is measured on the first model call" in messages[0]
+
+
+def test_adaptive_ratio_is_held_not_remeasured_under_compile() -> None:
+    """Tokens that change every step: eager re-adapts (a different kernel at some step), the compiled run keeps the
+    learning call's kernels for the window (the same K/V tokens per call at every step) and compiles no graph per
+    step."""
+    schedule = Schedule(strategy="todo", ratios={8: 0.75}, protect_blocks=0, adaptive=0.3)
+    net = TokenNet().eval()
+    kv_out: dict[str, list[int]] = {}
+    after: list[int] = []
+    for mode in ("eager", "compiled"):
+        hooks = build_unet_hooks(schedule, tel := RunTelemetry())
+        graphs: list[torch.fx.GraphModule] = []
+        forward = Forward(net, hooks.diffusion_model_wrapper)
+        if mode == "compiled":
+            forward = counting_compile(forward, graphs)
+        per_step, last = [], 0
+        try:
+            with torch.no_grad():
+                for step in range(STEPS):
+                    # step 0 white noise (busy: less pooling), later ever smoother maps (flat: more pooling)
+                    x = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(1))
+                    for _ in range(step):
+                        x = F.avg_pool2d(x, 3, stride=1, padding=1, count_include_pad=False)
+                    opts = {
+                        "patches": {
+                            "attn1_patch": [hooks.attn1_patch],
+                            "attn1_output_patch": [hooks.attn1_output_patch],
+                        },
+                        "sigmas": SAMPLE_SIGMAS[step : step + 1].clone(),
+                        "sample_sigmas": SAMPLE_SIGMAS,
+                    }
+                    forward(x, SAMPLE_SIGMAS[step : step + 1], None, None, None, opts)
+                    total = tel.summary()["kv_tokens_out"]
+                    per_step.append(total - last)
+                    last = total
+                    if mode == "compiled":
+                        after.append(len(graphs))
+        finally:
+            torch._dynamo.reset()
+        kv_out[mode] = per_step
+    assert len(set(kv_out["eager"])) > 1, f"eager never re-adapted, a weak test: {kv_out}"
+    assert len(set(kv_out["compiled"])) == 1 and kv_out["compiled"][0] == kv_out["eager"][0], kv_out
+    assert after == [0] + [1] * (STEPS - 1), f"graphs after each call: {after}"
+
+
+def test_calls_the_table_cannot_express_run_eagerly_and_match(caplog) -> None:
+    """tome merges queries too (and unmerges the output): content-dependent, so each call stays one graph break into
+    the eager patch, equal to eager, with one warning."""
+    schedule = Schedule(strategy="tome", ratios={8: 0.5}, protect_blocks=0)
     ref, ref_summary = run_eager(schedule)
     with caplog.at_level(logging.WARNING, logger="tokenfuse"):
         outs, _graphs, _after, summary = run_compiled(schedule, with_wrapper=True)

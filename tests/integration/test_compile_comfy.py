@@ -83,6 +83,27 @@ def test_balanced_runs_under_torch_compile(comfy, random_model) -> None:
     assert len(ours_graphs[0].graph.nodes) > len(base_graphs[0].graph.nodes), "no K/V pooling in the graph"
 
 
+@pytest.mark.parametrize("preset", ["lowvram_8gb", "lowvram_4gb"])
+def test_lowvram_presets_compile_whole(comfy, random_model, caplog, preset: str) -> None:
+    """The lowvram presets adapt their ratio to the content (one host read per level and step eagerly). Compiled, the
+    first model call's adapted kernels are held for the run (one warning says so): one graph, like the unpatched
+    U-Net, where each attention call used to be a graph break (0.53x-0.58x of the compiled unpatched quick step)."""
+    torch._dynamo.reset()
+    model = random_model("sd15")
+    patched, telemetry = schedule_model(
+        model, schedule_from_widgets(preset, "preset", 0.0, "sd15"), patcher.detect_family(model)
+    )
+    graphs: list[Any] = []
+    with caplog.at_level(logging.WARNING, logger="tokenfuse"):
+        ksample(comfy, compiled(comfy, patched, graphs), steps=4)
+    summary = telemetry.summary()
+    assert summary["calls"] > 0 and summary["reduced_calls"] > 0 and summary["kv_tokens_out"] < summary["kv_tokens_in"]
+    messages = [r.getMessage() for r in caplog.records if "under torch.compile" in r.getMessage()]
+    print(f"dynamo graphs, {preset}: {len(graphs)}; {messages}")
+    assert len(graphs) == 1, f"{len(graphs)} graphs: the adaptive ratio broke the compiled U-Net"
+    assert len(messages) == 1 and "adaptive ratio" in messages[0], messages
+
+
 @pytest.mark.parametrize("preset", ["off", "balanced"])
 def test_step_cache_runs_under_torch_compile(comfy, random_model, caplog, preset: str) -> None:
     """ours (cache) and ours (both) compiled: the same samples and the same full/cached split as eager; the cache alone
@@ -107,14 +128,13 @@ def test_step_cache_runs_under_torch_compile(comfy, random_model, caplog, preset
     assert len(graphs) == 2, f"{len(graphs)} graphs for {CACHE_STEPS} steps: a recompile per step or a graph break"
 
 
-def test_dit_override_runs_under_torch_compile(comfy, random_model, caplog) -> None:
-    """Flux with `balanced` (the attention override keeps the top-K keys/values): compiled, the same samples and the
-    same telemetry as eager, and no graph per step."""
+@pytest.mark.parametrize("preset", ["balanced", "lowvram_4gb"])
+def test_dit_override_runs_under_torch_compile(comfy, random_model, caplog, preset: str) -> None:
+    """Flux with `balanced` / `lowvram_4gb` (the attention override keeps the top-K keys/values, half / a quarter):
+    compiled, the same samples and the same telemetry as eager, and no graph per step."""
     torch._dynamo.reset()
     model = random_model("flux")
-    patched, _ = TokenSchedulerController().apply(
-        model, "balanced", "preset", 0.0, schedule_text='{"protect_blocks": 0}'
-    )
+    patched, _ = TokenSchedulerController().apply(model, preset, "preset", 0.0, schedule_text='{"protect_blocks": 0}')
     steps = 5
 
     def flux_sample(m: Any) -> torch.Tensor:
@@ -134,5 +154,5 @@ def test_dit_override_runs_under_torch_compile(comfy, random_model, caplog) -> N
         compiled_lines = [lines.findall(r.getMessage()) for r in caplog.records if lines.search(r.getMessage())]
     torch.testing.assert_close(out, eager, rtol=1e-4, atol=1e-4)
     assert compiled_lines == eager_lines and "0/0" not in str(eager_lines)
-    print(f"dynamo graphs, Flux with balanced: {len(graphs)} for {steps} steps")
+    print(f"dynamo graphs, Flux with {preset}: {len(graphs)} for {steps} steps")
     assert len(graphs) == 1, f"{len(graphs)} graphs for {steps} steps: a recompile per step"
