@@ -2,7 +2,8 @@
 
     python bench/quality.py --faces DIR --json OUT.json [--presets off,balanced,lowvram_8gb,lowvram_6gb,lowvram_4gb]
         [--strategies preset] [--steps 20 --denoise 0.45 --guide 512] [--comfyui PATH] [--limit N]
-        [--backend comfy|torch] [--shard K/N]        then: python bench/quality.py --merge A.json B.json --json OUT.json
+        [--backend comfy|torch] [--shard K/N] [--compile BACKEND]
+    then: python bench/quality.py --merge A.json B.json --json OUT.json
 
 For every photo in DIR (any size; its largest face is used) it runs ScheduledFusion in-process through ComfyUI's
 sampler (masked denoise, seed fixed, cfg 1, euler/normal, fallback off) on the trained model unscheduled, then on
@@ -16,7 +17,8 @@ JSON: {"presets": {name: {psnr_mean, psnr_p5, ssim_mean, ssim_p5, id_dist_mean, 
 rule (and with dlib its dlib rule, and both) (devkit/face_model/identity_check.py)}. The comfy backend (default) needs
 ComfyUI: --comfyui or COMFYUI_PATH; --backend torch runs the same node code on the plain-torch model (bit-identical
 on CPU, no ComfyUI). --shard K/N splits the photos over processes (a shared CPU: one thread each); --merge recomputes
-the table from their JSON.
+the table from their JSON. --compile BACKEND adds each scheduled variant run under ComfyUI's TorchCompileModel
+("<variant>+compile"), compared with the same eager unscheduled output.
 Attention backend: PyTorch SDPA (named in the output).
 """
 
@@ -180,11 +182,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weights", default="", help="face model folder (default: the committed weights)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a busy shared CPU)")
     ap.add_argument("--save", default="", help="folder for per-photo PNG strips: input | unscheduled | each variant")
+    ap.add_argument(
+        "--compile",
+        default="",
+        metavar="BACKEND",
+        help="also run every scheduled variant under ComfyUI's TorchCompileModel with this dynamo backend (eager, "
+        "inductor) as '<variant>+compile' (comfy backend; a dynamo reset before each compiled run, so their U-Net x "
+        "includes compiling: quality only)",
+    )
     args = ap.parse_args(argv)
     if args.merge:
         return merge(args.merge, args.json)
     if not args.faces:
         ap.error("--faces is required (unless --merge)")
+    if args.compile and args.backend != "comfy":
+        ap.error("--compile needs the comfy backend (TorchCompileModel is ComfyUI's)")
     if args.backend == "comfy" and not args.comfyui:
         ap.error("the comfy backend needs ComfyUI: pass --comfyui PATH or set COMFYUI_PATH (or use --backend torch)")
     torch.set_num_threads(args.threads)
@@ -217,8 +229,14 @@ def main(argv: list[str] | None = None) -> int:
         meta, attention = fm.meta, comfy_models.attention_backend()
         base_model: object = fm.model
         models = {name: q.scheduled(pack, fm.model, preset, strat) for name, preset, strat in variants}
+        if args.compile:
+            for name, preset, strat in list(variants):
+                variants.append((f"{name}+compile", preset, strat))
+                models[f"{name}+compile"] = comfy_models.torch_compiled(models[name], args.compile)
 
         def run(model: object, photo: q.Photo) -> q.FaceRun:
+            if args.compile:
+                torch._dynamo.reset()  # compiled variants share the U-Net's code: one dynamo cache and recompile limit
             return q.fuse(pack, model, fm.vae, cond, photo, params, fm.model)
 
     else:
