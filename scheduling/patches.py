@@ -10,11 +10,11 @@ U-Net families (SD1.x/2.x, SDXL): `build_unet_patches` -> (attn1_patch, attn1_ou
   `extra_options`, a fresh dict per BasicTransformerBlock call, so concurrent blocks can never mix them up.
 - Under torch.compile (ComfyUI's TorchCompileModel) `build_unet_hooks` adds a DIFFUSION_MODEL wrapper: once per model
   call, eagerly, it hands the patches a frozen table of what each attention call does (TRACE_KEY), so they trace to
-  plain tensor ops (K/V pooling, around a TOKEN_PLAN's protected cells too, or nothing) and the U-Net stays one
-  graph. The first model call of a (shape, step window, plan) runs eagerly, whole, while the patches fill that table
-  (a new TOKEN_PLAN, e.g. each face crop, is learnt again). Adaptive ratios (the lowvram presets) hold the kernels
-  their learning call adapted to for the window; tome's merge, which the table cannot express, stays one graph break
-  per call into the eager patch.
+  plain tensor ops (K/V pooling, around a TOKEN_PLAN's protected cells too; top-K K/V, a fixed count selected in the
+  graph; or nothing) and the U-Net stays one graph. The first model call of a (shape, step window, plan) runs
+  eagerly, whole, while the patches fill that table (a new TOKEN_PLAN, e.g. each face crop, is learnt again).
+  Adaptive ratios (the lowvram presets) hold what their learning call adapted to for the window; tome's merge, whose
+  query count and unmerge the table does not carry, stays one graph break per call into the eager patch.
 DiT families: scheduling/dit_override.py (the attention override).
 
 Every closure returns its inputs unchanged (same objects) when the schedule is off, outside the sigma window, in a
@@ -39,6 +39,7 @@ from .reducers import LRU, REDUCERS, ReduceState
 from .schedule import MAX_RATIO, Schedule
 from .step_state import run_steps
 from .telemetry import RunTelemetry
+from .topk import gather_tokens, keep_count, topk_indices
 from .vocabulary import do_nothing
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,13 @@ def eager_under_compile(fn: Any) -> Any:
     return torch.compiler.disable(fn)  # type: ignore[no-untyped-call]
 
 
+class TopK(NamedTuple):
+    """A traced top-K K/V call: how many tokens to keep and the plan's ROI bonus [B, N] (None without a plan)."""
+
+    keep: int
+    bonus: torch.Tensor | None
+
+
 class _Call(NamedTuple):
     """What attention calls at one (token count, transformer index) do in one table row (built once, then looked up)."""
 
@@ -134,11 +142,12 @@ class _Call(NamedTuple):
     ratio: float  # base ratio after block protection, ramp and step window (0 = identity)
     fn: Callable[[torch.Tensor], torch.Tensor] | None  # prebuilt K/V reduction for non-adaptive todo
     keep: tuple[torch.Tensor, torch.Tensor] | None = None  # with a plan: (free cells, full-resolution tokens)
+    topk: TopK | None = None  # top-K K/V: what a traced call needs (the eager call selects through the reducer)
 
 
-# A traced call's action: None = identity, EAGER = the eager patch, or K/V pooling (h, w, kernel, pool mode, free
-# cells, full-resolution tokens), the last two None without a plan (downsample.pool_tokens / pool_keeping)
-TraceAction = tuple[int, int, tuple[int, int], str, torch.Tensor | None, torch.Tensor | None] | str | None
+# A traced call's action: None = identity, EAGER = the eager patch, TopK, or K/V pooling (h, w, kernel, pool mode,
+# free cells, full-resolution tokens), the last two None without a plan (downsample.pool_tokens / pool_keeping)
+TraceAction = tuple[int, int, tuple[int, int], str, torch.Tensor | None, torch.Tensor | None] | TopK | str | None
 EAGER = "eager"
 LEARN = "learn"  # trace_table's answer while a row is learnt: run the model call eagerly
 
@@ -291,22 +300,28 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
         t = int(options.get("transformer_index", options.get("block_index", 0)) or 0)
         info: StepInfo = current[5]
         ratio = schedule.ratio_for(level, t) if schedule.active_at(info.progress) else 0.0
-        fn, keep = None, None
-        if ratio > 0.0 and schedule.strategy == "todo" and schedule.adaptive == 0.0:
-            fn, keep = pooling(n, h, w, ratio)
-        if ratio > 0.0 and schedule.device_aware and not calibrated(n, options, level, h, w, ratio, fn, info.step):
-            ratio, fn, keep = 0.0, None, None
-        return _Call(_block_label(options), level, h, w, ratio, fn, keep)
+        call = _Call(_block_label(options), level, h, w, ratio, None)
+        if ratio > 0.0 and schedule.adaptive == 0.0:
+            call = settled(call, n, ratio)
+        if ratio > 0.0 and schedule.device_aware and not calibrated(n, options, level, h, w, ratio, call.fn, info.step):
+            call = call._replace(ratio=0.0, fn=None, keep=None, topk=None)
+        return call
 
-    def pooling(
-        n: torch.Tensor, h: int, w: int, ratio: float
-    ) -> tuple[Callable[[torch.Tensor], torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None]:
-        """The todo K/V pooling of n's grid at ratio in the current row (around its plan's protected cells)."""
-        plan = current[3]
+    def settled(call: _Call, n: torch.Tensor, ratio: float) -> _Call:
+        """call at this ratio with what its reduction needs in the current row (around its plan's protected tokens):
+        todo's prebuilt K/V pooling, top-K's kept count and ROI bonus; tome none (it stays eager under compile)."""
+        plan, batch, h, w = current[3], n.shape[0], call.h, call.w
+        if ratio <= 0.0 or schedule.strategy == "tome":
+            return call._replace(ratio=ratio)
+        if schedule.strategy == "topk":
+            bonus, min_keep = (None, 0) if plan is None else state.topk_bonus(plan, h, w, batch, n.device)
+            return call._replace(ratio=ratio, topk=TopK(keep_count(h * w, ratio, min_keep), bonus))
         if plan is None:
-            return state.pool_fn(h, w, ratio), None
-        fn = state.plan_pool_fn(plan, h, w, n.shape[0], ratio, n.device)
-        return fn, state.plan_keep(plan, h, w, n.shape[0], kernel_for_ratio(ratio), n.device)
+            return call._replace(ratio=ratio, fn=state.pool_fn(h, w, ratio))
+        fn = state.plan_pool_fn(plan, h, w, batch, ratio, n.device)
+        return call._replace(
+            ratio=ratio, fn=fn, keep=state.plan_keep(plan, h, w, batch, kernel_for_ratio(ratio), n.device)
+        )
 
     def calibrated(
         n: torch.Tensor, options: dict[str, Any], level: int, h: int, w: int, ratio: float, fn: Any, step: int
@@ -366,9 +381,8 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
                             (info.step, info.sigma, call.level, n.shape[0]), lambda: token_complexity(n, call.h, call.w)
                         )
                         ratio = adapt_ratio(ratio, c, schedule.adaptive, MAX_RATIO)
-                        if row.learning and schedule.strategy == "todo":  # what compiled calls hold (trace_table)
-                            fn, keep = pooling(n, call.h, call.w, ratio) if ratio > 0.0 else (None, None)
-                            row.held[(n_tok, tidx)] = call._replace(ratio=ratio, fn=fn, keep=keep)
+                        if row.learning and schedule.strategy != "tome":  # compiled calls hold it (trace_table)
+                            row.held[(n_tok, tidx)] = settled(call, n, ratio)
                     if ratio > 0.0:
                         out = reduce(state, n, ctx, val, extra_options, call.level, call.h, call.w, ratio, info.step)
             except Exception as exc:  # a shape we did not foresee: run this call unreduced, never crash sampling
@@ -420,6 +434,8 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
     def traced_action(call: _Call | None) -> TraceAction:
         if call is None or call.ratio <= 0.0 or call.fn is do_nothing:
             return None
+        if call.topk is not None:
+            return None if call.topk.keep >= call.h * call.w else call.topk
         if call.fn is None:
             return EAGER
         free, full = call.keep if call.keep is not None and call.keep[1].numel() > 0 else (None, None)
@@ -448,8 +464,8 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
                 warn_once(
                     "compile",
                     "TokenFuse: under torch.compile this schedule (strategy %s) runs %d kinds of attention call "
-                    "eagerly, one graph break each, which can make the compiled model slower than unpatched; K/V "
-                    "pooling (strategy todo: `balanced`, the lowvram presets) compiles whole",
+                    "eagerly, one graph break each, which can make the compiled model slower than unpatched; the "
+                    "strategies todo (`balanced`, the lowvram presets) and topk compile whole",
                     schedule.strategy,
                     sum(1 for a in table.values() if a == EAGER),
                 )
@@ -504,6 +520,9 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
         action = table.get((n.shape[1], extra_options.get("transformer_index")), EAGER) if n.ndim == 3 else None
         if action is None:
             return n, ctx, val
+        if isinstance(action, TopK) and ctx is n and val is n:
+            kv = gather_tokens(n, topk_indices(n, action.keep, action.bonus))
+            return n, kv, kv
         if isinstance(action, tuple) and ctx is n and val is n:
             h, w, kernel, mode, free, full = action
             kv = pool_tokens(n, h, w, kernel, mode) if free is None else pool_keeping(n, h, w, kernel, mode, free, full)

@@ -107,6 +107,15 @@ class ReduceState:
         )
         return keep
 
+    def topk_bonus(self, plan: Any, h: int, w: int, batch: int, device: torch.device) -> tuple[torch.Tensor, int]:
+        """(ROI bonus [B, N] on `device`, protected-token count to keep at least) of a plan for top-K K/V: importance
+        plus 2 on protected tokens, so they always win the top-K while the count keeps room for them."""
+        imp_cpu, prot_cpu = self.roi(plan, h, w, batch)
+        bonus: torch.Tensor = self.on_device(
+            plan, ("bonus", h, w, batch), lambda: imp_cpu + 2.0 * prot_cpu.float(), device
+        )
+        return bonus, int(prot_cpu.sum(1).max())
+
     def plan_pool_fn(
         self, plan: Any, h: int, w: int, batch: int, ratio: float, device: torch.device
     ) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -240,11 +249,7 @@ def reduce_topk(
 ) -> tuple[torch.Tensor, Any, Any]:
     """Keep the most salient K/V tokens (plan importance adds a bonus; protected tokens are always kept)."""
     plan = options.get(PLAN_KEY)
-    bonus, min_keep = None, 0
-    if plan is not None:
-        imp_cpu, prot_cpu = state.roi(plan, h, w, n.shape[0])
-        min_keep = int(prot_cpu.sum(1).max())
-        bonus = state.on_device(plan, ("bonus", h, w, n.shape[0]), lambda: imp_cpu + 2.0 * prot_cpu.float(), n.device)
+    bonus, min_keep = (None, 0) if plan is None else state.topk_bonus(plan, h, w, n.shape[0], n.device)
     fn = topk_kv_functions(n, ratio, bonus, min_keep)
     new_ctx, new_val = kv_targets(n, ctx, val, fn)
     return n, new_ctx, new_val

@@ -14,6 +14,7 @@ wrapper) every patch call stays a graph break. tests/integration/test_compile_co
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -147,12 +148,15 @@ def run_eager(schedule: Schedule) -> tuple[list[torch.Tensor], Any]:
     return sample(Forward(net, hooks.diffusion_model_wrapper), hooks), telemetry.summary()
 
 
-def test_compiled_patches_trace_into_one_graph_per_step_window(caplog) -> None:
+@pytest.mark.parametrize("strategy", ["todo", "topk"])
+def test_compiled_patches_trace_into_one_graph_per_step_window(caplog, strategy: str) -> None:
     """Per window: one eager learning call, then one graph with every block's attention and nothing else compiled,
-    no new graph per step; the same outputs and the same telemetry (tokens per call) as eager; no warning."""
-    ref, ref_summary = run_eager(SCHEDULE)
+    no new graph per step; the same outputs and the same telemetry (tokens per call) as eager; no warning. K/V
+    pooling (todo) and top-K K/V (topk: a fixed count, selected in the graph from the tokens) alike."""
+    schedule = replace(SCHEDULE, strategy=strategy)
+    ref, ref_summary = run_eager(schedule)
     with caplog.at_level(logging.WARNING, logger="tokenfuse"):
-        outs, graphs, after, summary = run_compiled(SCHEDULE, with_wrapper=True)
+        outs, graphs, after, summary = run_compiled(schedule, with_wrapper=True)
     assert not [r for r in caplog.records if "under torch.compile" in r.getMessage()]
     for step, (a, b) in enumerate(zip(outs, ref, strict=True)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f"step {step}")
@@ -172,13 +176,15 @@ def face_plan(top: int, size: int) -> TokenPlan:
     return TokenPlan(importance=imp, image_size=(128, 128))
 
 
-@pytest.mark.parametrize("adaptive", [0.0, 0.2], ids=["todo", "adaptive"])
-def test_face_crop_plans_trace_too(adaptive: float) -> None:
+@pytest.mark.parametrize(
+    ("strategy", "adaptive"), [("todo", 0.0), ("todo", 0.2), ("topk", 0.0)], ids=["todo", "adaptive", "topk"]
+)
+def test_face_crop_plans_trace_too(strategy: str, adaptive: float) -> None:
     """ScheduledFusion's case: each crop brings its own plan, whose protected cells keep full-resolution K/V. Traced
     like the plain pooling (the cells' index tensors ride in the table): eager-equal outputs and telemetry, four
     crops of different face sizes as in a video, no graph per step (a new crop: one eager call; dynamo makes the index
     lengths dynamic after the second size, so later crops compile nothing)."""
-    schedule = Schedule(strategy="todo", ratios={8: 0.75, 16: 0.75}, protect_blocks=1, adaptive=adaptive)
+    schedule = Schedule(strategy=strategy, ratios={8: 0.75, 16: 0.75}, protect_blocks=1, adaptive=adaptive)
     plans = [face_plan(32, 48), face_plan(40, 24), face_plan(24, 64), face_plan(36, 40)]
     net = TokenNet().eval()
     eager_hooks = build_unet_hooks(schedule, eager_tel := RunTelemetry())

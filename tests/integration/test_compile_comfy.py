@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -56,10 +57,14 @@ def compiled(comfy: SimpleNamespace, model: Any, graphs: list[Any]) -> Any:
     return comfy.models.torch_compiled(model, counting_backend)
 
 
-def test_balanced_runs_under_torch_compile(comfy, random_model) -> None:
+@pytest.mark.parametrize("strategy", ["preset", "topk"])
+def test_balanced_runs_under_torch_compile(comfy, random_model, strategy: str) -> None:
+    """`balanced` (K/V pooling) and balanced/topk (top-K K/V, calibration off so that it reduces here)."""
     torch._dynamo.reset()
     model = random_model("sd15")
-    schedule = schedule_from_widgets("balanced", "preset", 0.0, "sd15")
+    schedule = schedule_from_widgets("balanced", strategy, 0.0, "sd15")
+    if strategy == "topk":
+        schedule = replace(schedule, device_aware=False)
     eager_patched, _ = schedule_model(model, schedule, patcher.detect_family(model))
     eager = ksample(comfy, eager_patched)
 
@@ -78,7 +83,10 @@ def test_balanced_runs_under_torch_compile(comfy, random_model) -> None:
     again = ksample(comfy, model_compiled)  # the tables are learnt: no eager call, no new graph
     torch.testing.assert_close(again, eager, rtol=1e-4, atol=1e-4)
     assert telemetry.summary()["reduced_calls"] == summary["reduced_calls"]
-    print(f"dynamo graphs: unpatched {len(base_graphs)}, patched {first_run}, after a second run {len(ours_graphs)}")
+    print(
+        f"dynamo graphs ({strategy}): unpatched {len(base_graphs)}, patched {first_run}, "
+        f"after a second run {len(ours_graphs)}"
+    )
     assert len(base_graphs) == len(ours_graphs) == first_run == 1, "the patches break the compiled U-Net"
     assert len(ours_graphs[0].graph.nodes) > len(base_graphs[0].graph.nodes), "no K/V pooling in the graph"
 
