@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +67,15 @@ def test_bench_help_exits_0(helps: dict[str, list], name: str) -> None:
     code, text = helps[name]
     assert code in (0, None), f"bench/{name} --help: exit {code}\n{text}"
     assert "usage:" in text, f"bench/{name} --help printed no usage:\n{text}"
+
+
+def test_gpu_script_parses_and_calls_existing_benches() -> None:
+    """bench/gpu_issue11.sh (the prepared device run) is valid bash and names only bench scripts that exist."""
+    script = REPO / "bench" / "gpu_issue11.sh"
+    proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    called = set(re.findall(r"bench/(\w+\.py)", script.read_text()))
+    assert called and called <= set(BENCHES), called - set(BENCHES)
 
 
 def test_attention_block_quick_runs() -> None:
