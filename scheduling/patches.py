@@ -213,7 +213,7 @@ class _Row:
     learnt: bool = False  # ... and a whole U-Net call did (not a step cache's cached step: it skips the deep blocks)
     # the learning call's telemetry records, replayed per traced call: (call key, block, (label, level, tokens...))
     replay: list[tuple[tuple[int, Any], Any, tuple[str, int, int, int, int, int]]] = field(default_factory=list)
-    # adaptive ratios under compile: the learning call's adapted pooling per call key, held for the row's window
+    # adaptive ratios under compile: the learning call's adapted reduction per call key, held for the row's window
     held: dict[tuple[int, Any], _Call] = field(default_factory=dict)
     frozen: dict[tuple[int, Any], TraceAction] | None = None
 

@@ -242,11 +242,12 @@ def test_adaptive_ratios_trace_held_per_step_window(caplog) -> None:
     assert len(messages) == 1 and "adaptive ratio (adaptive 0.2) is measured on the first model call" in messages[0]
 
 
-def test_adaptive_ratio_is_held_not_remeasured_under_compile() -> None:
-    """Tokens that change every step: eager re-adapts (a different kernel at some step), the compiled run keeps the
-    learning call's kernels for the window (the same K/V tokens per call at every step) and compiles no graph per
+@pytest.mark.parametrize("strategy", ["todo", "topk"])
+def test_adaptive_ratio_is_held_not_remeasured_under_compile(strategy: str) -> None:
+    """Tokens that change every step: eager re-adapts (a different kernel / kept count at some step), the compiled run
+    keeps the learning call's for the window (the same K/V tokens per call at every step) and compiles no graph per
     step."""
-    schedule = Schedule(strategy="todo", ratios={8: 0.75}, protect_blocks=0, adaptive=0.3)
+    schedule = Schedule(strategy=strategy, ratios={8: 0.75}, protect_blocks=0, adaptive=0.3)
     net = TokenNet().eval()
     kv_out: dict[str, list[int]] = {}
     after: list[int] = []
