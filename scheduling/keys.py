@@ -11,6 +11,7 @@ PLAN_KEY = "tokenfuse_plan"  # the TokenPlan in force (TokenSchedulerController,
 DISABLED_KEY = "tokenfuse_disabled"  # True: every TokenFuse patch passes through (the "scheduling off" rerun)
 PRESET_KEY = "tokenfuse_preset"  # the preset in force (ScheduledFusion's OOM fallback steps up from it)
 UNMERGE_KEY = "tokenfuse_unmerge"  # per-call state from attn1_patch to attn1_output_patch
+TRACED_UNMERGE_KEY = "tokenfuse_traced_unmerge"  # the same, between the two patches traced into a compiled graph
 OVERRIDE_KEY = "optimized_attention_override"  # ComfyUI's own key: the DiT attention override
 WRAPPER_KEY = "tokenfuse"  # the key of TokenFuse's ModelPatcher wrappers
 TRACE_KEY = "tokenfuse_trace"  # per compiled model call: the frozen table the traced attn1 patches read

@@ -13,8 +13,10 @@ U-Net families (SD1.x/2.x, SDXL): `build_unet_patches` -> (attn1_patch, attn1_ou
   plain tensor ops (K/V pooling, around a TOKEN_PLAN's protected cells too; top-K K/V, a fixed count selected in the
   graph; or nothing) and the U-Net stays one graph. The first model call of a (shape, step window, plan) runs
   eagerly, whole, while the patches fill that table (a new TOKEN_PLAN, e.g. each face crop, is learnt again).
-  Adaptive ratios (the lowvram presets) hold what their learning call adapted to for the window; tome's merge, whose
-  query count and unmerge the table does not carry, stays one graph break per call into the eager patch.
+  Adaptive ratios (the lowvram presets) hold what their learning call adapted to for the window, and tome the
+  learning call's src/dst partition (eager re-draws it every step); its merge and unmerge trace in the graph, the
+  unmerge passed between the two patches in extra_options (TRACED_UNMERGE_KEY). A call the table misses, or whose
+  K/V another patch already changed, is one graph break into the eager patch.
 DiT families: scheduling/dit_override.py (the attention override).
 
 Every closure returns its inputs unchanged (same objects) when the schedule is off, outside the sigma window, in a
@@ -34,8 +36,9 @@ import torch
 from . import calibrate
 from .adaptive import adapt_ratio, token_complexity
 from .downsample import kernel_for_ratio, pool_keeping, pool_tokens
-from .keys import DISABLED_KEY, PLAN_KEY, SHALLOW_KEY, STEP_KEY, TRACE_KEY, UNMERGE_KEY
-from .reducers import LRU, REDUCERS, ReduceState
+from .keys import DISABLED_KEY, PLAN_KEY, SHALLOW_KEY, STEP_KEY, TRACE_KEY, TRACED_UNMERGE_KEY, UNMERGE_KEY
+from .merge import bipartite_soft_matching_2d
+from .reducers import LRU, REDUCERS, ReduceState, tome_parts
 from .schedule import MAX_RATIO, Schedule
 from .step_state import run_steps
 from .telemetry import RunTelemetry
@@ -132,6 +135,15 @@ class TopK(NamedTuple):
     bonus: torch.Tensor | None
 
 
+class Tome(NamedTuple):
+    """A traced tome call: the src/dst partition and protected tokens on the device, and the merge count r."""
+
+    src: torch.Tensor
+    dst: torch.Tensor
+    r: int
+    protected: torch.Tensor | None
+
+
 class _Call(NamedTuple):
     """What attention calls at one (token count, transformer index) do in one table row (built once, then looked up)."""
 
@@ -143,11 +155,12 @@ class _Call(NamedTuple):
     fn: Callable[[torch.Tensor], torch.Tensor] | None  # prebuilt K/V reduction for non-adaptive todo
     keep: tuple[torch.Tensor, torch.Tensor] | None = None  # with a plan: (free cells, full-resolution tokens)
     topk: TopK | None = None  # top-K K/V: what a traced call needs (the eager call selects through the reducer)
+    tome: Tome | None = None  # tome under compile: the learning call's partition, held for the step window
 
 
-# A traced call's action: None = identity, EAGER = the eager patch, TopK, or K/V pooling (h, w, kernel, pool mode,
+# A traced call's action: None = identity, EAGER = the eager patch, TopK, Tome, or K/V pooling (h, w, kernel, pool mode,
 # free cells, full-resolution tokens), the last two None without a plan (downsample.pool_tokens / pool_keeping)
-TraceAction = tuple[int, int, tuple[int, int], str, torch.Tensor | None, torch.Tensor | None] | TopK | str | None
+TraceAction = tuple[int, int, tuple[int, int], str, torch.Tensor | None, torch.Tensor | None] | TopK | Tome | str | None
 EAGER = "eager"
 LEARN = "learn"  # trace_table's answer while a row is learnt: run the model call eagerly
 
@@ -301,18 +314,20 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
         info: StepInfo = current[5]
         ratio = schedule.ratio_for(level, t) if schedule.active_at(info.progress) else 0.0
         call = _Call(_block_label(options), level, h, w, ratio, None)
-        if ratio > 0.0 and schedule.adaptive == 0.0:
-            call = settled(call, n, ratio)
+        if ratio > 0.0 and schedule.adaptive == 0.0 and schedule.strategy != "tome":  # tome: per step, eagerly
+            call = settled(call, n, ratio, info.step)
         if ratio > 0.0 and schedule.device_aware and not calibrated(n, options, level, h, w, ratio, call.fn, info.step):
             call = call._replace(ratio=0.0, fn=None, keep=None, topk=None)
         return call
 
-    def settled(call: _Call, n: torch.Tensor, ratio: float) -> _Call:
+    def settled(call: _Call, n: torch.Tensor, ratio: float, step: int) -> _Call:
         """call at this ratio with what its reduction needs in the current row (around its plan's protected tokens):
-        todo's prebuilt K/V pooling, top-K's kept count and ROI bonus; tome none (it stays eager under compile)."""
+        todo's prebuilt K/V pooling, top-K's kept count and ROI bonus, tome's partition of this step and r."""
         plan, batch, h, w = current[3], n.shape[0], call.h, call.w
-        if ratio <= 0.0 or schedule.strategy == "tome":
+        if ratio <= 0.0:
             return call._replace(ratio=ratio)
+        if schedule.strategy == "tome":
+            return call._replace(ratio=ratio, tome=Tome(*tome_parts(state, n, plan, h, w, ratio, step)))
         if schedule.strategy == "topk":
             bonus, min_keep = (None, 0) if plan is None else state.topk_bonus(plan, h, w, batch, n.device)
             return call._replace(ratio=ratio, topk=TopK(keep_count(h * w, ratio, min_keep), bonus))
@@ -381,8 +396,8 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
                             (info.step, info.sigma, call.level, n.shape[0]), lambda: token_complexity(n, call.h, call.w)
                         )
                         ratio = adapt_ratio(ratio, c, schedule.adaptive, MAX_RATIO)
-                        if row.learning and schedule.strategy != "tome":  # compiled calls hold it (trace_table)
-                            row.held[(n_tok, tidx)] = settled(call, n, ratio)
+                    if row.learning and (schedule.adaptive > 0.0 or schedule.strategy == "tome"):
+                        row.held[(n_tok, tidx)] = settled(call, n, ratio, info.step)  # compiled calls hold it
                     if ratio > 0.0:
                         out = reduce(state, n, ctx, val, extra_options, call.level, call.h, call.w, ratio, info.step)
             except Exception as exc:  # a shape we did not foresee: run this call unreduced, never crash sampling
@@ -436,6 +451,8 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
             return None
         if call.topk is not None:
             return None if call.topk.keep >= call.h * call.w else call.topk
+        if call.tome is not None:
+            return call.tome if 0 < call.tome.r and call.tome.dst.numel() > 0 else None
         if call.fn is None:
             return EAGER
         free, full = call.keep if call.keep is not None and call.keep[1].numel() > 0 else (None, None)
@@ -470,12 +487,14 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
                     sum(1 for a in table.values() if a == EAGER),
                 )
             if row.held:
+                held = [f"the adaptive ratio (adaptive {schedule.adaptive})"] if schedule.adaptive > 0.0 else []
+                held += ["tome's src/dst partition"] if schedule.strategy == "tome" else []
                 warn_once(
                     "held",
-                    "TokenFuse: under torch.compile the adaptive ratio (adaptive %s) is measured on the first model "
-                    "call of each step window and held for the window (eager measures it every step), so compiled "
-                    "samples can differ slightly from eager ones",
-                    schedule.adaptive,
+                    "TokenFuse: under torch.compile %s is chosen on the first model call of each step window and held "
+                    "for the window (eager chooses it every step), so compiled samples can differ slightly from eager "
+                    "ones",
+                    " and ".join(held),
                 )
         if row.frozen is None:
             row.learning, row.learnt, row.replay, row.held = True, False, [], {}
@@ -520,6 +539,11 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
         action = table.get((n.shape[1], extra_options.get("transformer_index")), EAGER) if n.ndim == 3 else None
         if action is None:
             return n, ctx, val
+        if isinstance(action, Tome) and ctx is n and val is n:
+            merge, unmerge = bipartite_soft_matching_2d(n, action.src, action.dst, action.r, action.protected)
+            merged = merge(n)
+            extra_options[TRACED_UNMERGE_KEY] = (unmerge, merged.shape[1])
+            return merged, merged, merged
         if isinstance(action, TopK) and ctx is n and val is n:
             kv = gather_tokens(n, topk_indices(n, action.keep, action.bonus))
             return n, kv, kv
@@ -533,6 +557,10 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
     def attn1_output_traced(n: torch.Tensor, extra_options: dict[str, Any]) -> torch.Tensor:
         if not torch.compiler.is_compiling():
             return attn1_output_patch(n, extra_options)
+        traced = extra_options.pop(TRACED_UNMERGE_KEY, None)  # a tome merge traced in this graph: unmerge in it too
+        if traced is not None:
+            unmerge, merged_len = traced
+            return unmerge(n) if n.ndim == 3 and n.shape[1] == merged_len else n  # another patch changed it: as is
         if UNMERGE_KEY not in extra_options:  # only a tome merge done by the eager patch leaves an unmerge
             return n
         out: torch.Tensor = output_eager(n, extra_options)

@@ -179,6 +179,27 @@ def _partition(h: int, w: int, sx: int, sy: int, seed: int, device: torch.device
     return src, dst, src.to(device), dst.to(device)
 
 
+def tome_parts(
+    state: ReduceState, n: torch.Tensor, plan: Any, h: int, w: int, ratio: float, step: int
+) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None]:
+    """(src indices, dst indices, merge count r, protected [B, N] bool or None) of a tome call, all on n's device.
+
+    The src/dst partition is re-drawn every step (seeded by it); r is capped on the host so that a protected plan
+    token is never merged (no device sync)."""
+    schedule, batch, dev = state.schedule, n.shape[0], n.device
+    sx, sy = schedule.sx, schedule.sy
+    seed = (schedule.seed * 1_000_003 + max(step, 0)) & 0x7FFF_FFFF
+    src_cpu, dst_cpu, src_dev, dst_dev = state.partitions.get_or(
+        (h, w, sx, sy, seed, str(dev)), lambda: _partition(h, w, sx, sy, seed, dev)
+    )
+    prot_cpu = prot_dev = None
+    if plan is not None:
+        prot_cpu = state.roi(plan, h, w, batch)[1]
+        prot_dev = state.on_device(plan, ("prot", h, w, batch), lambda: state.roi(plan, h, w, batch)[1], dev)
+    r = min(int(n.shape[1] * min(ratio, TOME_MAX_RATIO)), max_merge_count(prot_cpu, src_cpu, dst_cpu))
+    return src_dev, dst_dev, r, prot_dev
+
+
 def reduce_tome(
     state: ReduceState,
     n: torch.Tensor,
@@ -192,19 +213,7 @@ def reduce_tome(
     step: int,
 ) -> tuple[torch.Tensor, Any, Any]:
     """Merge the most similar src tokens into dst tokens (protected plan tokens never merge); q, k and v shrink."""
-    schedule, plan = state.schedule, options.get(PLAN_KEY)
-    batch, dev = n.shape[0], n.device
-    sx, sy = schedule.sx, schedule.sy
-    seed = (schedule.seed * 1_000_003 + max(step, 0)) & 0x7FFF_FFFF
-    src_cpu, dst_cpu, src_dev, dst_dev = state.partitions.get_or(
-        (h, w, sx, sy, seed, str(dev)), lambda: _partition(h, w, sx, sy, seed, dev)
-    )
-    prot_cpu = prot_dev = None
-    if plan is not None:
-        prot_cpu = state.roi(plan, h, w, batch)[1]
-        prot_dev = state.on_device(plan, ("prot", h, w, batch), lambda: state.roi(plan, h, w, batch)[1], dev)
-    r = min(int(n.shape[1] * min(ratio, TOME_MAX_RATIO)), max_merge_count(prot_cpu, src_cpu, dst_cpu))
-    merge, unmerge = bipartite_soft_matching_2d(n, src_dev, dst_dev, r, prot_dev)
+    merge, unmerge = bipartite_soft_matching_2d(n, *tome_parts(state, n, options.get(PLAN_KEY), h, w, ratio, step))
     if merge is do_nothing:
         return n, ctx, val
     merged = merge(n)

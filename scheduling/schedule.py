@@ -82,7 +82,8 @@ class Schedule:
     pool: todo pooling mode (avg | nearest).
     sx, sy: tome destination stride (one destination token per sy x sx cell).
     dit_ratio: fraction of K/V dropped (top-K by saliency) in DiT attention via the attention override.
-    seed: tome partition seed (own generator: never touches the sampler's RNG).
+    seed: tome partition seed (own generator: never touches the sampler's RNG). The partition is re-drawn every
+        step; under torch.compile it is drawn on the first model call of a step window and held for it.
     telemetry_jsonl: optional JSONL path for per-call telemetry ("" = off); time_calls: record patch wall time.
     device_aware: reduce a level only where a short calibration on the first sampling run measures a gain on this
         device at this shape (scheduling/calibrate.py); the run's summary line names the levels kept and dropped.

@@ -86,15 +86,22 @@ class Forward(nn.Module):
         return self.wrapper(Executor(self.net), *args)
 
 
-def sample(forward: Any, hooks: Any, after_call: Any = None, plan: TokenPlan | None = None) -> list[torch.Tensor]:
-    """STEPS model calls as a sampler makes them: a new sigmas tensor and transformer_options per call."""
+def sample(
+    forward: Any,
+    hooks: Any,
+    after_call: Any = None,
+    plan: TokenPlan | None = None,
+    sigma_steps: list[int] | None = None,
+) -> list[torch.Tensor]:
+    """STEPS model calls as a sampler makes them: a new sigmas tensor and transformer_options per call (sigma_steps:
+    the step whose sigma each call carries, default its own)."""
     x = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(1))
     outs = []
     with torch.no_grad():
         for step in range(STEPS):
             opts = {
                 "patches": {"attn1_patch": [hooks.attn1_patch], "attn1_output_patch": [hooks.attn1_output_patch]},
-                "sigmas": SAMPLE_SIGMAS[step : step + 1].clone(),
+                "sigmas": SAMPLE_SIGMAS[(sigma_steps or range(STEPS))[step] :][:1].clone(),
                 "sample_sigmas": SAMPLE_SIGMAS,
             }
             if plan is not None:
@@ -239,7 +246,7 @@ def test_adaptive_ratios_trace_held_per_step_window(caplog) -> None:
         assert summary[key] == ref_summary[key], key
     assert summary["kv_tokens_out"] != plain_summary["kv_tokens_out"], "the adaptation changed no kernel: a weak test"
     messages = [r.getMessage() for r in caplog.records if "under torch.compile" in r.getMessage()]
-    assert len(messages) == 1 and "adaptive ratio (adaptive 0.2) is measured on the first model call" in messages[0]
+    assert len(messages) == 1 and "adaptive ratio (adaptive 0.2) is chosen on the first model call" in messages[0]
 
 
 @pytest.mark.parametrize("strategy", ["todo", "topk"])
@@ -287,18 +294,29 @@ def test_adaptive_ratio_is_held_not_remeasured_under_compile(strategy: str) -> N
     assert after == [0] + [1] * (STEPS - 1), f"graphs after each call: {after}"
 
 
-def test_calls_the_table_cannot_express_run_eagerly_and_match(caplog) -> None:
-    """tome merges queries too (and unmerges the output): content-dependent, so each call stays one graph break into
-    the eager patch, equal to eager, with one warning."""
-    schedule = Schedule(strategy="tome", ratios={8: 0.5}, protect_blocks=0)
-    ref, ref_summary = run_eager(schedule)
+def test_tome_traces_with_its_partition_held_per_step_window(caplog) -> None:
+    """tome merges the queries too and unmerges the attention output; its src/dst partition is re-drawn every step
+    eagerly. Compiled, the learning call's partition is held for the step window, so merge and unmerge trace into one
+    graph per window; equal to an eager run whose calls all see their window's first step; one warning says so."""
+    schedule = Schedule(strategy="tome", ratios={8: 0.5, 16: 0.5}, protect_blocks=1, end_percent=0.5)
+    net = TokenNet().eval()
+    eager_hooks = build_unet_hooks(schedule, eager_tel := RunTelemetry())
+    window_start = [0] * (STEPS // 2) + list(range(STEPS // 2, STEPS))  # the active window's calls see step 0
+    ref = sample(Forward(net, eager_hooks.diffusion_model_wrapper), eager_hooks, sigma_steps=window_start)
+    plain, _ = run_eager(schedule)  # re-drawn every step: differs from the held partition
     with caplog.at_level(logging.WARNING, logger="tokenfuse"):
-        outs, _graphs, _after, summary = run_compiled(schedule, with_wrapper=True)
-    for a, b in zip(outs, ref, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    assert summary["reduced_calls"] == ref_summary["reduced_calls"] > 0
-    warned = [r.getMessage() for r in caplog.records if "under torch.compile" in r.getMessage()]
-    assert len(warned) == 1 and f"strategy {schedule.strategy}" in warned[0], warned
+        outs, graphs, after, summary = run_compiled(schedule, with_wrapper=True)
+    for step, (a, b) in enumerate(zip(outs, ref, strict=True)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f"step {step}")
+    assert not torch.allclose(outs[1], plain[1], atol=1e-5), "the partition does not change per step: a weak test"
+    assert after == [0, 1, 1, 1, 1, 2, 2, 2], f"graphs after each call: {after}"
+    assert [sdpa_calls(gm) for gm in graphs] == [len(LEVELS)] * 2, "one whole graph per step window, no fragment"
+    merged = [sum(1 for node in gm.graph.nodes if "scatter_reduce" in str(node.target)) for gm in graphs]
+    assert merged == [4, 0], f"tome merges traced per graph: {merged}"
+    for key in ("calls", "reduced_calls", "kv_tokens_in", "kv_tokens_out"):
+        assert summary[key] == eager_tel.summary()[key] and summary["reduced_calls"] > 0, key
+    messages = [r.getMessage() for r in caplog.records if "under torch.compile" in r.getMessage()]
+    assert len(messages) == 1 and "tome's src/dst partition is chosen on the first model call" in messages[0], messages
 
 
 class DitNet(nn.Module):

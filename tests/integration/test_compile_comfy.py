@@ -112,6 +112,24 @@ def test_lowvram_presets_compile_whole(comfy, random_model, caplog, preset: str)
     assert len(messages) == 1 and "adaptive ratio" in messages[0], messages
 
 
+def test_tome_compiles_whole(comfy, random_model, caplog) -> None:
+    """balanced/tome (calibration off so that it merges here): the learning call's src/dst partition is held per step
+    window, so merge and unmerge trace into the compiled U-Net: one graph, one warning; it still merges."""
+    torch._dynamo.reset()
+    model = random_model("sd15")
+    schedule = replace(schedule_from_widgets("balanced", "tome", 0.0, "sd15"), device_aware=False)
+    patched, telemetry = schedule_model(model, schedule, patcher.detect_family(model))
+    graphs: list[Any] = []
+    with caplog.at_level(logging.WARNING, logger="tokenfuse"):
+        ksample(comfy, compiled(comfy, patched, graphs), steps=4)
+    summary = telemetry.summary()
+    assert summary["reduced_calls"] > 0 and summary["q_tokens_out"] < summary["q_tokens_in"], summary
+    messages = [r.getMessage() for r in caplog.records if "under torch.compile" in r.getMessage()]
+    print(f"dynamo graphs, balanced/tome: {len(graphs)}; {messages}")
+    assert len(graphs) == 1, f"{len(graphs)} graphs: tome broke the compiled U-Net"
+    assert len(messages) == 1 and "tome's src/dst partition" in messages[0], messages
+
+
 @pytest.mark.parametrize("preset", ["off", "balanced"])
 def test_step_cache_runs_under_torch_compile(comfy, random_model, caplog, preset: str) -> None:
     """ours (cache) and ours (both) compiled: the same samples and the same full/cached split as eager; the cache alone
