@@ -15,8 +15,9 @@ U-Net families (SD1.x/2.x, SDXL): `build_unet_patches` -> (attn1_patch, attn1_ou
   eagerly, whole, while the patches fill that table (a new TOKEN_PLAN, e.g. each face crop, is learnt again).
   Adaptive ratios (the lowvram presets) hold what their learning call adapted to for the window, and tome the
   learning call's src/dst partition (eager re-draws it every step); its merge and unmerge trace in the graph, the
-  unmerge passed between the two patches in extra_options (TRACED_UNMERGE_KEY). A call the table misses, or whose
-  K/V another patch already changed, is one graph break into the eager patch.
+  unmerge passed between the two patches in extra_options (TRACED_UNMERGE_KEY). K/V that another pack's patch
+  already replaced are reduced in the graph too (where they still hold the block's tokens, as eagerly); only a call
+  the table misses is one graph break into the eager patch (and its row is learnt again).
 DiT families: scheduling/dit_override.py (the attention override).
 
 Every closure returns its inputs unchanged (same objects) when the schedule is off, outside the sigma window, in a
@@ -247,6 +248,24 @@ class UnetHooks(NamedTuple):
     attn1_patch: AttnPatch
     attn1_output_patch: OutputPatch
     diffusion_model_wrapper: Callable[..., Any]
+
+
+def _kv_reduced(
+    n: torch.Tensor, ctx: Any, val: Any, fn: Callable[[torch.Tensor], torch.Tensor], n_out: torch.Tensor | None = None
+) -> tuple[Any, Any]:
+    """(ctx, val) with the reduction applied where they still hold n's tokens [B, N, C] (another pack's attn1 patch may
+    have replaced them), once when they are one object; n itself becomes n_out when given. reducers.kv_targets' rule,
+    written without id() so that dynamo traces it."""
+
+    def one(t: Any) -> Any:
+        if t is n and n_out is not None:
+            return n_out
+        if isinstance(t, torch.Tensor) and t.ndim == 3 and t.shape[:2] == n.shape[:2]:
+            return fn(t)
+        return t
+
+    new_ctx = one(ctx)
+    return new_ctx, (new_ctx if val is ctx else one(val))
 
 
 def _block_label(options: dict[str, Any]) -> str:
@@ -539,20 +558,21 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
         action = table.get((n.shape[1], extra_options.get("transformer_index")), EAGER) if n.ndim == 3 else None
         if action is None:
             return n, ctx, val
-        if isinstance(action, Tome) and ctx is n and val is n:
+        if not isinstance(action, tuple):  # EAGER: the eager patch, which records its own telemetry
+            out = attn1_eager(n, ctx, val, extra_options)
+            return out
+        if isinstance(action, Tome):
             merge, unmerge = bipartite_soft_matching_2d(n, action.src, action.dst, action.r, action.protected)
             merged = merge(n)
             extra_options[TRACED_UNMERGE_KEY] = (unmerge, merged.shape[1])
-            return merged, merged, merged
-        if isinstance(action, TopK) and ctx is n and val is n:
-            kv = gather_tokens(n, topk_indices(n, action.keep, action.bonus))
-            return n, kv, kv
-        if isinstance(action, tuple) and ctx is n and val is n:
-            h, w, kernel, mode, free, full = action
-            kv = pool_tokens(n, h, w, kernel, mode) if free is None else pool_keeping(n, h, w, kernel, mode, free, full)
-            return n, kv, kv
-        out = attn1_eager(n, ctx, val, extra_options)
-        return out
+            return (merged, *_kv_reduced(n, ctx, val, merge, merged))
+        if isinstance(action, TopK):
+            idx = topk_indices(n, action.keep, action.bonus)
+            return (n, *_kv_reduced(n, ctx, val, lambda t: gather_tokens(t, idx)))
+        h, w, kernel, mode, free, full = action
+        if free is None:
+            return (n, *_kv_reduced(n, ctx, val, lambda t: pool_tokens(t, h, w, kernel, mode)))
+        return (n, *_kv_reduced(n, ctx, val, lambda t: pool_keeping(t, h, w, kernel, mode, free, full)))
 
     def attn1_output_traced(n: torch.Tensor, extra_options: dict[str, Any]) -> torch.Tensor:
         if not torch.compiler.is_compiling():

@@ -92,15 +92,19 @@ def sample(
     after_call: Any = None,
     plan: TokenPlan | None = None,
     sigma_steps: list[int] | None = None,
+    before: tuple[Any, ...] = (),
 ) -> list[torch.Tensor]:
     """STEPS model calls as a sampler makes them: a new sigmas tensor and transformer_options per call (sigma_steps:
-    the step whose sigma each call carries, default its own)."""
+    the step whose sigma each call carries, default its own; before: other packs' attn1 patches, run before ours)."""
     x = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(1))
     outs = []
     with torch.no_grad():
         for step in range(STEPS):
             opts = {
-                "patches": {"attn1_patch": [hooks.attn1_patch], "attn1_output_patch": [hooks.attn1_output_patch]},
+                "patches": {
+                    "attn1_patch": [*before, hooks.attn1_patch],
+                    "attn1_output_patch": [hooks.attn1_output_patch],
+                },
                 "sigmas": SAMPLE_SIGMAS[(sigma_steps or range(STEPS))[step] :][:1].clone(),
                 "sample_sigmas": SAMPLE_SIGMAS,
             }
@@ -135,7 +139,9 @@ def pooled_sdpa_calls(gm: torch.fx.GraphModule) -> int:
     return n
 
 
-def run_compiled(schedule: Schedule, with_wrapper: bool) -> tuple[list[torch.Tensor], list[Any], list[int], Any]:
+def run_compiled(
+    schedule: Schedule, with_wrapper: bool, before: tuple[Any, ...] = ()
+) -> tuple[list[torch.Tensor], list[Any], list[int], Any]:
     """(outputs, graphs, graph count after each call, telemetry summary) of a compiled sampling run."""
     net = TokenNet().eval()
     hooks = build_unet_hooks(schedule, telemetry := RunTelemetry())
@@ -143,16 +149,16 @@ def run_compiled(schedule: Schedule, with_wrapper: bool) -> tuple[list[torch.Ten
     forward = counting_compile(Forward(net, hooks.diffusion_model_wrapper if with_wrapper else None), graphs)
     after: list[int] = []
     try:
-        outs = sample(forward, hooks, lambda _step: after.append(len(graphs)))
+        outs = sample(forward, hooks, lambda _step: after.append(len(graphs)), before=before)
     finally:
         torch._dynamo.reset()
     return outs, graphs, after, telemetry.summary()
 
 
-def run_eager(schedule: Schedule) -> tuple[list[torch.Tensor], Any]:
+def run_eager(schedule: Schedule, before: tuple[Any, ...] = ()) -> tuple[list[torch.Tensor], Any]:
     net = TokenNet().eval()
     hooks = build_unet_hooks(schedule, telemetry := RunTelemetry())
-    return sample(Forward(net, hooks.diffusion_model_wrapper), hooks), telemetry.summary()
+    return sample(Forward(net, hooks.diffusion_model_wrapper), hooks, before=before), telemetry.summary()
 
 
 @pytest.mark.parametrize("strategy", ["todo", "topk"])
@@ -217,6 +223,27 @@ def test_face_crop_plans_trace_too(strategy: str, adaptive: float) -> None:
     assert after[-1][-1] <= 3 and after[-1][-1] == after[-2][-1], f"graphs: {after}"
     assert all(sdpa_calls(gm) == len(LEVELS) for gm in graphs), "a graph break in a traced call"
     assert all(pooled_sdpa_calls(gm) == 4 for gm in graphs), "/8 and /16 pooled around the face, bar block 0"
+
+
+def other_pack_patch(n: torch.Tensor, ctx: Any, val: Any, extra_options: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """Another pack's attn1 patch before ours: it hands on new K and V tensors (still n's tokens), two objects."""
+    return n, ctx * 1.5, val + 0.25
+
+
+@pytest.mark.parametrize("strategy", ["todo", "topk"])
+def test_keys_values_from_another_patch_trace_too(strategy: str) -> None:
+    """K/V that are not n any more (another pack's patch ran first) are reduced like the eager patch does (each tensor
+    still holding n's tokens, queries untouched), inside the graph: one graph per step window, eager-equal outputs
+    and telemetry (the eager fallback it replaces broke the graph at every call and counted its calls twice)."""
+    schedule = replace(SCHEDULE, strategy=strategy)
+    ref, ref_summary = run_eager(schedule, before=(other_pack_patch,))
+    outs, graphs, after, summary = run_compiled(schedule, with_wrapper=True, before=(other_pack_patch,))
+    for step, (a, b) in enumerate(zip(outs, ref, strict=True)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f"step {step}")
+    assert after == [0, 1, 1, 1, 1, 2, 2, 2], f"graphs after each call: {after}"
+    assert [pooled_sdpa_calls(gm) for gm in graphs] == [4, 0]
+    for key in ("calls", "reduced_calls", "kv_tokens_in", "kv_tokens_out"):
+        assert summary[key] == ref_summary[key], key
 
 
 def test_without_the_wrapper_every_patch_call_breaks_the_graph() -> None:
