@@ -195,7 +195,7 @@ def compiled_speed(
             sync()
             walls.append(time.perf_counter() - w)
             cpus.append(time.thread_time() - c)
-        graphs = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+        graphs = cm.dynamo_graphs()
         print(f"#   {name}: fuse wall s {', '.join(f'{t:.2f}' for t in walls)} (dynamo graphs so far {graphs})")
         rows.append({"variant": name, "calls": "-", "wall_s": min(walls), "cpu_s": min(cpus)})
     for r in rows:

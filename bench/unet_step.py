@@ -74,15 +74,11 @@ def make_variants(patcher: Any, presets: list[str], tome_ratio: float, control: 
     return variants
 
 
-def dynamo_graphs() -> int:
-    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
-
-
 def fresh_dynamo() -> int:
     """Dynamo's caches cleared, as in a fresh process (each compiled variant gets the default recompile limit to
     itself, like a user's one model); returns the graph counter before the variant runs."""
     torch._dynamo.reset()
-    return dynamo_graphs()
+    return comfy_models.dynamo_graphs()
 
 
 def profile(name: str, run: Any, device: torch.device) -> None:
@@ -172,7 +168,7 @@ def bench_step(patcher: Any, family: str, size: int, batch: int, args: argparse.
         overhead=not (args.no_overhead or args.compile),
         isolate=(lambda: graphs.append(fresh_dynamo())) if args.compile else None,
     )
-    for v, before, after in zip(variants, graphs, [*graphs[1:], dynamo_graphs()], strict=False):
+    for v, before, after in zip(variants, graphs, [*graphs[1:], comfy_models.dynamo_graphs()], strict=False):
         v.results["graphs"] = after - before
     if args.profile:
         for v in variants:

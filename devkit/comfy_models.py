@@ -134,6 +134,11 @@ def torch_compiled(patcher: Any, backend: Any) -> Any:
     return m
 
 
+def dynamo_graphs() -> int:
+    """Graphs dynamo compiled in this process (its unique_graphs counter; torch._dynamo.reset() keeps it)."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
 @torch.no_grad()
 def init_random_weights(module: torch.nn.Module, seed: int = 0) -> None:
     """Seeded fan-in scaled init of every parameter (ComfyUI's layers skip init, so memory is garbage otherwise).

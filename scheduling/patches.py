@@ -39,7 +39,7 @@ from .adaptive import adapt_ratio, token_complexity
 from .downsample import kernel_for_ratio, pool_keeping, pool_tokens
 from .keys import DISABLED_KEY, PLAN_KEY, SHALLOW_KEY, STEP_KEY, TRACE_KEY, TRACED_UNMERGE_KEY, UNMERGE_KEY
 from .merge import bipartite_soft_matching_2d
-from .reducers import LRU, REDUCERS, ReduceState, tome_parts
+from .reducers import LRU, REDUCERS, ReduceState, kv_targets, tome_parts
 from .schedule import MAX_RATIO, Schedule
 from .step_state import run_steps
 from .telemetry import RunTelemetry
@@ -227,7 +227,7 @@ class _Row:
     learnt: bool = False  # ... and a whole U-Net call did (not a step cache's cached step: it skips the deep blocks)
     # the learning call's telemetry records, replayed per traced call: (call key, block, (label, level, tokens...))
     replay: list[tuple[tuple[int, Any], Any, tuple[str, int, int, int, int, int]]] = field(default_factory=list)
-    # adaptive ratios under compile: the learning call's adapted reduction per call key, held for the row's window
+    # under compile, adaptive ratios and tome: the learning call's reduction per call key, held for the row's window
     held: dict[tuple[int, Any], _Call] = field(default_factory=dict)
     frozen: dict[tuple[int, Any], TraceAction] | None = None
 
@@ -248,24 +248,6 @@ class UnetHooks(NamedTuple):
     attn1_patch: AttnPatch
     attn1_output_patch: OutputPatch
     diffusion_model_wrapper: Callable[..., Any]
-
-
-def _kv_reduced(
-    n: torch.Tensor, ctx: Any, val: Any, fn: Callable[[torch.Tensor], torch.Tensor], n_out: torch.Tensor | None = None
-) -> tuple[Any, Any]:
-    """(ctx, val) with the reduction applied where they still hold n's tokens [B, N, C] (another pack's attn1 patch may
-    have replaced them), once when they are one object; n itself becomes n_out when given. reducers.kv_targets' rule,
-    written without id() so that dynamo traces it."""
-
-    def one(t: Any) -> Any:
-        if t is n and n_out is not None:
-            return n_out
-        if isinstance(t, torch.Tensor) and t.ndim == 3 and t.shape[:2] == n.shape[:2]:
-            return fn(t)
-        return t
-
-    new_ctx = one(ctx)
-    return new_ctx, (new_ctx if val is ctx else one(val))
 
 
 def _block_label(options: dict[str, Any]) -> str:
@@ -500,8 +482,8 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
                 warn_once(
                     "compile",
                     "TokenFuse: under torch.compile this schedule (strategy %s) runs %d kinds of attention call "
-                    "eagerly, one graph break each, which can make the compiled model slower than unpatched; the "
-                    "strategies todo (`balanced`, the lowvram presets) and topk compile whole",
+                    "eagerly (calls its learning model call did not settle), one graph break each, which can make the "
+                    "compiled model slower than unpatched",
                     schedule.strategy,
                     sum(1 for a in table.values() if a == EAGER),
                 )
@@ -565,14 +547,14 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
             merge, unmerge = bipartite_soft_matching_2d(n, action.src, action.dst, action.r, action.protected)
             merged = merge(n)
             extra_options[TRACED_UNMERGE_KEY] = (unmerge, merged.shape[1])
-            return (merged, *_kv_reduced(n, ctx, val, merge, merged))
+            return (merged, *kv_targets(n, ctx, val, merge, merged))
         if isinstance(action, TopK):
             idx = topk_indices(n, action.keep, action.bonus)
-            return (n, *_kv_reduced(n, ctx, val, lambda t: gather_tokens(t, idx)))
+            return (n, *kv_targets(n, ctx, val, lambda t: gather_tokens(t, idx)))
         h, w, kernel, mode, free, full = action
         if free is None:
-            return (n, *_kv_reduced(n, ctx, val, lambda t: pool_tokens(t, h, w, kernel, mode)))
-        return (n, *_kv_reduced(n, ctx, val, lambda t: pool_keeping(t, h, w, kernel, mode, free, full)))
+            return (n, *kv_targets(n, ctx, val, lambda t: pool_tokens(t, h, w, kernel, mode)))
+        return (n, *kv_targets(n, ctx, val, lambda t: pool_keeping(t, h, w, kernel, mode, free, full)))
 
     def attn1_output_traced(n: torch.Tensor, extra_options: dict[str, Any]) -> torch.Tensor:
         if not torch.compiler.is_compiling():

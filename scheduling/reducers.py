@@ -143,19 +143,19 @@ class ReduceState:
 def kv_targets(
     n: torch.Tensor, ctx: Any, val: Any, fn: Callable[[torch.Tensor], torch.Tensor], n_out: torch.Tensor | None = None
 ) -> tuple[Any, Any]:
-    """Apply a token reduction to ctx/val that still hold n's tokens (once per distinct object; n -> n_out)."""
-    memo: dict[int, Any] = {}
+    """Apply a token reduction to ctx/val that still hold n's tokens [B, N, C] (another pack's attn1 patch may have
+    replaced them), once when they are one object; n itself becomes n_out when given. No id(): the traced attn1 patch
+    (patches.py, under torch.compile) uses it too."""
 
     def apply(t: Any) -> Any:
         if t is n and n_out is not None:
             return n_out
-        if not (isinstance(t, torch.Tensor) and t.ndim == 3 and t.shape[:2] == n.shape[:2]):
-            return t
-        if id(t) not in memo:
-            memo[id(t)] = fn(t)
-        return memo[id(t)]
+        if isinstance(t, torch.Tensor) and t.ndim == 3 and t.shape[:2] == n.shape[:2]:
+            return fn(t)
+        return t
 
-    return apply(ctx), apply(val)
+    new_ctx = apply(ctx)
+    return new_ctx, (new_ctx if val is ctx else apply(val))
 
 
 class Reducer(Protocol):
