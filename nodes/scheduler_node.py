@@ -94,8 +94,8 @@ class TokenSchedulerController:
                         "lowvram_8gb/6gb/4gb: stronger "
                         "reduction (ramp + adaptive) that trades fine detail for speed and memory; check faces. "
                         "Measured on TokenFuse's small trained face model (20 held-out faces, guide 512, vs "
-                        "unscheduled): balanced 38.8 dB PSNR / SSIM 0.992, lowvram_* 38.2-38.3 dB / 0.991. balanced "
-                        "is device-aware: a level is reduced only where it saves time on your GPU/CPU.",
+                        "unscheduled): balanced 38.8 dB PSNR / SSIM 0.992, lowvram_* 38.2-38.3 dB / 0.990-0.991. "
+                        "balanced is device-aware: a level is reduced only where it saves time on your GPU/CPU.",
                     },
                 ),
                 "strategy": (

@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 import torch
 
 from . import calibrate
-from .adaptive import adapt_ratio, token_complexity
+from .adaptive import LaggedComplexity, adapt_ratio
 from .downsample import kernel_for_ratio, pool_keeping, pool_tokens
 from .keys import DISABLED_KEY, PLAN_KEY, SHALLOW_KEY, STEP_KEY, TRACE_KEY, TRACED_UNMERGE_KEY, UNMERGE_KEY
 from .merge import bipartite_soft_matching_2d
@@ -269,7 +269,7 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
     steps = StepTracker()
     state = ReduceState(schedule)  # the reducers' caches (partitions, plan ROI tensors, pooling closures)
     reduce = REDUCERS[schedule.strategy]
-    complexity = LRU(16)
+    complexity = LaggedComplexity()  # a step adapts to its previous step's statistic: no device sync
     warned: set[str] = set()
     timing = schedule.time_calls
 
@@ -393,9 +393,8 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
                 else:
                     ratio = call.ratio
                     if schedule.adaptive > 0.0:
-                        c = complexity.get_or(
-                            (info.step, info.sigma, call.level, n.shape[0]), lambda: token_complexity(n, call.h, call.w)
-                        )
+                        key = (call.level, n.shape[0])
+                        c = complexity(key, current[2], info.step, info.sigma, n, call.h, call.w, now=row.learning)
                         ratio = adapt_ratio(ratio, c, schedule.adaptive, MAX_RATIO)
                     if row.learning and (schedule.adaptive > 0.0 or schedule.strategy == "tome"):
                         row.held[(n_tok, tidx)] = settled(call, n, ratio, info.step)  # compiled calls hold it

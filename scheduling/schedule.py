@@ -77,8 +77,9 @@ class Schedule:
         `ramp_step` every `ramp_every` blocks to the base ratio, never above `ramp_cap` (0 step = no ramp).
     start_percent / end_percent: active window as a fraction of sampling steps (strongest early, off late).
     adaptive: content-adaptive strength in [0, 1]; flat token maps get up to (1 + adaptive) x ratio, busy ones down to
-        (1 - adaptive) x ratio. Costs one host sync per level and step; 0 = off. Under torch.compile the ratio
-        is measured on the first model call of a step window and held for it (scheduling/patches.py).
+        (1 - adaptive) x ratio; 0 = off. A step adapts to the statistic the previous step measured at the same
+        level (read a step late: no device sync; the first step keeps the ratio). Under torch.compile the ratio
+        chosen on the first model call of a step window is held for it (scheduling/patches.py).
     pool: todo pooling mode (avg | nearest).
     sx, sy: tome destination stride (one destination token per sy x sx cell).
     dit_ratio: fraction of K/V dropped (top-K by saliency) in DiT attention via the attention override.

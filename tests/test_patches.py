@@ -197,15 +197,38 @@ def test_global_rng_untouched_and_results_deterministic() -> None:
 
 
 def test_adaptive_ratio_merges_flat_content_more() -> None:
+    """A step adapts to what the previous step measured at its level (read a step late: no device sync), so the first
+    step keeps the base ratio and the second merges flat content more and busy content less."""
     s = Schedule(strategy="tome", ratios={8: 0.4}, protect_blocks=0, adaptive=0.5)
     h, w = 16, 16
     flat = torch.linspace(0, 1, h * w).view(1, h * w, 1).expand(2, h * w, 32).contiguous()
     noise = tokens(2, h, w)
+    base = h * w - int(h * w * 0.4)
     sizes = []
     for x in (flat, noise):
         f, _ = build_unet_patches(s, RunTelemetry())
-        sizes.append(f(x, x, x, extra_options((h, w)))[0].shape[1])
-    assert sizes[0] < h * w - int(h * w * 0.4) < sizes[1]
+        sizes.append([f(x, x, x, extra_options((h, w), step=step))[0].shape[1] for step in (0, 1)])
+    assert sizes[0][0] == sizes[1][0] == base, sizes
+    assert sizes[0][1] < base < sizes[1][1], sizes
+
+
+def test_adaptive_ratio_reads_the_previous_steps_content() -> None:
+    """Flat tokens at step 0 and noise at step 1: step 1 still merges as for flat content (it read step 0's statistic),
+    step 2 as for noise; every block at a level adapts alike within a step; a new run (a new sample_sigmas) starts
+    again at the base ratio."""
+    s = Schedule(strategy="tome", ratios={8: 0.4}, protect_blocks=0, adaptive=0.5)
+    h, w = 16, 16
+    flat = torch.linspace(0, 1, h * w).view(1, h * w, 1).expand(2, h * w, 32).contiguous()
+    noise = tokens(2, h, w)
+    base = h * w - int(h * w * 0.4)
+    f, _ = build_unet_patches(s, RunTelemetry())
+    merged = [f(x, x, x, extra_options((h, w), step=step))[0].shape[1] for step, x in enumerate((flat, noise, flat))]
+    assert merged[0] == base and merged[1] < base < merged[2], merged
+    again = f(noise, noise, noise, extra_options((h, w), step=2, transformer_index=5))[0].shape[1]
+    assert again == merged[2], "a second block of the step read a different statistic"
+    fresh = extra_options((h, w), step=3)
+    fresh["sample_sigmas"] = SAMPLE_SIGMAS.clone()
+    assert f(flat, flat, flat, fresh)[0].shape[1] == base, "a new sampling run read the last run's statistic"
 
 
 def _override_call(override, q, k, v, heads=4, **kw):
