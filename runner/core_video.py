@@ -20,7 +20,7 @@ import logging
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from ..video.chunks import Chunk
-    from ..video.fuse_pass import FuseOptions, Refine, VideoStats
+    from ..video.fuse_pass import FuseOptions, Refine
     from ..video.track_pass import FaceTracks, Progress
     from .ray_pool import Outcome, RayPool
     from .run import Summary
@@ -94,11 +94,6 @@ def analyse(path: Path, spec: CoreSpec) -> tuple[FaceTracks, list[int | None]]:
     return tracks, pts
 
 
-def stats_row(stats: VideoStats) -> dict[str, Any]:
-    keep = ("frames", "faces", "key_frames", "flow_failures", "diffusion_runs", "crops_refined", "audio_packets")
-    return {k: v for k, v in asdict(stats).items() if k in keep}
-
-
 def fuse_file(
     path: Path, out_path: Path, spec: CoreSpec, refine: Refine | None = None, progress: Progress | None = None
 ) -> dict[str, Any]:
@@ -110,7 +105,7 @@ def fuse_file(
     t0 = time.perf_counter()
     tracks, _ = analyse(path, spec)
     stats = fuse_video(path, out_path, tracks, refine or spec.make_refine(), spec.fuse_options(), progress)
-    row = {**stats_row(stats), "tracks": len(tracks.tracks), "cuts": len(tracks.cuts), "copied": stats.copied}
+    row = {**stats.counts(), "tracks": len(tracks.tracks), "cuts": len(tracks.cuts), "copied": stats.copied}
     row["time_s"] = round(time.perf_counter() - t0, 3)
     return row
 
@@ -153,7 +148,7 @@ class VideoWorker:
         stats = fuse_chunk(path, out, tracks, self.refine, chunk, pts, self.opts)
         blob = out.read_bytes()
         out.unlink()
-        return blob, stats_row(stats), self.pid
+        return blob, stats.counts(), self.pid
 
 
 def chunk_count(tracks: FaceTracks, spec: CoreSpec, workers: int) -> int:
@@ -207,7 +202,7 @@ def _prepare(pool: RayPool, index: int, item: Item, spec: CoreSpec) -> _Video:
                 out = Path(tmp) / v.out_name
                 stats = fuse_video(item.path, out, tracks, spec.make_refine(), spec.fuse_options())
                 v.files = [(v.out_name, out.read_bytes())]
-            v.row.update(stats_row(stats), status="ok", chunks=[], join="copied (no face tracks)", time_s=v.elapsed())
+            v.row.update(stats.counts(), status="ok", chunks=[], join="copied (no face tracks)", time_s=v.elapsed())
             return v
         v.plan = plan_chunks(tracks, chunk_count(tracks, spec, len(pool.actors)), spec.fuse_options())
         v.refs = (pool.ray.put(item.path.read_bytes()), pool.ray.put(tracks), pool.ray.put(pts))

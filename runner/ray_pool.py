@@ -167,7 +167,6 @@ class RunnerWorker:
         video (its bytes are staged once per worker, whatever number of its chunks run here). Returns the chunk's
         MP4 (video only; None when the prompt failed), its stats (or {"error": ...}) and this worker's pid."""
         from .chunk_node import JOBS, ChunkJob
-        from .core_video import stats_row
         from .run import bind
 
         names = {
@@ -184,7 +183,7 @@ class RunnerWorker:
             result = self.engine.execute(staged)
             if not result.ok:
                 return None, {"error": result.error}, self.pid
-            return out.read_bytes(), stats_row(JOBS[job].stats), self.pid
+            return out.read_bytes(), JOBS[job].stats.counts(), self.pid
         finally:
             JOBS.pop(job, None)
             out.unlink(missing_ok=True)

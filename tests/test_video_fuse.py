@@ -113,6 +113,16 @@ def test_one_frame_video(tmp_path: Path) -> None:
     stats = fuse_video(src, tmp_path / "out.mp4", ft, fake_refine, opts())
     assert (stats.frames, stats.key_frames, stats.diffusion_runs) == (1, 1, 1)
     assert len(read_frames(tmp_path / "out.mp4")) == 1
+    # the counters a runner / service report row carries
+    assert stats.counts() == {
+        "frames": 1,
+        "faces": 1,
+        "key_frames": 1,
+        "flow_failures": 0,
+        "diffusion_runs": 1,
+        "crops_refined": 1,
+        "audio_packets": 0,
+    }
 
 
 def test_no_faces_copies_packets_with_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture, detect) -> None:

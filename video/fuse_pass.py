@@ -76,6 +76,18 @@ class VideoStats:
     output: str = ""
     announced_frames: int | None = None
 
+    def counts(self) -> dict[str, int]:
+        """The counters a report row carries (the runner's per-item rows, the service's video answer)."""
+        return {
+            "frames": self.frames,
+            "faces": self.faces,
+            "key_frames": self.key_frames,
+            "flow_failures": self.flow_failures,
+            "diffusion_runs": self.diffusion_runs,
+            "crops_refined": self.crops_refined,
+            "audio_packets": self.audio_packets,
+        }
+
     def summary(self) -> str:
         cut = (
             f"; WARNING: input truncated, {self.frames} of {self.announced_frames} announced frames decoded and written"
