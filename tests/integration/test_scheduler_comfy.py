@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 from tokenfuse.nodes.glue import patcher
 from tokenfuse.nodes.model_patching import schedule_model
 from tokenfuse.nodes.scheduler_node import TokenSchedulerController, schedule_from_widgets
+from tokenfuse.scheduling.schedule import Schedule
 
 pytestmark = pytest.mark.integration
 NODE = TokenSchedulerController()
@@ -147,3 +149,27 @@ def test_live_stats_per_step_in_a_real_run(comfy, random_model, monkeypatch) -> 
     assert events[-1]["final"] and "tokens saved" in events[-1]["summary"]
     levels = {lv["level"]: lv for lv in events[0]["levels"]}
     assert levels[8]["tokens_out"] * 4 == levels[8]["tokens_in"] == (SIZE // 8) ** 2
+
+
+def test_adaptive_ratio_lags_a_step_and_runs_repeat(comfy, random_model) -> None:
+    """The adaptive ratio (lowvram presets; strength 1 here so that kernels flip) reads the statistic the previous step
+    measured (no device sync): step 0 keeps the base ratio, later steps follow the tokens; a new sampling run starts
+    over, so the same patched model samples the same twice (a statistic left over from the last run would change
+    run 2's first step)."""
+    model = random_model("sd15")
+    family = patcher.detect_family(model)
+    schedule = Schedule(strategy="todo", ratios={8: 0.6, 16: 0.6}, protect_blocks=0, adaptive=1.0)
+
+    def kv_out_per_step(s: Schedule) -> tuple[torch.Tensor, dict[int, int]]:
+        patched, telemetry = schedule_model(model, s, family)
+        out = ksample(comfy, patched, "sd15", steps=4)
+        return out, {step: agg[5] for (step, level), agg in telemetry.per_step.items() if level == 8}
+
+    fixed = kv_out_per_step(replace(schedule, adaptive=0.0))[1]
+    patched, telemetry = schedule_model(model, schedule, family)
+    first = ksample(comfy, patched, "sd15", steps=4)
+    adapted = {step: agg[5] for (step, level), agg in telemetry.per_step.items() if level == 8}
+    second = ksample(comfy, patched, "sd15", steps=4)
+    assert torch.equal(first, second), "the second run adapted differently"
+    assert adapted[0] == fixed[0], (adapted, fixed)  # the first step: the base ratio
+    assert adapted != fixed, f"no step adapted: {adapted} vs {fixed}"
