@@ -23,7 +23,7 @@
 #
 # Steps (issue 11 targets in brackets):
 #  1 sd15_512     SD1.5 512 batch 1 / 8, `balanced` vs unpatched + control row   [>= 0.98x; was 0.95-0.97x]
-#                 and lowvram_8gb (its adaptive ratio read a step late: no device sync since session 24)
+#                 and lowvram_8gb (the 4-8 GB preset, eager, at one step: its per-step statistic is not in it)
 #  2 sd15_1024    SD1.5 1024 batch 1 / 2 with the match-cost column              [match cost <= 10 % of the saving]
 #  3 plan         SD1.5 512 / 1024 batch 2 with the eyes/mouth face-crop plan     [the plan's levels kept or dropped]
 #  4 cache512     step cache on the 512 face crop, 20 steps                       [ours-both >= 1.5x; was 1.40x]
