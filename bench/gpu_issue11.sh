@@ -23,7 +23,7 @@
 #
 # Steps (issue 11 targets in brackets):
 #  1 sd15_512     SD1.5 512 batch 1 / 8, `balanced` vs unpatched + control row   [>= 0.98x; was 0.95-0.97x]
-#                 and lowvram_8gb (the 4-8 GB preset, eager, at one step: its per-step statistic is not in it)
+#                 and lowvram_8gb (the 4-8 GB preset, eager); --walk-steps: each call a new step, as in a run
 #  2 sd15_1024    SD1.5 1024 batch 1 / 2 with the match-cost column              [match cost <= 10 % of the saving]
 #  3 plan         SD1.5 512 / 1024 batch 2 with the eyes/mouth face-crop plan     [the plan's levels kept or dropped]
 #  4 cache512     step cache on the 512 face crop, 20 steps                       [ours-both >= 1.5x; was 1.40x]
@@ -72,7 +72,7 @@ U=("$py" bench/unet_step.py --comfyui "$COMFYUI" $dev)
 C=("$py" bench/step_cache.py --comfyui "$COMFYUI" --part speed $cdev --model sd15 --guide "$guide" --steps "$steps"
   --frame "$frame" --rounds "$rounds")
 step sd15_512 100 "${U[@]}" --models sd15 --sizes "$s512" --batch "1,$b8" --presets balanced,lowvram_8gb --control \
-  --repeats "$reps" --json "$OUT/r/sd15_512.json"
+  --walk-steps --repeats "$reps" --json "$OUT/r/sd15_512.json"
 step sd15_1024 90 "${U[@]}" --models sd15 --sizes "$s1024" --batch 1,2 --presets balanced,balanced-static --control \
   --repeats 9 --json "$OUT/r/sd15_1024.json"
 step plan 80 "${U[@]}" --models sd15 --sizes "$s512,$s1024" --batch 2 --plan --presets balanced,balanced-static \

@@ -3,8 +3,10 @@
 Not a test. One process, one seed, random weights (valid for speed and memory, never for quality). Every variant
 calls the U-Net the way sampling does: `model.apply_model(x, sigma, c_crossattn=..., y=..., transformer_options=...)`
 with the patcher's transformer_options plus the keys ComfyUI's calc_cond_batch and CFGGuider add (cond_or_uncond,
-uuids, sigmas, sample_sigmas); the timed sigma is the first step of a 20-step schedule. Batch 2 = one image with CFG;
-batch 8 approximates the GPU-bound regime of a 4-8 GB card on a big GPU.
+uuids, sigmas, sample_sigmas); the timed sigma is the first step of a 20-step schedule (`--walk-steps`: each call
+carries the next step's sigma, so per-step work such as the lowvram presets' adaptive statistic, taken once per level
+and step, is timed too). Batch 2 = one image with CFG; batch 8 approximates the GPU-bound regime of a 4-8 GB card on a
+big GPU.
 
 Columns: step time (median of --repeats interleaved rounds; the first, untimed call also runs the device-aware
 calibration), ratio to the unpatched step and to TomePatchModel, activation peak memory (CUDA max_memory_allocated
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import sys
@@ -144,8 +147,14 @@ def bench_step(patcher: Any, family: str, size: int, batch: int, args: argparse.
 
     plan = face_crop_plan(batch, size) if args.plan else None
 
+    calls = itertools.count()
+
     def options(p: Any) -> dict:
-        to = ub.sampling_options(p, t, sample_sigmas, batch)
+        sigma = t
+        if args.walk_steps:  # steps 0..19 in turn, across the variants' calls; wrapping round is a new sampling run
+            step = next(calls) % (len(sample_sigmas) - 1)
+            sigma = sample_sigmas[step : step + 1].expand(x.shape[0]).clone()
+        to = ub.sampling_options(p, sigma, sample_sigmas, batch)
         if args.compile:  # the sampler hands the patcher's wrappers to apply_model (sampler_helpers.prepare_model)
             to["wrappers"] = comfy.patcher_extension.copy_nested_dicts(p.wrappers)
         if plan is not None:
@@ -216,6 +225,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--presets", default=PRESETS, help="comma list of preset[/strategy]; NAME-static = no calibration")
     p.add_argument("--tome-ratio", type=float, default=0.5)
     p.add_argument("--plan", action="store_true", help="pass a face-crop TokenPlan (ScheduledFusion's crop case)")
+    p.add_argument(
+        "--walk-steps",
+        action="store_true",
+        help="each call carries the next step's sigma (a fresh tensor, as sampling makes): per-step work such as the "
+        "adaptive ratio's statistic is timed as in a run (the U-Net's own timestep input stays the first step's)",
+    )
     p.add_argument(
         "--control", action="store_true", help="time an unpatched clone as its own row: its 'vs base' is the noise"
     )
