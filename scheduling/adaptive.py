@@ -30,11 +30,6 @@ def complexity_stat(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
         return (diff / (4.0 * var)).clamp(0.0, 1.0)
 
 
-def token_complexity(x: torch.Tensor, h: int, w: int) -> float:
-    """`complexity_stat` as a host float: one blocking device sync on an accelerator."""
-    return float(complexity_stat(x, h, w))
-
-
 class _Pending:
     """A statistic on its way to the host: on CUDA a non-blocking copy into pinned memory and an event after it, so a
     later read waits for that copy only, not for the work queued since (other accelerators: a plain read, a sync)."""

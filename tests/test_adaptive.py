@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tokenfuse.scheduling.adaptive import NEUTRAL, LaggedComplexity, complexity_stat, token_complexity
+from tokenfuse.scheduling.adaptive import NEUTRAL, LaggedComplexity, complexity_stat
 
 H = W = 8
 
@@ -20,7 +20,6 @@ def test_statistic_orders_flat_below_noise_without_a_host_read() -> None:
     flat, noise = complexity_stat(grid("flat"), H, W), complexity_stat(grid("noise"), H, W)
     assert flat.ndim == 0 and flat.dtype == torch.float32
     assert float(flat) < 0.1 < 0.8 < float(noise) <= 1.0
-    assert token_complexity(grid("noise"), H, W) == pytest.approx(float(noise))
     assert float(complexity_stat(grid("noise")[:, :8], 1, 8)) == NEUTRAL  # a row of tokens has no 2-D structure
 
 
@@ -62,4 +61,4 @@ def test_cuda_statistic_is_read_from_pinned_memory_after_its_event() -> None:
     lag((8, 2), run, 0, 1.0, noise, H, W)
     pending = lag._by[(8, 2)][3]
     assert pending is not None and pending.host.is_pinned() and pending.event is not None
-    assert lag((8, 2), run, 1, 0.9, noise, H, W) == pytest.approx(token_complexity(noise, H, W), abs=1e-6)
+    assert lag((8, 2), run, 1, 0.9, noise, H, W) == pytest.approx(float(complexity_stat(noise, H, W)), abs=1e-6)
