@@ -93,7 +93,7 @@ def test_balanced_runs_under_torch_compile(comfy, random_model, strategy: str) -
 
 @pytest.mark.parametrize("preset", ["lowvram_8gb", "lowvram_4gb"])
 def test_lowvram_presets_compile_whole(comfy, random_model, caplog, preset: str) -> None:
-    """The lowvram presets adapt their ratio to the content (one host read per level and step eagerly). Compiled, the
+    """The lowvram presets adapt their ratio to the content (eagerly to the previous step's statistic). Compiled, the
     first model call's adapted kernels are held for the run (one warning says so): one graph, like the unpatched
     U-Net, where each attention call used to be a graph break (0.53x-0.58x of the compiled unpatched quick step)."""
     torch._dynamo.reset()
