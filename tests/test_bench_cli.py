@@ -95,3 +95,18 @@ def test_timing_rounds_rotate_the_variant_order() -> None:
     assert sorted(r[0] for r in rounds) == [0, 1, 2, 3]  # every variant runs first once
     assert all(sorted(r) == [0, 1, 2, 3] for r in rounds)  # every round times every variant once
     assert rotated(0, 3) == []
+
+
+def test_patch_overhead_logs_the_tensor_work_it_subtracts(tmp_path: Path) -> None:
+    """bench/patch_overhead.py subtracts tome's and lowvram_8gb's tensor work, logged from a patched run: every op
+    must be caught (a pool or statistic the log misses would be counted as host cost). 2 steps of SD1.5's 16 calls:
+    lowvram_8gb pools 15 calls per model call (the 2x2 /64 grid has no ratio) and measures 3 statistics (/8 /16 /32) at
+    step 1 (step 0 ran in the table-building call: its statistics are not taken again); tome merges the 5 /8 calls
+    (matching, merge, unmerge each)."""
+    out = tmp_path / "overhead.json"
+    _python("bench/patch_overhead.py", "--steps", "2", "--repeats", "1", "--json", str(out))
+    rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["lowvram_8gb's tensor work alone"]["ops"] == 2 * 15 + 3
+    assert rows["tome's tensor work alone"]["ops"] == 2 * 5 * 3
+    assert {"off", "balanced (todo /8 /16)", "tome 0.5 /8", "lowvram_8gb + step state"} <= set(rows)
+    assert all("host_us_per_call" in r for r in rows.values() if "alone" not in r["variant"])
