@@ -4,9 +4,10 @@ Not a test. One process, one seed, random weights (valid for speed and memory, n
 calls the U-Net the way sampling does: `model.apply_model(x, sigma, c_crossattn=..., y=..., transformer_options=...)`
 with the patcher's transformer_options plus the keys ComfyUI's calc_cond_batch and CFGGuider add (cond_or_uncond,
 uuids, sigmas, sample_sigmas); the timed sigma is the first step of a 20-step schedule (`--walk-steps`: each call
-carries the next step's sigma, so per-step work such as the lowvram presets' adaptive statistic, taken once per level
-and step, is timed too). Batch 2 = one image with CFG; batch 8 approximates the GPU-bound regime of a 4-8 GB card on a
-big GPU.
+carries the next step's sigma and the run's step state, as ComfyUI's sampler path does with the pack's SAMPLER_SAMPLE
+wrapper, so per-step work such as the lowvram presets' adaptive statistic, taken once per level and step, is timed
+too, and a fresh sigma per call costs no device read). Batch 2 = one image with CFG; batch 8 approximates the
+GPU-bound regime of a 4-8 GB card on a big GPU.
 
 Columns: step time (median of --repeats interleaved rounds; the first, untimed call also runs the device-aware
 calibration), ratio to the unpatched step and to TomePatchModel, activation peak memory (CUDA max_memory_allocated
@@ -143,18 +144,25 @@ def bench_step(patcher: Any, family: str, size: int, batch: int, args: argparse.
     def call(p: Any, to: dict) -> torch.Tensor:
         return p.model.apply_model(x, t, transformer_options=to, **inputs)
 
-    from tokenfuse.scheduling.keys import PLAN_KEY
+    from tokenfuse.scheduling.keys import PLAN_KEY, STEP_KEY
+    from tokenfuse.scheduling.step_state import SamplingSteps
 
     plan = face_crop_plan(batch, size) if args.plan else None
 
     calls = itertools.count()
+    # The run's host-side step (the SAMPLER_SAMPLE wrapper reads the sigmas once per run and advances the step in the
+    # sampler's callback): without it every fresh sigma would be read to the host, a device sync per model call.
+    steps_state = SamplingSteps(sample_sigmas.tolist(), source=sample_sigmas)
 
     def options(p: Any) -> dict:
         sigma = t
         if args.walk_steps:  # steps 0..19 in turn, across the variants' calls; wrapping round is a new sampling run
             step = next(calls) % (len(sample_sigmas) - 1)
             sigma = sample_sigmas[step : step + 1].expand(x.shape[0]).clone()
+            steps_state.step = step
         to = ub.sampling_options(p, sigma, sample_sigmas, batch)
+        if args.walk_steps:
+            to[STEP_KEY] = steps_state
         if args.compile:  # the sampler hands the patcher's wrappers to apply_model (sampler_helpers.prepare_model)
             to["wrappers"] = comfy.patcher_extension.copy_nested_dicts(p.wrappers)
         if plan is not None:
@@ -228,8 +236,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--walk-steps",
         action="store_true",
-        help="each call carries the next step's sigma (a fresh tensor, as sampling makes): per-step work such as the "
-        "adaptive ratio's statistic is timed as in a run (the U-Net's own timestep input stays the first step's)",
+        help="each call carries the next step's sigma (a fresh tensor, as sampling makes) and the run's step state "
+        "(as the pack's sampler wrapper provides): per-step work such as the adaptive ratio's statistic is timed as in "
+        "a run (the U-Net's own timestep input stays the first step's)",
     )
     p.add_argument(
         "--control", action="store_true", help="time an unpatched clone as its own row: its 'vs base' is the noise"
