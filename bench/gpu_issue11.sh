@@ -22,6 +22,8 @@
 # and exit code) and $OUT/results.tgz (the JSON of every step).
 #
 # Steps (issue 11 targets in brackets):
+#  0 syncs        device syncs of the attention patches per model call, every strategy, with and without a face
+#                 plan (PyTorch's sync debug mode; the sigma-read control row must show 1)   [0 per model call]
 #  1 sd15_512     SD1.5 512 batch 1 / 8, `balanced` vs unpatched + control row   [>= 0.98x; was 0.95-0.97x]
 #                 and lowvram_8gb (the 4-8 GB preset, eager); --walk-steps: each call a new step, as in a run
 #  2 sd15_1024    SD1.5 1024 batch 1 / 2 with the match-cost column              [match cost <= 10 % of the saving]
@@ -71,6 +73,7 @@ step() {  # step NAME CAP_SECONDS COMMAND...: run it with at most CAP seconds, l
 U=("$py" bench/unet_step.py --comfyui "$COMFYUI" $dev)
 C=("$py" bench/step_cache.py --comfyui "$COMFYUI" --part speed $cdev --model sd15 --guide "$guide" --steps "$steps"
   --frame "$frame" --rounds "$rounds")
+step syncs 60 "$py" bench/patch_syncs.py --steps 20 --json "$OUT/r/syncs.json"
 step sd15_512 100 "${U[@]}" --models sd15 --sizes "$s512" --batch "1,$b8" --presets balanced,lowvram_8gb --control \
   --walk-steps --repeats "$reps" --json "$OUT/r/sd15_512.json"
 step sd15_1024 90 "${U[@]}" --models sd15 --sizes "$s1024" --batch 1,2 --presets balanced,balanced-static --control \

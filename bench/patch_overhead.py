@@ -36,91 +36,18 @@ sys.path.insert(0, str(REPO / "devkit"))
 from pack_loader import load_pack  # noqa: E402  (devkit/pack_loader.py)
 
 load_pack()
+from tokenfuse.devkit.patch_replay import (  # noqa: E402
+    SD15_BLOCKS,
+    block_tensors,
+    model_call_options,
+    replay,
+    with_step_state,
+)
 from tokenfuse.scheduling import adaptive, reducers  # noqa: E402
 from tokenfuse.scheduling.downsample import kv_downsample_functions  # noqa: E402
-from tokenfuse.scheduling.keys import STEP_KEY  # noqa: E402
 from tokenfuse.scheduling.patches import build_unet_patches  # noqa: E402
 from tokenfuse.scheduling.schedule import Schedule, preset_schedule  # noqa: E402
-from tokenfuse.scheduling.step_state import SamplingSteps  # noqa: E402
 from tokenfuse.scheduling.telemetry import RunTelemetry  # noqa: E402
-
-# SD1.5 transformer blocks in call order: (block, level factor)
-SD15_BLOCKS: list[tuple[tuple[str, int], int]] = (
-    [(("input", 1), 8), (("input", 2), 8), (("input", 4), 16), (("input", 5), 16)]
-    + [(("input", 7), 32), (("input", 8), 32), (("middle", 0), 64)]
-    + [(("output", i), 32) for i in (3, 4, 5)]
-    + [(("output", i), 16) for i in (6, 7, 8)]
-    + [(("output", i), 8) for i in (9, 10, 11)]
-)
-
-
-def model_call_options(size: int, steps: int) -> list[dict[str, Any]]:
-    """One transformer_options dict per step, as ComfyUI builds them (new sigmas tensor and shape list per call)."""
-    sample_sigmas = torch.linspace(14.6, 0.0, steps + 1)
-    lat = size // 8
-    return [
-        {
-            "original_shape": [1, 4, lat, lat],
-            "sigmas": sample_sigmas[i : i + 1].clone(),
-            "sample_sigmas": sample_sigmas,
-            "n_heads": 8,
-            "dim_head": 40,
-            "cond_or_uncond": [0],
-        }
-        for i in range(steps)
-    ]
-
-
-def with_step_state(opts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The same model calls with the run's step state in the options, at each call's step (no sigma read needed)."""
-    sample_sigmas = opts[0]["sample_sigmas"]
-    out = []
-    for i, o in enumerate(opts):
-        state = SamplingSteps(sample_sigmas.tolist(), source=sample_sigmas)
-        state.step = i
-        out.append({**o, STEP_KEY: state})
-    return out
-
-
-def block_tensors(size: int) -> dict[int, torch.Tensor]:
-    lat = size // 8
-    out = {}
-    for k, level in enumerate((8, 16, 32, 64)):
-        side = lat
-        for _ in range(k):
-            side = (side + 1) // 2
-        out[level] = torch.randn(1, side * side, 4)
-    return out
-
-
-Patches = tuple[Any, Any] | None
-BarePools = dict[int, Any]
-
-
-def replay(patches: Patches | BarePools, opts: list[dict[str, Any]], xs: dict[int, torch.Tensor]) -> int:
-    """All attention calls of len(opts) model calls; returns the number of calls.
-
-    patches: an (attn1_patch, attn1_output_patch) pair, or a dict {level: K/V fn} applied without any patch (the same
-    tensor work as balanced with none of its host work), or None (the floor: the loop and the options dicts alone).
-    """
-    calls = 0
-    for topts in opts:
-        topts = dict(topts)
-        for tidx, (block, level) in enumerate(SD15_BLOCKS):
-            eo = dict(topts)
-            eo["block"] = block
-            eo["block_index"] = 0
-            eo["transformer_index"] = tidx
-            n = xs[level]
-            if isinstance(patches, tuple):
-                f, g = patches
-                n2, c2, v2 = f(n, n, n, eo)
-                g(n2, eo)
-            elif patches is not None and level in patches:
-                patches[level](n)
-            calls += 1
-    return calls
-
 
 TensorOps = list[tuple[Callable[..., Any], tuple[Any, ...]]]
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from .transfer import to_device
 from .vocabulary import do_nothing as do_nothing  # re-exported: callers test `fn is do_nothing`
 
 MergeFn = Callable[[torch.Tensor], torch.Tensor]
@@ -146,5 +147,5 @@ def tome_functions(
     if r <= 0:
         return do_nothing, do_nothing
     dev = x.device
-    prot = protected.to(dev, non_blocking=True) if protected is not None else None
-    return bipartite_soft_matching_2d(x, src_cpu.to(dev), dst_cpu.to(dev), r, prot)
+    prot = to_device(protected, dev) if protected is not None else None
+    return bipartite_soft_matching_2d(x, to_device(src_cpu, dev), to_device(dst_cpu, dev), r, prot)

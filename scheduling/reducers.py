@@ -28,6 +28,7 @@ from .keys import PLAN_KEY, UNMERGE_KEY
 from .merge import bipartite_soft_matching_2d, do_nothing, max_merge_count, random_partition
 from .schedule import Schedule, Strategy
 from .topk import topk_kv_functions
+from .transfer import to_device
 
 TOME_MAX_RATIO = 0.75  # a 2x2 stride leaves 3/4 of tokens as src: more cannot be merged
 
@@ -90,8 +91,8 @@ class ReduceState:
         def make() -> Any:
             value = tensor_fn()
             if isinstance(value, tuple):
-                return tuple(t.to(device) for t in value)
-            return value.to(device)
+                return tuple(to_device(t, device) for t in value)
+            return to_device(value, device)
 
         return self.plans.get(plan, key + (str(device),), make)
 
@@ -176,7 +177,7 @@ class Reducer(Protocol):
 
 def _partition(h: int, w: int, sx: int, sy: int, seed: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     src, dst = random_partition(h, w, sx, sy, seed)
-    return src, dst, src.to(device), dst.to(device)
+    return src, dst, to_device(src, device), to_device(dst, device)
 
 
 def tome_parts(

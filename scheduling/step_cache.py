@@ -33,6 +33,7 @@ import torch
 from .keys import SHALLOW_KEY
 from .patches import eager_under_compile
 from .step_state import run_steps
+from .transfer import to_device
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +208,7 @@ def _face_weights(plan: Any, x: torch.Tensor) -> torch.Tensor | None:
     # On the plan's own device (the host for a TokenPlan), so the emptiness check is no device sync.
     imp = plan.level_importance(x.shape[-2], x.shape[-1], x.shape[0])
     face = imp >= float(getattr(plan, "protect_threshold", 0.5))
-    return face.to(device=x.device, dtype=x.dtype) if bool(face.any()) else None
+    return to_device(face.to(x.dtype), x.device) if bool(face.any()) else None
 
 
 @dataclass(frozen=True)
