@@ -6,7 +6,8 @@ bench/patch_overhead.py does) with the tokens, sigmas and plan on the device, fo
 the pack's SAMPLER_SAMPLE wrapper) and with a face-crop TOKEN_PLAN. Counts the synchronizing CUDA operations PyTorch
 reports (`torch.cuda.set_sync_debug_mode("warn")`: blocking host<->device copies, `float()` / `.item()` reads,
 `nonzero`, synchronize calls) in the first model call (it builds the tables) and in the later ones. Issue 11 §1: no
-device sync on the hot path, so 0 per model call. The control row, `balanced` without the step state, reads ComfyUI's
+device sync on the hot path, so 0 per model call; in the first call only device-aware schedules (`balanced`) may sync,
+timing their levels once per shape (calibrate.py). The control row, `balanced` without the step state, reads ComfyUI's
 device sigma once per model call by design (the fallback for samplers the wrapper does not know): it must show 1 per
 model call, or the count is not working.
 
@@ -46,7 +47,8 @@ def main() -> None:
     print(f"{head}, {rows[0]['device']}")
     print(f"{'variant':44s} {'first call':>10s} {'per later call':>15s}")
     for r in rows:
-        print(f"{r['variant']:44s} {r['first_call_syncs']:10d} {r['syncs_per_model_call']:15.2f}")
+        note = "  (first call: device-aware calibration)" if r["calibrates"] and r["first_call_syncs"] else ""
+        print(f"{r['variant']:44s} {r['first_call_syncs']:10d} {r['syncs_per_model_call']:15.2f}{note}")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
 

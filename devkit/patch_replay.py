@@ -165,6 +165,7 @@ def sync_audit(
             {
                 "variant": name + (" + plan" if planned else "") + ("" if state else " (sigma read, control)"),
                 "first_call_syncs": first,
+                "calibrates": schedules[name].device_aware,  # its first call times levels: syncs by design, once
                 "syncs_per_model_call": later / max(1, steps - 1),
                 "size": size,
                 "steps": steps,

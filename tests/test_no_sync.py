@@ -86,4 +86,7 @@ def test_no_strategy_syncs_the_device_per_model_call() -> None:
     control = rows.pop("balanced (sigma read, control)")
     assert control["syncs_per_model_call"] >= 1, "the sigma fallback reads once per model call: the count is broken"
     for name, row in rows.items():
-        assert row["first_call_syncs"] == 0 and row["syncs_per_model_call"] == 0, (name, row)
+        assert row["syncs_per_model_call"] == 0, (name, row)
+        # the first call builds the tables; a device-aware schedule also times its levels there (calibrate.py: synced
+        # on purpose, once per shape), every other one must not sync even then
+        assert row["calibrates"] or row["first_call_syncs"] == 0, (name, row)
