@@ -31,6 +31,10 @@ from .topk import topk_kv_functions
 from .transfer import to_device
 
 TOME_MAX_RATIO = 0.75  # a 2x2 stride leaves 3/4 of tokens as src: more cannot be merged
+# ToMe partitions kept per patched model: one per step and tome level of a run (src/dst indices, 8 bytes per token,
+# on the host and the device: 64 KiB each at SD1.5 512 /8), so the next run of the same model (a video's next frame,
+# the next queue item) draws and copies none
+PARTITIONS_KEPT = 64
 
 
 class LRU(OrderedDict[Any, Any]):
@@ -73,7 +77,7 @@ class ReduceState:
 
     def __init__(self, schedule: Schedule) -> None:
         self.schedule = schedule
-        self.partitions = LRU(8)
+        self.partitions = LRU(PARTITIONS_KEPT)
         self.plans = PlanCache()
         self.kv_fns = LRU(32)
 
@@ -191,7 +195,7 @@ def tome_parts(
     sx, sy = schedule.sx, schedule.sy
     seed = (schedule.seed * 1_000_003 + max(step, 0)) & 0x7FFF_FFFF
     src_cpu, dst_cpu, src_dev, dst_dev = state.partitions.get_or(
-        (h, w, sx, sy, seed, str(dev)), lambda: _partition(h, w, sx, sy, seed, dev)
+        (h, w, sx, sy, seed, dev), lambda: _partition(h, w, sx, sy, seed, dev)
     )
     prot_cpu = prot_dev = None
     if plan is not None:

@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 import torch
-from tokenfuse.devkit.patch_replay import block_tensors, model_call_options, replay, sync_audit, with_plan
+from tokenfuse.devkit.patch_replay import (
+    SD15_BLOCKS,
+    block_tensors,
+    model_call_options,
+    replay,
+    sync_audit,
+    with_plan,
+)
 from tokenfuse.devkit.patch_replay import with_step_state as stepped
 from tokenfuse.scheduling import reducers
 from tokenfuse.scheduling.patches import build_unet_patches
@@ -90,3 +97,38 @@ def test_no_strategy_syncs_the_device_per_model_call() -> None:
         # the first call builds the tables; a device-aware schedule also times its levels there (calibrate.py: synced
         # on purpose, once per shape), every other one must not sync even then
         assert row["calibrates"] or row["first_call_syncs"] == 0, (name, row)
+
+
+def test_a_later_run_of_the_same_patched_model_draws_no_tome_partition(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ToMe re-draws its src/dst partition every step; the patched model keeps a run's worth (reducers
+    .PARTITIONS_KEPT), so a video's next frame or the next queue item draws and copies none, with the same merges."""
+    drawn: list[int] = []
+    real = reducers.random_partition
+
+    def counting(h: int, w: int, sx: int, sy: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        drawn.append(seed)
+        return real(h, w, sx, sy, seed)
+
+    monkeypatch.setattr(reducers, "random_partition", counting)
+    steps = 25  # more steps than the 8 partitions kept before
+    opts = stepped(model_call_options(128, steps))
+    tome = Schedule(strategy="tome", ratios={8: 0.5, 16: 0.5}, protect_blocks=0)
+    attn1, attn1_out = build_unet_patches(tome, RunTelemetry())
+    xs = block_tensors(128)
+    merged: list[list[torch.Tensor]] = [[], []]
+    for run in range(2):
+
+        def recording(n: torch.Tensor, ctx: Any, val: Any, eo: dict[str, Any], run: int = run) -> Any:
+            out = attn1(n, ctx, val, eo)
+            merged[run].append(out[0])
+            return out
+
+        replay((recording, attn1_out), opts, xs)
+        if run == 0:
+            assert len(drawn) == 2 * steps  # /8 and /16, once per step
+            drawn.clear()
+    assert drawn == []
+    assert len(merged[0]) == len(merged[1]) == 16 * steps
+    assert all(torch.equal(a, b) for a, b in zip(merged[0], merged[1], strict=True))
+    inputs = [xs[level] for _ in range(steps) for _, level in SD15_BLOCKS]
+    assert sum(a.shape[1] < b.shape[1] for a, b in zip(merged[0], inputs, strict=True)) == 2 * 5 * steps  # merged
