@@ -40,7 +40,11 @@ class _Pending:
         self.event: Any = None
         self.host = stat
         if stat.is_cuda:
-            self.host = torch.empty((), dtype=stat.dtype, pin_memory=True)
+            try:
+                host = torch.empty((), dtype=stat.dtype, pin_memory=True)
+            except RuntimeError:  # no page-locked memory (some hosts limit it): a plain read later, a sync then
+                return
+            self.host = host
             self.host.copy_(stat, non_blocking=True)
             self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             self.event.record()

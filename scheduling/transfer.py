@@ -9,13 +9,26 @@ allocator records an event on it), so the source may be dropped at once.
 
 from __future__ import annotations
 
+import logging
+
 import torch
+
+log = logging.getLogger(__name__)
+_pin_failed: list[bool] = []  # warned once per process
 
 
 def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """t (any shape) on device; a CPU tensor bound for CUDA is staged in pinned memory and copied without blocking.
-    Other moves (CPU, MPS, XPU, already there) are a plain `.to`."""
+    Other moves (CPU, MPS, XPU, already there) are a plain `.to`, and so is a copy whose pinned staging fails (page-
+    locked memory is limited on some hosts, e.g. WSL): a sync then, never a lost reduction."""
     target = torch.device(device)
     if target.type == "cuda" and t.device.type == "cpu":
-        return t.pin_memory().to(target, non_blocking=True)
+        try:
+            staged = t.pin_memory()
+        except RuntimeError as exc:
+            if not _pin_failed:
+                _pin_failed.append(True)
+                log.warning("TokenFuse: pinned host memory unavailable (%s); host->GPU copies will block", exc)
+        else:
+            return staged.to(target, non_blocking=True)
     return t.to(target)

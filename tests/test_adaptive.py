@@ -62,3 +62,26 @@ def test_cuda_statistic_is_read_from_pinned_memory_after_its_event() -> None:
     pending = lag._by[(8, 2)][3]
     assert pending is not None and pending.host.is_pinned() and pending.event is not None
     assert lag((8, 2), run, 1, 0.9, noise, H, W) == pytest.approx(float(complexity_stat(noise, H, W)), abs=1e-6)
+
+
+def test_without_pinned_memory_the_statistic_is_read_plainly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Page-locked memory can be unavailable: the statistic is then read as it is (a sync on a GPU), not lost."""
+    from tokenfuse.scheduling import adaptive
+
+    class DeviceStat:  # stands in for a 0-d CUDA tensor on this CPU machine
+        is_cuda = True
+        dtype = torch.float32
+
+        def __float__(self) -> float:
+            return 0.25
+
+    real_empty = torch.empty
+
+    def empty(*args: object, **kwargs: object) -> torch.Tensor:
+        if kwargs.get("pin_memory"):
+            raise RuntimeError("CUDA error: out of memory (pinned)")
+        return real_empty(*args, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+    monkeypatch.setattr(adaptive.torch, "empty", empty)
+    pending = adaptive._Pending(DeviceStat())  # type: ignore[arg-type]
+    assert pending.event is None and pending.read() == 0.25

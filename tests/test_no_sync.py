@@ -46,6 +46,23 @@ def test_a_cpu_tensor_bound_for_cuda_is_pinned_and_copied_without_blocking(monke
     assert calls == [("to", (torch.device("cpu"),), {})]
 
 
+def test_a_failed_pinned_staging_falls_back_to_a_plain_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Page-locked memory can run out (WSL limits it): the copy still happens, blocking, and the reduction is kept."""
+    calls: list[Any] = []
+
+    def pin(self: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("CUDA error: out of memory (pinned)")
+
+    def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append((args, kwargs))
+        return self
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    to_device(torch.zeros(3), "cuda")
+    assert calls == [((torch.device("cuda"),), {})]
+
+
 def test_to_device_keeps_values_and_dtype() -> None:
     t = torch.arange(6).reshape(2, 3)
     out = to_device(t, "cpu")
