@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHES = sorted(p.name for p in (REPO / "bench").glob("*.py") if not p.name.startswith("_"))
@@ -110,3 +111,23 @@ def test_patch_overhead_logs_the_tensor_work_it_subtracts(tmp_path: Path) -> Non
     assert rows["tome's tensor work alone"]["ops"] == 2 * 5 * 3
     assert {"off", "balanced (todo /8 /16)", "tome 0.5 /8", "lowvram_8gb + step state"} <= set(rows)
     assert all("host_us_per_call" in r for r in rows.values() if "alone" not in r["variant"])
+
+
+def test_synced_timer_counts_what_it_times_and_its_floor_is_its_own_cost() -> None:
+    """bench/unet_step.py's match cost: the SyncedTimer sums closure time and counts the calls it timed, so the
+    floor (an empty closure timed the same way) can be taken off per call; untimed wrappers count nothing."""
+    import time
+
+    from tokenfuse.devkit.unet_bench import SyncedTimer, timer_floor_s
+
+    cpu = torch.device("cpu")
+    timer = SyncedTimer(cpu, timed=True)
+    slow = timer.wrap(lambda x: (time.sleep(0.002), x)[1])
+    for _ in range(5):
+        slow(None)
+    floor = timer_floor_s(cpu, samples=51)
+    assert timer.invocations == 5 and 0.0 < floor < 0.001
+    assert 0.009 < timer.seconds - timer.invocations * floor < timer.seconds
+    untimed = SyncedTimer(cpu, timed=False)
+    untimed.wrap(lambda x: x)(None)
+    assert untimed.invocations == 0 and untimed.seconds == 0.0
