@@ -24,6 +24,8 @@
 # Steps (issue 11 targets in brackets):
 #  0 syncs        device syncs of the attention patches per model call, every strategy, with and without a face
 #                 plan (PyTorch's sync debug mode; the sigma-read control row must show 1)   [0 per model call]
+#  0b sampling_syncs  the same count over whole ComfyUI sampling runs (euler, 20 steps, SD1.5 512), unpatched vs
+#                 every schedule incl. the step cache, with and without a face plan   [+0 per step vs unpatched]
 #  1 sd15_512     SD1.5 512 batch 1 / 8, `balanced` vs unpatched + control row   [>= 0.98x; was 0.95-0.97x]
 #                 and lowvram_8gb (the 4-8 GB preset, eager); --walk-steps: each call a new step, as in a run
 #  2 sd15_1024    SD1.5 1024 batch 1 / 2 with the match-cost column              [match cost <= 10 % of the saving]
@@ -43,10 +45,10 @@ mkdir -p "$OUT/r"
 log="$OUT/log.txt"
 if [ -n "${QUICK:-}" ]; then
   dev="--device cpu --threads 2 --quick"
-  s512=128 s1024=160 b8=2 reps=2 guide=128 steps=3 rounds=1 frame=256 cdev="--device cpu --threads 2"
+  s512=128 s1024=160 b8=2 reps=2 guide=128 steps=3 rounds=1 frame=256 cdev="--device cpu --threads 2" width=32
 else
   dev="--device cuda --dtype fp16"
-  s512=512 s1024=1024 b8=8 reps=15 guide=512 steps=20 rounds=3 frame=768 cdev="--device cuda --dtype fp16"
+  s512=512 s1024=1024 b8=8 reps=15 guide=512 steps=20 rounds=3 frame=768 cdev="--device cuda --dtype fp16" width=320
 fi
 
 step() {  # step NAME CAP_SECONDS COMMAND...: run it with at most CAP seconds, less when the budget runs out
@@ -74,6 +76,8 @@ U=("$py" bench/unet_step.py --comfyui "$COMFYUI" $dev)
 C=("$py" bench/step_cache.py --comfyui "$COMFYUI" --part speed $cdev --model sd15 --guide "$guide" --steps "$steps"
   --frame "$frame" --rounds "$rounds")
 step syncs 60 "$py" bench/patch_syncs.py --steps 20 --json "$OUT/r/syncs.json"
+step sampling_syncs 90 "$py" bench/sampling_syncs.py --comfyui "$COMFYUI" --width "$width" --size "$s512" \
+  --steps "$steps" --json "$OUT/r/sampling_syncs.json"
 step sd15_512 100 "${U[@]}" --models sd15 --sizes "$s512" --batch "1,$b8" --presets balanced,lowvram_8gb --control \
   --walk-steps --repeats "$reps" --json "$OUT/r/sd15_512.json"
 step sd15_1024 90 "${U[@]}" --models sd15 --sizes "$s1024" --batch 1,2 --presets balanced,balanced-static --control \

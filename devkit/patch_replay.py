@@ -66,12 +66,16 @@ def with_step_state(opts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def with_plan(opts: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
-    """The same model calls with a face-crop TOKEN_PLAN (a centred ellipse protected, the rest at 0.1), one plan
-    object for the run as ScheduledFusion passes it."""
+def face_plan(size: int) -> TokenPlan:
+    """A face-crop TOKEN_PLAN of a size x size crop: a centred ellipse protected (1.0), the rest at 0.1."""
     yy, xx = torch.meshgrid(torch.linspace(-1, 1, size), torch.linspace(-1, 1, size), indexing="ij")
     face = ((xx / 0.55) ** 2 + (yy / 0.7) ** 2) <= 1.0
-    plan = TokenPlan(importance=torch.where(face, 1.0, 0.1)[None].float(), image_size=(size, size))
+    return TokenPlan(importance=torch.where(face, 1.0, 0.1)[None].float(), image_size=(size, size))
+
+
+def with_plan(opts: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
+    """The same model calls with face_plan(size), one plan object for the run as ScheduledFusion passes it."""
+    plan = face_plan(size)
     return [{**o, PLAN_KEY: plan} for o in opts]
 
 

@@ -1,0 +1,124 @@
+"""Device syncs per step of a whole ComfyUI sampling run, unpatched vs TokenFuse's schedules (CUDA).
+
+Real ComfyUI sampling (`common_ksampler`, euler, normal schedule) of a random-weight SD1.5 U-Net (SD1.5's width,
+one image with CFG), each variant patched the way TokenSchedulerController patches it (`schedule_model`: the
+attention patches, the SAMPLER_SAMPLE step-state wrapper, the step cache), optionally with a face-crop TOKEN_PLAN in
+the model's transformer options as ScheduledFusion passes it. PyTorch's sync debug mode counts the synchronising CUDA
+operations of each run (after a warm-up run of the same variant). ComfyUI's own sampling syncs too (its sampler reads
+sigmas on the host, its preview and progress code, ...): the unpatched row is that floor, and issue 11 §1 asks that
+ours adds nothing per step; per run, the wrapper's one read of the sigmas is expected (+1), and a device-aware
+schedule (`balanced`) times its levels once per shape, in the warm-up run.
+
+    python bench/sampling_syncs.py --comfyui PATH [--steps 20] [--size 512] [--json PATH]
+
+Needs CUDA for the counts (sync debug mode is CUDA only); on other devices it runs every variant once and prints
+that nothing was measured (a smoke run of the code paths).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+VARIANTS = {  # name -> (preset, schedule_text)
+    "balanced": ("balanced", ""),
+    "lowvram_8gb": ("lowvram_8gb", ""),
+    "tome 0.5 /8": ("balanced", '{"strategy": "tome", "ratios": {"8": 0.5}, "device_aware": false}'),
+    "step cache": ("off", '{"cache_interval": 3}'),
+    "balanced + step cache": ("balanced", '{"cache_interval": 3}'),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--comfyui", default=os.environ.get("COMFYUI_PATH", ""), help="ComfyUI checkout")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--size", type=int, default=512, help="image side in px (latent = size / 8)")
+    ap.add_argument("--width", type=int, default=320, help="U-Net base channels (320 = SD1.5; 32 for a smoke run)")
+    ap.add_argument("--json", default="", help="write {'rows': [...]} here")
+    a = ap.parse_args(argv)
+    if not a.comfyui:
+        ap.error("needs ComfyUI: --comfyui PATH or COMFYUI_PATH")
+    sys.path.insert(0, str(REPO / "devkit"))
+    import comfy_models
+    from pack_loader import load_pack
+
+    cuda = torch.cuda.is_available()
+    comfy_models.setup_comfy(a.comfyui, cpu=not cuda, sdpa=True)
+    import comfy.utils
+    import utils.extra_config  # noqa: F401  (ComfyUI needs it imported before its nodes module)
+
+    import nodes as comfy_nodes
+
+    comfy.utils.PROGRESS_BAR_ENABLED = False
+    load_pack()
+    from tokenfuse.devkit.patch_replay import count_syncs, face_plan
+    from tokenfuse.nodes.glue import patcher
+    from tokenfuse.nodes.model_patching import schedule_model
+    from tokenfuse.scheduling.keys import PLAN_KEY
+    from tokenfuse.scheduling.schedule import Schedule, parse_schedule_text, preset_schedule
+
+    dtype = torch.float16 if cuda else torch.float32
+    model = comfy_models.build_model("sd15", model_channels=a.width, tiny=a.width < 320, dtype=dtype)
+    pos = comfy_models.conditioning("sd15", seed=1, tiny=a.width < 320)
+    neg = comfy_models.conditioning("sd15", seed=2, tiny=a.width < 320)
+    latent = {"samples": torch.zeros(1, 4, a.size // 8, a.size // 8)}
+    plan = face_plan(a.size)
+
+    def sample(m: Any) -> None:
+        comfy_nodes.common_ksampler(m, 0, a.steps, 5.0, "euler", "normal", pos, neg, latent)
+
+    def with_plan(m: Any) -> Any:
+        m = m.clone()
+        patcher.set_transformer_option(m, PLAN_KEY, plan)  # as ScheduledFusion's sampling glue passes it
+        return m
+
+    variants: list[tuple[str, Any, Any]] = [("unpatched", model, None), ("unpatched + plan", with_plan(model), None)]
+    for name, (preset, text) in VARIANTS.items():
+        schedule = preset_schedule(preset, "sd15")  # type: ignore[arg-type]
+        if text:
+            schedule = parse_schedule_text(text, schedule)
+        assert isinstance(schedule, Schedule)
+        patched, telemetry = schedule_model(model, schedule, patcher.detect_family(model))
+        variants += [(name, patched, telemetry), (name + " + plan", with_plan(patched), telemetry)]
+    count = count_syncs if cuda else (lambda fn: (fn(), 0)[1])
+    rows = []
+    for name, m, telemetry in variants:
+        sample(m)  # warm-up: loads the model, builds tables, calibrates
+        if telemetry is not None:
+            telemetry.reset()
+        syncs = count(lambda m=m: sample(m))
+        summary = telemetry.summary() if telemetry is not None else {}
+        rows.append(
+            {
+                "variant": name,
+                "syncs_per_run": syncs,
+                "syncs_per_step": syncs / a.steps,
+                "steps": a.steps,
+                "attention_calls": telemetry.calls if telemetry is not None else None,
+                "reduced_calls": summary.get("reduced_calls"),
+            }
+        )
+    device = torch.cuda.get_device_name(0) if cuda else "cpu (nothing counted: sync debug mode is CUDA only)"
+    print(f"device syncs of a whole sampling run, SD1.5 width {a.width}, {a.size} px, {a.steps} steps, {device}")
+    base = {False: rows[0]["syncs_per_run"], True: rows[1]["syncs_per_run"]}
+    print(f"{'variant':34s} {'per run':>8s} {'per step':>9s} {'vs unpatched':>13s}  reduced/patched calls")
+    for r in rows:
+        extra = r["syncs_per_run"] - base[r["variant"].endswith("+ plan")]
+        r["vs_unpatched"] = extra
+        calls = "-" if r["attention_calls"] is None else f"{r['reduced_calls']}/{r['attention_calls']}"
+        print(f"{r['variant']:34s} {r['syncs_per_run']:8d} {r['syncs_per_step']:9.2f} {extra:+13d}  {calls}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"rows": rows, "device": device}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
