@@ -1,9 +1,10 @@
 """Device syncs per step of a whole ComfyUI sampling run, unpatched vs TokenFuse's schedules (CUDA).
 
 Real ComfyUI sampling (`common_ksampler`, euler, normal schedule) of a random-weight SD1.5 U-Net (SD1.5's width,
-one image with CFG), each variant patched the way TokenSchedulerController patches it (`schedule_model`: the
-attention patches, the SAMPLER_SAMPLE step-state wrapper, the step cache), optionally with a face-crop TOKEN_PLAN in
-the model's transformer options as ScheduledFusion passes it. PyTorch's sync debug mode counts the synchronising CUDA
+one image with CFG; and a tiny Flux for the DiT route, the attention override), each variant patched the way
+TokenSchedulerController patches it (`schedule_model`: the attention patches, the SAMPLER_SAMPLE step-state wrapper,
+the step cache), optionally with a face-crop TOKEN_PLAN in the model's transformer options as ScheduledFusion passes
+it. PyTorch's sync debug mode counts the synchronising CUDA
 operations of each run (after a warm-up run of the same variant). ComfyUI's own sampling syncs too (its sampler reads
 sigmas on the host, its preview and progress code, ...): the unpatched row is that floor, and issue 11 §1 asks that
 ours adds nothing per step; per run, the wrapper's one read of the sigmas is expected (+1), and a device-aware
@@ -66,55 +67,70 @@ def main(argv: list[str] | None = None) -> int:
     from tokenfuse.scheduling.schedule import Schedule, parse_schedule_text, preset_schedule
 
     dtype = torch.float16 if cuda else torch.float32
-    model = comfy_models.build_model("sd15", model_channels=a.width, tiny=a.width < 320, dtype=dtype)
-    pos = comfy_models.conditioning("sd15", seed=1, tiny=a.width < 320)
-    neg = comfy_models.conditioning("sd15", seed=2, tiny=a.width < 320)
-    latent = {"samples": torch.zeros(1, 4, a.size // 8, a.size // 8)}
+    tiny = a.width < 320
+    sd15 = comfy_models.build_model("sd15", model_channels=a.width, tiny=tiny, dtype=dtype)
+    flux = comfy_models.build_model("flux", tiny=True, dtype=dtype)  # the DiT route (attention override), tiny
     plan = face_plan(a.size)
 
-    def sample(m: Any) -> None:
-        comfy_nodes.common_ksampler(m, 0, a.steps, 5.0, "euler", "normal", pos, neg, latent)
+    def sampler(family: str, size: int) -> Any:
+        pos = comfy_models.conditioning(family, seed=1, tiny=tiny or family == "flux")
+        neg = comfy_models.conditioning(family, seed=2, tiny=tiny or family == "flux")
+        latent = {"samples": torch.zeros(1, comfy_models.latent_channels(family), size // 8, size // 8)}
+        return lambda m: comfy_nodes.common_ksampler(m, 0, a.steps, 5.0, "euler", "normal", pos, neg, latent)
 
     def with_plan(m: Any) -> Any:
         m = m.clone()
         patcher.set_transformer_option(m, PLAN_KEY, plan)  # as ScheduledFusion's sampling glue passes it
         return m
 
-    variants: list[tuple[str, Any, Any]] = [("unpatched", model, None), ("unpatched + plan", with_plan(model), None)]
-    for name, (preset, text) in VARIANTS.items():
-        schedule = preset_schedule(preset, "sd15")  # type: ignore[arg-type]
-        if text:
-            schedule = parse_schedule_text(text, schedule)
+    def scheduled(model: Any, family: str, preset: str, text: str) -> tuple[Any, Any]:
+        schedule = preset_schedule(preset, family)  # type: ignore[arg-type]
+        schedule = parse_schedule_text(text, schedule) if text else schedule
         assert isinstance(schedule, Schedule)
-        patched, telemetry = schedule_model(model, schedule, patcher.detect_family(model))
-        variants += [(name, patched, telemetry), (name + " + plan", with_plan(patched), telemetry)]
+        return schedule_model(model, schedule, patcher.detect_family(model))  # type: ignore[no-any-return]
+
+    # (name, model, telemetry, sample, name of its unpatched row)
+    run15, runflux = sampler("sd15", a.size), sampler("flux", 128)
+    variants: list[tuple[str, Any, Any, Any, str]] = [
+        ("unpatched", sd15, None, run15, "unpatched"),
+        ("unpatched + plan", with_plan(sd15), None, run15, "unpatched + plan"),
+    ]
+    for name, (preset, text) in VARIANTS.items():
+        patched, telemetry = scheduled(sd15, "sd15", preset, text)
+        variants += [(name, patched, telemetry, run15, "unpatched")]
+        variants += [(name + " + plan", with_plan(patched), telemetry, run15, "unpatched + plan")]
+    patched, telemetry = scheduled(flux, "dit", "balanced", '{"protect_blocks": 0}')
+    variants += [("flux: unpatched", flux, None, runflux, "flux: unpatched")]
+    variants += [("flux: balanced (attention override)", patched, telemetry, runflux, "flux: unpatched")]
     count = count_syncs if cuda else (lambda fn: (fn(), 0)[1])
-    rows = []
-    for name, m, telemetry in variants:
+    rows: list[dict[str, Any]] = []
+    for name, m, telemetry, sample, base_name in variants:
         sample(m)  # warm-up: loads the model, builds tables, calibrates
         if telemetry is not None:
             telemetry.reset()
-        syncs = count(lambda m=m: sample(m))
+        syncs = count(lambda m=m, sample=sample: sample(m))
         summary = telemetry.summary() if telemetry is not None else {}
+        base = next((r["syncs_per_run"] for r in rows if r["variant"] == base_name), syncs)
         rows.append(
             {
                 "variant": name,
                 "syncs_per_run": syncs,
                 "syncs_per_step": syncs / a.steps,
+                "vs_unpatched": syncs - base,
                 "steps": a.steps,
                 "attention_calls": telemetry.calls if telemetry is not None else None,
                 "reduced_calls": summary.get("reduced_calls"),
             }
         )
     device = torch.cuda.get_device_name(0) if cuda else "cpu (nothing counted: sync debug mode is CUDA only)"
-    print(f"device syncs of a whole sampling run, SD1.5 width {a.width}, {a.size} px, {a.steps} steps, {device}")
-    base = {False: rows[0]["syncs_per_run"], True: rows[1]["syncs_per_run"]}
-    print(f"{'variant':34s} {'per run':>8s} {'per step':>9s} {'vs unpatched':>13s}  reduced/patched calls")
+    head = f"device syncs of a whole sampling run, SD1.5 width {a.width} at {a.size} px and a tiny Flux at 128 px"
+    print(f"{head}, {a.steps} steps, {device}")
+    print(f"{'variant':38s} {'per run':>8s} {'per step':>9s} {'vs unpatched':>13s}  reduced/patched calls")
     for r in rows:
-        extra = r["syncs_per_run"] - base[r["variant"].endswith("+ plan")]
-        r["vs_unpatched"] = extra
         calls = "-" if r["attention_calls"] is None else f"{r['reduced_calls']}/{r['attention_calls']}"
-        print(f"{r['variant']:34s} {r['syncs_per_run']:8d} {r['syncs_per_step']:9.2f} {extra:+13d}  {calls}")
+        print(
+            f"{r['variant']:38s} {r['syncs_per_run']:8d} {r['syncs_per_step']:9.2f} {r['vs_unpatched']:+13d}  {calls}"
+        )
     if a.json:
         Path(a.json).write_text(json.dumps({"rows": rows, "device": device}, indent=1))
     return 0

@@ -24,8 +24,9 @@ def test_sampling_syncs_bench_samples_every_variant_patched(comfyui_path: Path, 
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
-    assert len(rows) == 12
-    for name in ("balanced", "lowvram_8gb", "tome 0.5 /8", "lowvram_8gb + plan", "tome 0.5 /8 + plan"):
+    assert len(rows) == 14
+    names = ("balanced", "lowvram_8gb", "tome 0.5 /8", "lowvram_8gb + plan", "tome 0.5 /8 + plan")
+    for name in (*names, "flux: balanced (attention override)"):
         assert rows[name]["reduced_calls"] > 0, (name, rows[name])  # the patches ran and reduced in the counted run
     cached = rows["balanced + step cache"]["attention_calls"]
     assert 0 < cached < rows["balanced"]["attention_calls"]  # the step cache skipped deep blocks in a cached step
