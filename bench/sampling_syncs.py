@@ -12,8 +12,8 @@ schedule (`balanced`) times its levels once per shape, in the warm-up run.
 
     python bench/sampling_syncs.py --comfyui PATH [--steps 20] [--size 512] [--json PATH]
 
-Needs CUDA for the counts (sync debug mode is CUDA only); on other devices it runs every variant once and prints
-that nothing was measured (a smoke run of the code paths).
+Needs CUDA for the counts (sync debug mode is CUDA only); on other devices it samples every variant as on a GPU
+and prints that nothing was measured (a smoke run of the code paths).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The attention calls of SD1.5 U-Net model calls, replayed on TokenFuse's patch closures without a U-Net.
 
 Shared by bench/patch_overhead.py (host cost per call), bench/patch_syncs.py and tests/test_no_sync.py (device syncs
-per model call). 16 transformer blocks at /8 /16 /32 /64 in ComfyUI's call order, ComfyUI's extra_options keys, a
-fresh options dict per block as ComfyUI makes, tiny token tensors (batch 1, 4 channels) on the chosen device.
-Not imported by the pack.
+per model call); bench/sampling_syncs.py takes its face plan and sync counter. 16 transformer blocks at /8 /16 /32
+/64 in ComfyUI's call order, ComfyUI's extra_options keys, a fresh options dict per block as ComfyUI makes, tiny
+token tensors (batch 1, 4 channels) on the chosen device. Not imported by the pack.
 """
 
 from __future__ import annotations
