@@ -1,14 +1,14 @@
 """Device syncs per step of a whole ComfyUI sampling run, unpatched vs TokenFuse's schedules (CUDA).
 
-Real ComfyUI sampling (`common_ksampler`, euler, normal schedule) of a random-weight SD1.5 U-Net (SD1.5's width,
-one image with CFG; and a tiny Flux for the DiT route, the attention override), each variant patched the way
-TokenSchedulerController patches it (`schedule_model`: the attention patches, the SAMPLER_SAMPLE step-state wrapper,
-the step cache), optionally with a face-crop TOKEN_PLAN in the model's transformer options as ScheduledFusion passes
-it. PyTorch's sync debug mode counts the synchronising CUDA
-operations of each run (after a warm-up run of the same variant). ComfyUI's own sampling syncs too (its sampler reads
-sigmas on the host, its preview and progress code, ...): the unpatched row is that floor, and issue 11 §1 asks that
-ours adds nothing per step; per run, the wrapper's one read of the sigmas is expected (+1), and a device-aware
-schedule (`balanced`) times its levels once per shape, in the warm-up run.
+Real ComfyUI sampling (ScheduledFusion's sampling glue: `comfy.sample.sample` as KSampler calls it; euler, normal
+schedule, full denoise) of a random-weight SD1.5 U-Net (SD1.5's width, one image with CFG; and a tiny Flux for the
+DiT route, the attention override), each variant patched the way TokenSchedulerController patches it
+(`schedule_model`: the attention patches, the SAMPLER_SAMPLE step-state wrapper, the step cache), with and without a
+face-crop TOKEN_PLAN in the transformer options as the glue passes it. PyTorch's sync debug mode counts the
+synchronising CUDA operations of each run (after a warm-up run of the same variant). ComfyUI's own sampling syncs
+too (its sampler reads sigmas on the host, its progress code, ...): the unpatched row is that floor, and issue 11 §1
+asks that ours adds nothing per step; per run, the wrapper's one read of the sigmas is expected (+1), and a
+device-aware schedule (`balanced`) times its levels once per shape, in the warm-up run.
 
     python bench/sampling_syncs.py --comfyui PATH [--steps 20] [--size 512] [--json PATH]
 
@@ -54,16 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     cuda = torch.cuda.is_available()
     comfy_models.setup_comfy(a.comfyui, cpu=not cuda, sdpa=True)
     import comfy.utils
-    import utils.extra_config  # noqa: F401  (ComfyUI needs it imported before its nodes module)
-
-    import nodes as comfy_nodes
 
     comfy.utils.PROGRESS_BAR_ENABLED = False
     load_pack()
     from tokenfuse.devkit.patch_replay import count_syncs, face_plan
-    from tokenfuse.nodes.glue import patcher
+    from tokenfuse.nodes.glue import patcher, sampling
     from tokenfuse.nodes.model_patching import schedule_model
-    from tokenfuse.scheduling.keys import PLAN_KEY
     from tokenfuse.scheduling.schedule import Schedule, parse_schedule_text, preset_schedule
 
     dtype = torch.float16 if cuda else torch.float32
@@ -72,16 +68,15 @@ def main(argv: list[str] | None = None) -> int:
     flux = comfy_models.build_model("flux", tiny=True, dtype=dtype)  # the DiT route (attention override), tiny
     plan = face_plan(a.size)
 
-    def sampler(family: str, size: int) -> Any:
+    def sampler(family: str, size: int, with_plan: bool = False) -> Any:
+        """ScheduledFusion's sampling glue (comfy.sample.sample as KSampler calls it; a plan reaches the patches
+        through the transformer options of a clone), euler, cfg 5, full denoise."""
         pos = comfy_models.conditioning(family, seed=1, tiny=tiny or family == "flux")
         neg = comfy_models.conditioning(family, seed=2, tiny=tiny or family == "flux")
-        latent = {"samples": torch.zeros(1, comfy_models.latent_channels(family), size // 8, size // 8)}
-        return lambda m: comfy_nodes.common_ksampler(m, 0, a.steps, 5.0, "euler", "normal", pos, neg, latent)
-
-    def with_plan(m: Any) -> Any:
-        m = m.clone()
-        patcher.set_transformer_option(m, PLAN_KEY, plan)  # as ScheduledFusion's sampling glue passes it
-        return m
+        latent = torch.zeros(1, comfy_models.latent_channels(family), size // 8, size // 8)
+        kw = {"steps": a.steps, "cfg": 5.0, "sampler_name": "euler", "scheduler": "normal", "denoise": 1.0}
+        use = plan if with_plan else None
+        return lambda m: sampling.sample(m, latent, None, [0], use, positive=pos, negative=neg, **kw)
 
     def scheduled(model: Any, family: str, preset: str, text: str) -> tuple[Any, Any]:
         schedule = preset_schedule(preset, family)  # type: ignore[arg-type]
@@ -90,15 +85,15 @@ def main(argv: list[str] | None = None) -> int:
         return schedule_model(model, schedule, patcher.detect_family(model))  # type: ignore[no-any-return]
 
     # (name, model, telemetry, sample, name of its unpatched row)
-    run15, runflux = sampler("sd15", a.size), sampler("flux", 128)
+    run15, run15_plan, runflux = sampler("sd15", a.size), sampler("sd15", a.size, True), sampler("flux", 128)
     variants: list[tuple[str, Any, Any, Any, str]] = [
         ("unpatched", sd15, None, run15, "unpatched"),
-        ("unpatched + plan", with_plan(sd15), None, run15, "unpatched + plan"),
+        ("unpatched + plan", sd15, None, run15_plan, "unpatched + plan"),
     ]
     for name, (preset, text) in VARIANTS.items():
         patched, telemetry = scheduled(sd15, "sd15", preset, text)
         variants += [(name, patched, telemetry, run15, "unpatched")]
-        variants += [(name + " + plan", with_plan(patched), telemetry, run15, "unpatched + plan")]
+        variants += [(name + " + plan", patched, telemetry, run15_plan, "unpatched + plan")]
     patched, telemetry = scheduled(flux, "dit", "balanced", '{"protect_blocks": 0}')
     variants += [("flux: unpatched", flux, None, runflux, "flux: unpatched")]
     variants += [("flux: balanced (attention override)", patched, telemetry, runflux, "flux: unpatched")]
