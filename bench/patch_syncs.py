@@ -40,7 +40,10 @@ def main() -> None:
     parser.add_argument("--json", default="", help="write {'rows': [...]} here")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        print("patch_syncs: no CUDA device here (PyTorch's sync debug mode is CUDA only); nothing measured")
+        why = "no CUDA device here (PyTorch's sync debug mode is CUDA only); nothing measured"
+        print(f"patch_syncs: {why}")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"rows": [], "note": why}, indent=1))
         return
     rows = sync_audit(args.size, args.steps, "cuda")
     head = f"device syncs of the attention patches, SD1.5 {args.size} px call pattern, {args.steps} steps"
