@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     from tokenfuse.devkit.patch_replay import count_syncs, face_plan
     from tokenfuse.nodes.glue import patcher, sampling
     from tokenfuse.nodes.model_patching import schedule_model
-    from tokenfuse.scheduling.schedule import Schedule, parse_schedule_text, preset_schedule
+    from tokenfuse.nodes.scheduler_node import schedule_from_widgets
 
     dtype = torch.float16 if cuda else torch.float32
     tiny = a.width < 320
@@ -79,9 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         return lambda m: sampling.sample(m, latent, None, [0], use, positive=pos, negative=neg, **kw)
 
     def scheduled(model: Any, family: str, preset: str, text: str) -> tuple[Any, Any]:
-        schedule = preset_schedule(preset, family)  # type: ignore[arg-type]
-        schedule = parse_schedule_text(text, schedule) if text else schedule
-        assert isinstance(schedule, Schedule)
+        """The node's own widgets -> Schedule path (preset, then the text override), then its patching."""
+        schedule = schedule_from_widgets(preset, "preset", 0.0, family, text)
         return schedule_model(model, schedule, patcher.detect_family(model))  # type: ignore[no-any-return]
 
     # (name, model, telemetry, sample, name of its unpatched row)

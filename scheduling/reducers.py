@@ -98,7 +98,7 @@ class ReduceState:
                 return tuple(to_device(t, device) for t in value)
             return to_device(value, device)
 
-        return self.plans.get(plan, key + (str(device),), make)
+        return self.plans.get(plan, key + (device,), make)  # the device itself: no string per call
 
     def plan_keep(
         self, plan: Any, h: int, w: int, batch: int, kernel: tuple[int, int], device: torch.device
