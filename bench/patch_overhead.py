@@ -9,9 +9,10 @@ Prints, from one run, µs per attention call for: the bare loop (dict copy + cal
 `balanced` and `tome` run twice: with the step read from the call's sigma (the fallback: `float()` of ComfyUI's
 device sigma, a blocking sync per model call on a GPU, free here) and with the run's SamplingSteps in the options
 (what the SAMPLER_SAMPLE wrapper provides on ComfyUI's sampler path: no sync); the GPU-side effect is not measured.
-`tome` also runs as a later run of one patched model (a video's next frame, the next queue item): its per-step
-partitions are kept from the earlier run, so none is drawn. `lowvram_8gb` (adaptive ratio: a statistic per level and
-step, read a step late) runs with the step state only.
+`tome`'s per-step partition draw is timed alone too, against the plain mask way (devkit/partition_ref.py), at the
+bench's /8 grid and SD1.5 512's 64 x 64. `tome` also runs as a later run of one patched model (a video's next frame,
+the next queue item): its per-step partitions are kept from the earlier run, so none is drawn. `lowvram_8gb`
+(adaptive ratio: a statistic per level and step, read a step late) runs with the step state only.
 For `tome` and `lowvram_8gb` the tensor work is logged from one patched run (every K/V pool, complexity statistic,
 ToMe matching, merge and unmerge with its arguments: `tensor_work`), replayed alone and subtracted.
 The target of issue 11 is <= 10 µs per patched call on the CPU side.
@@ -38,6 +39,7 @@ sys.path.insert(0, str(REPO / "devkit"))
 from pack_loader import load_pack  # noqa: E402  (devkit/pack_loader.py)
 
 load_pack()
+from tokenfuse.devkit.partition_ref import mask_partition  # noqa: E402
 from tokenfuse.devkit.patch_replay import (  # noqa: E402
     SD15_BLOCKS,
     block_tensors,
@@ -47,6 +49,7 @@ from tokenfuse.devkit.patch_replay import (  # noqa: E402
 )
 from tokenfuse.scheduling import adaptive, reducers  # noqa: E402
 from tokenfuse.scheduling.downsample import kv_downsample_functions  # noqa: E402
+from tokenfuse.scheduling.merge import random_partition  # noqa: E402
 from tokenfuse.scheduling.patches import build_unet_patches  # noqa: E402
 from tokenfuse.scheduling.schedule import Schedule, preset_schedule  # noqa: E402
 from tokenfuse.scheduling.telemetry import RunTelemetry  # noqa: E402
@@ -104,6 +107,19 @@ def replay_ops(ops: TensorOps) -> int:
     for fn, args in ops:
         fn(*args)
     return len(ops)
+
+
+def partition_draw_us(grid: int, draws: int, repeats: int) -> dict[str, float]:
+    """µs per ToMe partition draw (one per step and tome grid) on a grid x grid grid, 2x2 cells, best of repeats:
+    the mask way (devkit/partition_ref.py, the baseline) and the pack's arithmetic draw, alternating."""
+    best = {"mask": float("inf"), "ours": float("inf")}
+    for _ in range(repeats):
+        for name, draw in (("mask", mask_partition), ("ours", random_partition)):
+            t0 = time.perf_counter()
+            for seed in range(draws):
+                draw(grid, grid, 2, 2, seed)
+            best[name] = min(best[name], (time.perf_counter() - t0) / draws * 1e6)
+    return best
 
 
 def main() -> None:
@@ -199,6 +215,19 @@ def main() -> None:
         f"lowvram_8gb (adaptive ratio, every level reduced): {best[name] - tensor_us(name):.2f} us host per call "
         f"(target <= 10), {work['lowvram_8gb']:.2f} us of pooling and complexity statistics per call beside it"
     )
+    for grid in sorted({lat, 64}):  # the bench's /8 grid and SD1.5 512's
+        draw = partition_draw_us(grid, 200, args.repeats)
+        rows.append(
+            {
+                "variant": f"tome partition draw {grid}x{grid}",
+                "mask_us": round(draw["mask"], 2),
+                "ours_us": round(draw["ours"], 2),
+            }
+        )
+        print(
+            f"tome partition draw per step and grid, {grid}x{grid}: mask way {draw['mask']:.1f} us, "
+            f"ours {draw['ours']:.1f} us ({draw['mask'] / draw['ours']:.2f}x)"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
 

@@ -9,6 +9,7 @@ Ratio advice: <= 0.5 per level keeps quality (ToMe-SD); 0.75 is the hard maximum
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -22,21 +23,32 @@ METRIC_DIM = 64  # channels used for similarity: cheap and enough to rank neighb
 CHUNK_ELEMS = 1 << 24  # max src x dst scores alive at once per batch
 
 
+@functools.lru_cache(maxsize=64)
+def _cell_layout(h: int, w: int, sx: int, sy: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a grid's partitions share (CPU int64, read only): each full cell's first token [Nd], the token offsets
+    within a cell [sy*sx], per choice of dst the offsets of the other tokens [sy*sx, sy*sx - 1], and the tokens
+    outside every full cell (odd grids) [M]."""
+    hsy, wsx = h // sy, w // sx
+    base = ((torch.arange(hsy) * sy * w).unsqueeze(1) + torch.arange(wsx) * sx).flatten()
+    offsets = (torch.arange(sy).unsqueeze(1) * w + torch.arange(sx)).flatten()
+    others = torch.stack([torch.cat([offsets[:i], offsets[i + 1 :]]) for i in range(sy * sx)])
+    full = torch.zeros(h, w, dtype=torch.bool)
+    full[: hsy * sy, : wsx * sx] = True
+    return base, offsets, others, full.flatten().logical_not().nonzero().flatten()
+
+
 def random_partition(h: int, w: int, sx: int, sy: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Split an h x w grid into (src_idx [Ns], dst_idx [Nd]) CPU int64 token indices, one random dst per full cell.
 
-    Tokens outside the last full cell row/column (odd grids) are always src. Same seed -> same partition.
+    Tokens outside the last full cell row/column (odd grids) are always src. Same seed -> same partition. Indices
+    come cell by cell (not sorted: the matching does not need it); drawn by arithmetic on the grid's cached layout,
+    since ToMe re-draws a partition every step and grid (half the host time of a mask and two `nonzero`s).
     """
-    hsy, wsx = h // sy, w // sx
+    base, offsets, others, rest = _cell_layout(h, w, sx, sy)
     gen = torch.Generator().manual_seed(int(seed) & 0x7FFF_FFFF_FFFF_FFFF)
-    pick = torch.randint(sy * sx, (hsy, wsx), generator=gen)
-    is_dst = torch.zeros(hsy, wsx, sy * sx, dtype=torch.bool)
-    is_dst.scatter_(2, pick.unsqueeze(-1), True)
-    is_dst = is_dst.view(hsy, wsx, sy, sx).transpose(1, 2).reshape(hsy * sy, wsx * sx)
-    full = torch.zeros(h, w, dtype=torch.bool)
-    full[: hsy * sy, : wsx * sx] = is_dst
-    flat = full.flatten()
-    return flat.logical_not().nonzero().flatten(), flat.nonzero().flatten()
+    pick = torch.randint(sy * sx, (base.numel(),), generator=gen)
+    src = (base.unsqueeze(1) + others[pick]).flatten()
+    return (torch.cat([src, rest]) if rest.numel() else src), base + offsets[pick]
 
 
 def max_merge_count(protected: torch.Tensor | None, src_idx: torch.Tensor, dst_idx: torch.Tensor) -> int:

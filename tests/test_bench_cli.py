@@ -110,7 +110,10 @@ def test_patch_overhead_logs_the_tensor_work_it_subtracts(tmp_path: Path) -> Non
     assert rows["lowvram_8gb's tensor work alone"]["ops"] == 2 * 15 + 3
     assert rows["tome's tensor work alone"]["ops"] == 2 * 5 * 3
     assert {"off", "balanced (todo /8 /16)", "tome 0.5 /8", "lowvram_8gb + step state"} <= set(rows)
-    assert all("host_us_per_call" in r for r in rows.values() if "alone" not in r["variant"])
+    draws = [r for name, r in rows.items() if name.startswith("tome partition draw")]
+    assert [r["variant"] for r in draws] == ["tome partition draw 16x16", "tome partition draw 64x64"]
+    assert all(r["mask_us"] > 0 and r["ours_us"] > 0 for r in draws)
+    assert all("host_us_per_call" in r for r in rows.values() if "alone" not in r["variant"] and r not in draws)
 
 
 def test_synced_timer_counts_what_it_times_and_its_floor_is_its_own_cost() -> None:

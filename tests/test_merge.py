@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tokenfuse.devkit.partition_ref import mask_partition
 from tokenfuse.scheduling import merge as merge_mod
 from tokenfuse.scheduling.merge import (
     bipartite_soft_matching_2d,
@@ -116,3 +117,24 @@ def test_chunked_scores_match_one_shot(monkeypatch: pytest.MonkeyPatch) -> None:
     ref = bipartite_soft_matching_2d(x, src, dst, r=60)[0](x)
     monkeypatch.setattr(merge_mod, "CHUNK_ELEMS", 100)  # several src chunks; never an N x N matrix
     assert torch.equal(bipartite_soft_matching_2d(x, src, dst, r=60)[0](x), ref)
+
+
+@pytest.mark.parametrize("h,w,sx,sy", [(16, 16, 2, 2), (9, 7, 2, 2), (13, 11, 3, 3), (6, 5, 1, 2), (5, 8, 2, 1)])
+def test_partition_has_one_dst_per_full_cell_and_cached_layouts_stay_untouched(
+    h: int, w: int, sx: int, sy: int
+) -> None:
+    """random_partition builds indices arithmetically from a cached per-grid layout: the same index sets as the mask
+    way (one dst per full sy x sx cell, tokens outside full cells always src), and writing into a returned partition
+    must not change the next one drawn (no view of the cached layout escapes)."""
+    for seed in range(4):
+        src, dst = random_partition(h, w, sx, sy, seed)
+        assert src.dtype == dst.dtype == torch.int64
+        assert src.numel() + dst.numel() == h * w
+        ref_src, ref_dst = mask_partition(h, w, sx, sy, seed)
+        assert torch.equal(src.sort().values, ref_src) and torch.equal(dst.sort().values, ref_dst)
+    src, dst = random_partition(h, w, sx, sy, 1)
+    again = [t.clone() for t in random_partition(h, w, sx, sy, 1)]
+    src.fill_(-1)
+    dst.fill_(-1)
+    later = random_partition(h, w, sx, sy, 1)
+    assert torch.equal(later[0], again[0]) and torch.equal(later[1], again[1])
