@@ -19,7 +19,8 @@
 #
 # QUICK=1: the same steps on the CPU with the benches' tiny models and sizes (the numbers mean nothing; it checks every
 # command line and the packaging; about 3 minutes on 2 cores). Writes $OUT/log.txt (every step's table, its command
-# and exit code) and $OUT/results.tgz (the JSON of every step).
+# and exit code, then bench/gpu_verdict.py's verdict per target and Markdown tables) and $OUT/results.tgz (the JSON
+# of every step).
 #
 # Steps (issue 11 targets in brackets):
 #  0 syncs        device syncs of the attention patches per model call, every strategy, with and without a face
@@ -91,5 +92,7 @@ step compiled 200 "${U[@]}" --models sd15 --sizes "$s512" --batch 1 --presets ba
   --warmup 3 --repeats 5 --no-overhead --json "$OUT/r/compiled.json"
 step compiled_cache 150 "${C[@]}" --variants ours-both --compile inductor --json "$OUT/r/compiled_cache.json"
 
+echo "=== verdict (bench/gpu_verdict.py: each issue 11 target met, missed or not measured; tables for speed.md)" >>"$log"
+"$py" bench/gpu_verdict.py "$OUT/r" --markdown >>"$log" 2>&1
 tar czf "$OUT/results.tgz" -C "$OUT" r && rm -rf "$OUT/r"
 echo "=== done after $((SECONDS - start)) s" >>"$log"
