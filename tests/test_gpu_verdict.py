@@ -173,8 +173,9 @@ def test_missing_or_cpu_results_are_not_measured_and_strict_fails_only_on_a_miss
     (folder / "compiled.json").write_text(json.dumps(_table("sd15", 512, [1], 110.0)))
     assert gv.main([str(tmp_path), "--strict"]) == 1
     assert gv.main([str(tmp_path)]) == 0
-    cpu = {"sd15_512": {"rows": [{**r, "device": "cpu"} for r in _table("sd15", 128, [1], 99.0)["rows"]]}}
+    cpu = {"sd15_512": {"rows": [{**r, "device": "cpu"} for r in _table("sd15", 128, [1], 105.0)["rows"]]}}
     assert gv.on_cpu(cpu)
+    assert _status(gv, cpu)["sd15_512"] == "cpu smoke"  # 0.952x on a CPU smoke: not a miss of the GPU target
     assert gv.main([str(tmp_path / "empty")]) == 1  # no JSON at all
 
 
