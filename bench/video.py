@@ -131,13 +131,14 @@ def comfy_refine_runner(args: argparse.Namespace) -> Any:
         model = comfy_models.build_model("sd15", model_channels=args.channels, tiny=args.channels < 320, seed=0)
         vae = comfy_models.build_vae(ch=128 if args.channels >= 320 else 32, seed=0, dtype=dtype)
         cond = comfy_models.conditioning("sd15", seed=1), comfy_models.conditioning("sd15", seed=2)
+    from tokenfuse.nodes.glue.video import VideoPath
     from tokenfuse.nodes.video_nodes import VideoFaceFusion
 
     def run(src: Path, out: Path, tracks: Any, mode: str, anchor: str) -> Any:
-        node = VideoFaceFusion()
+        node = VideoFaceFusion(out_path=str(out))
         with torch.inference_mode():
             node.fuse(
-                str(src),
+                VideoPath(src),
                 tracks,
                 model,
                 vae,
@@ -159,7 +160,6 @@ def comfy_refine_runner(args: argparse.Namespace) -> Any:
                 preset=args.preset,
                 fallback="oom-only",
                 anchor_attention=anchor,
-                out_path=str(out),
             )
         anchors = node.last_anchors
         return node.last_stats, (anchors.peak_bytes if anchors is not None else 0)

@@ -4,6 +4,9 @@ ComfyUI validates combo choices and int/float ranges of a prompt, but not NaN, s
 arriving on a link from another pack's node; the headless runner and tests call node functions directly. So each
 node's FUNCTION is wrapped with `checked_inputs`, which checks every argument against the node's own INPUT_TYPES and
 raises `NodeInputError` (a ValueError) naming the node, the input and the fix, echoing at most a few dozen characters.
+An argument the node does not declare is refused too: ComfyUI validates only declared inputs but passes every linked
+one to the function, so an undeclared keyword (an internal option of a node function) would be reachable from a
+prompt.
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -50,8 +52,8 @@ def _is_custom(kind: str, value: Any) -> bool:
         from ..scheduling.plan import TokenPlan
 
         return isinstance(value, TokenPlan)
-    if kind == "VIDEO":  # comfy_api VideoInput, or a path / binary file when the runner or a test calls the node
-        return hasattr(value, "get_stream_source") or isinstance(value, (str, os.PathLike)) or hasattr(value, "read")
+    if kind == "VIDEO":  # comfy_api VideoInput, or glue.video.VideoPath (the runner, tests): never a typed-in path
+        return hasattr(value, "get_stream_source")
     if kind == "FACE_TRACKS":
         from ..video.track_pass import FaceTracks
 
@@ -92,14 +94,33 @@ def _check(node: str, name: str, kind: Any, opts: dict[str, Any], value: Any, fr
         raise NodeInputTypeError(f"{where} expects {_SOURCES[kind]}, got {type(value).__name__}: connect that output")
 
 
-def check_inputs(cls: type, values: dict[str, Any], free_choices: tuple[str, ...] = ()) -> None:
+def refuse_undeclared(cls: type, names: Any, spec: dict[str, dict[str, Any]] | None = None) -> None:
+    """NodeInputError if a name is not one of the node's declared inputs (required, optional, hidden): ComfyUI passes
+    a prompt's linked inputs whether the node declares them or not."""
+    spec = getattr(cls, "INPUT_TYPES")() if spec is None else spec  # noqa: B009 - every node class has it
+    declared = {name for section in ("required", "optional", "hidden") for name in spec.get(section, {})}
+    unknown = sorted(str(name) for name in names if name != "self" and name not in declared)
+    if unknown:
+        raise NodeInputError(
+            f"{cls.__name__}: {echo(unknown[0])} is not an input of this node (only its own sockets and widgets are); "
+            "remove that link from the workflow"
+        )
+
+
+def check_inputs(
+    cls: type,
+    values: dict[str, Any],
+    free_choices: tuple[str, ...] = (),
+    spec: dict[str, dict[str, Any]] | None = None,
+) -> None:
     """Check `values` (argument name -> value) against `cls.INPUT_TYPES()`. Optional inputs may be None.
 
     free_choices: combo inputs whose list is a folder listing (model files): checked for type and length here, for
     existence by the model-file resolver, so a file added after the list was built still loads.
     """
-    spec: dict[str, dict[str, Any]] = getattr(cls, "INPUT_TYPES")()  # noqa: B009 - every node class has it
+    spec = getattr(cls, "INPUT_TYPES")() if spec is None else spec  # noqa: B009 - every node class has it
     node = cls.__name__
+    refuse_undeclared(cls, values, spec)
     for section in ("required", "optional"):
         for name, entry in spec.get(section, {}).items():
             if name not in values or (section == "optional" and values[name] is None):
@@ -116,8 +137,10 @@ def checked_inputs(*free_choices: str) -> Callable[[F], F]:
 
         @functools.wraps(fn)
         def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            spec = type(self).INPUT_TYPES()  # once per call: model choices list folders
+            refuse_undeclared(type(self), kwargs, spec)  # before bind: its TypeError would not name the fix
             bound = signature.bind(self, *args, **kwargs)
-            check_inputs(type(self), dict(bound.arguments), free_choices)
+            check_inputs(type(self), dict(bound.arguments), free_choices, spec)
             return fn(self, *args, **kwargs)
 
         return run  # type: ignore[return-value]

@@ -188,10 +188,22 @@ class VideoFaceFusion:
         "Frames, key frames, flow failures, diffusion runs, time per frame, and ScheduledFusion's warnings.",
     )
 
-    def __init__(self, backend: FusionBackend | None = None) -> None:
-        """backend: the sampler/VAE calls instead of ComfyUI's (tests, benches with a stand-in sampler); ComfyUI
-        makes nodes without arguments, so a workflow always samples through ComfyUI (see ScheduledFusion)."""
+    def __init__(
+        self,
+        backend: FusionBackend | None = None,
+        *,
+        out_path: str | None = None,
+        window: tuple[Any, list[int | None]] | None = None,
+    ) -> None:
+        """backend: the sampler/VAE calls instead of ComfyUI's (tests, benches with a stand-in sampler).
+        out_path: where to write the MP4 (default: a new file in ComfyUI's temp folder, glue.video.output_path()).
+        window: (video.chunks.Chunk, every frame's pts) to write only that chunk's frames, video only (the runner's
+        chunked `run --ray`, runner/chunk_node.py); the whole video when None.
+        ComfyUI makes nodes without arguments, so a workflow always samples through ComfyUI (see ScheduledFusion) and
+        writes to the temp folder: none of these is reachable from a prompt (fuse() refuses undeclared inputs)."""
         self.backend = backend
+        self.out_path = out_path
+        self.window = window
 
     @classmethod
     def INPUT_TYPES(cls) -> dict[str, Any]:
@@ -292,12 +304,8 @@ class VideoFaceFusion:
         source_image: Any = None,
         source_faces: Any = None,
         anchor_attention: str = ANCHOR_DEFAULT,
-        out_path: str | None = None,
-        window: tuple[Any, list[int | None]] | None = None,
     ) -> tuple[Any, str]:
-        """out_path: where to write the MP4 (default: a new file from glue.video.output_path()).
-        window: (video.chunks.Chunk, every frame's pts) to write only that chunk's frames, video only (the runner's
-        chunked `run --ray`, runner/chunk_node.py); the whole video when None."""
+        """Writes to the constructor's out_path / window (a temp-folder file, the whole video, under ComfyUI)."""
         from ..faces.paste import BlendOptions
         from ..video.chunks import fuse_chunk
         from ..video.encode import EncodeOptions
@@ -356,7 +364,7 @@ class VideoFaceFusion:
             encode=EncodeOptions(crf=int(crf), preset=preset),  # type: ignore[arg-type]
         )
         bar = env.progress_bar(max(face_tracks.frame_count, 1))
-        path = out_path or video_glue.output_path()
+        path, window = self.out_path or video_glue.output_path(), self.window
         fused = refine or (lambda crops, seeds: crops)
         shown = lambda done, total: bar.update_absolute(done, total or None)  # noqa: E731
         if window is None:

@@ -59,7 +59,7 @@ class RunnerVideoChunk:
         if job not in JOBS:
             raise KeyError(f"no runner chunk job {job!r} in this worker (the node runs only under `run --ray`)")
         j = JOBS[job]
-        node = VideoFaceFusion()
-        _, report = node.fuse(face_tracks=j.tracks, out_path=str(j.out_path), window=(j.chunk, j.pts), **inputs)
+        node = VideoFaceFusion(out_path=str(j.out_path), window=(j.chunk, j.pts))
+        _, report = node.fuse(face_tracks=j.tracks, **inputs)
         j.stats, j.report = node.last_stats, report
         return {"ui": {"text": [report]}, "result": (report,)}

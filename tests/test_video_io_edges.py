@@ -155,7 +155,7 @@ def test_odd_size_is_reported(tmp_path: Path, carphone) -> None:
         video=video,
         **TRACK_ARGS,
     )[0]
-    _, report = VideoFaceFusion(FakeStack().backend()).fuse(
+    _, report = VideoFaceFusion(FakeStack().backend(), out_path=str(tmp_path / "out.mp4")).fuse(
         video=video,
         face_tracks=tracks,
         model="model",
@@ -177,7 +177,6 @@ def test_odd_size_is_reported(tmp_path: Path, carphone) -> None:
         crf=18,
         preset="ultrafast",
         fallback="off",
-        out_path=str(tmp_path / "out.mp4"),
     )
     assert "175x143 is odd: written as 176x144" in report
     assert probe(tmp_path / "out.mp4").width == 176

@@ -47,7 +47,8 @@ def test_face_track_node(tracked) -> None:
 
 
 def _fuse(video: Stream, tracks: FaceTracks, out: Path, mode: str, stack: FakeStack) -> str:
-    shown = getattr(VideoFaceFusion(stack.backend()), VideoFaceFusion.FUNCTION)(  # as ComfyUI's executor calls it
+    node = VideoFaceFusion(stack.backend(), out_path=str(out))
+    shown = getattr(node, VideoFaceFusion.FUNCTION)(  # as ComfyUI's executor calls it
         video=video,
         face_tracks=tracks,
         model="model",
@@ -69,7 +70,6 @@ def _fuse(video: Stream, tracks: FaceTracks, out: Path, mode: str, stack: FakeSt
         crf=18,
         preset="ultrafast",
         fallback="off",
-        out_path=str(out),
     )
     _, report = shown["result"]
     assert shown["ui"]["text"] == [report]  # drawn in the node by web/tokenfuse_report.js

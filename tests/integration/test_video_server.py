@@ -144,3 +144,43 @@ def test_video_chain_through_the_server(video_server: SimpleNamespace) -> None:
     assert audio_packets(out) == audio_packets(src) and len(audio_packets(src)[0]) > 100
     a, b = read_frames(out, 1)[0], read_frames(src, 1)[0]
     assert np.abs(a.astype(float) - b).mean() > 0.2, "the face was refined"
+
+
+def _error_of(url: str, prompt: dict) -> tuple[str, str]:
+    """(status_str, the execution error's message or ""): the prompt must pass ComfyUI's validation."""
+    answer = http_json(f"{url}/prompt", {"prompt": prompt})
+    assert not answer.get("node_errors"), answer
+    entry = wait_history(url, answer["prompt_id"], timeout=600)
+    message = ""
+    for kind, data in entry["status"].get("messages", []):
+        if kind == "execution_error":
+            message = str(data.get("exception_message", ""))
+    return entry["status"]["status_str"], message
+
+
+def test_a_prompt_cannot_read_a_video_by_path_or_write_the_output_anywhere(
+    video_server: SimpleNamespace, tmp_path: Path
+) -> None:
+    """SECURITY.md: media arrive on links. A path typed into FaceTrack's VIDEO input (ComfyUI lets a raw string through
+    on a custom type) would read any video on the server; a link named `out_path` (ComfyUI passes every linked input,
+    declared or not) once made VideoFaceFusion write its MP4 over any file. Both prompts validate, then fail in the
+    pack's input check, before any work; the outside file is untouched and nothing is saved."""
+    outside = tmp_path / "private.mp4"
+    outside.write_bytes(video_server.clip.read_bytes())  # a real clip outside every ComfyUI folder
+    prompt = _prompt()
+    prompt["5"]["inputs"]["video"] = str(outside)
+    del prompt["7"], prompt["8"], prompt["9"]
+    prompt["11"] = {"class_type": "PreviewImage", "inputs": {"images": ["5", 1]}}
+    status, message = _error_of(video_server.url, prompt)
+    assert status == "error" and "input 'video' expects a VIDEO" in message, (status, message)
+
+    victim = tmp_path / "victim.mp4"
+    victim.write_bytes(b"important data")
+    prompt = _prompt()
+    prompt["12"] = {"class_type": "PrimitiveString", "inputs": {"value": str(victim)}}
+    prompt["7"]["inputs"]["out_path"] = ["12", 0]
+    prompt["8"]["inputs"]["filename_prefix"] = "tf_exfil"
+    status, message = _error_of(video_server.url, prompt)
+    assert status == "error" and "'out_path' is not an input of this node" in message, (status, message)
+    assert victim.read_bytes() == b"important data"
+    assert not list((video_server.base / "output").rglob("tf_exfil*"))
