@@ -137,7 +137,7 @@ class Schedule:
         for key, value in self.ratios.items():
             try:
                 level = int(key)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite float key
                 level = -1
             if level not in LEVELS:
                 raise ScheduleError(f"Schedule field 'ratios' keys must be level factors {LEVELS}, got {echo(key)}")
@@ -326,12 +326,12 @@ def _parse_mapping(text: str) -> dict[str, Any]:
         )
     try:
         data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # JSONDecodeError, or an integer past Python's 4 300-digit limit
         import yaml  # only when the text is not JSON
 
         try:
             data = yaml.safe_load(text)
-        except (yaml.YAMLError, RecursionError) as exc:
+        except (yaml.YAMLError, RecursionError, ValueError, OverflowError) as exc:
             raise ScheduleError(f"schedule text is neither valid JSON nor YAML: {echo(str(exc), 200)}") from exc
     if data is None:
         return {}

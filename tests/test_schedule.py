@@ -167,6 +167,23 @@ def test_parse_text_overrides_base() -> None:
         parse_schedule_text("ratios: [1, 2", base)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "ratios: {.inf: 0.5}",  # int(inf): OverflowError
+        '{"ratios": {"8": 0.5}, "seed": ' + "9" * 5000 + "}",  # past Python's int digit limit, as JSON
+        "seed: " + "9" * 5000,  # the same as YAML
+        "ratios: {.nan: 0.5}",
+    ],
+    ids=["inf key", "json huge int", "yaml huge int", "nan key"],
+)
+def test_hostile_numbers_in_schedule_text_end_in_a_schedule_error(text: str) -> None:
+    """A shared workflow's schedule_text must fail with the pack's own error (SECURITY.md), not a raw Python one."""
+    with pytest.raises(ScheduleError) as info:
+        parse_schedule_text(text, preset_schedule("balanced"))
+    assert len(str(info.value)) < 400
+
+
 @pytest.mark.parametrize("family", ["sd15", "sdxl"])
 def test_lowvram_presets_never_reduce_less_than_balanced(family: str) -> None:
     from tokenfuse.scheduling.adaptive import adapt_ratio
