@@ -136,9 +136,10 @@ class FaceTrack:
                 "reference_faces need embeddings on the video too: use the insightface backend with a pack that "
                 "has a recognition model (w600k_*.onnx)."
             )
-        wanted = set(preview_indices(info.frame_count or 1, PREVIEW_FRAMES))
+        expected = info.frames_expected or 1  # Matroska holds no count: estimated from duration x rate
+        wanted = set(preview_indices(expected, PREVIEW_FRAMES))
         kept: dict[int, Any] = {}
-        bar = env.progress_bar(info.frame_count or 1)
+        bar = env.progress_bar(expected)
         opts = TrackOptions(
             smooth_seconds=smoothing, cut_threshold=cut_threshold, crop_factor=crop_factor, selection=sel
         )
@@ -241,7 +242,12 @@ class VideoFaceFusion:
                     },
                 ),
                 "keyframes_per_second": _float(
-                    2.0, 0.25, 30.0, 0.25, "Key frames per second per track (1-3 typical); more = closer to per_frame."
+                    2.0,
+                    0.25,
+                    30.0,
+                    0.25,
+                    "Key frames per second per track (1-3 typical); more = closer to per_frame. Key frames come at "
+                    "least every 48 frames whatever the rate (the frames between two key frames wait in memory).",
                 ),
                 "pose_threshold": _float(
                     0.04,

@@ -250,3 +250,23 @@ def test_4k_frames(tmp_path: Path) -> None:
     far = np.abs(out[:, :200].astype(float) - inp[:, :200]).mean()
     assert far < 2.5, "far from the face: encoding noise only"
     assert face > far + 3, (face, far)
+
+
+def test_a_low_key_frame_rate_stays_within_the_frame_budget(carphone_runs, tmp_path: Path) -> None:
+    """Frames between two key frames wait in memory for the later one. At 0.25 key frames per second (the widget's
+    minimum) carphone's 120 frames had one key frame at each end only, so all 120 were held at once (a 4K 60 fps
+    clip: ~240 frames, ~6 GB); key frames now come at least every max_buffer_frames frames."""
+    src, ft, *_ = carphone_runs
+    low = KeyframeOptions(per_second=0.25, pose_threshold=0.0)
+    budget = FuseOptions(crop_size=192, keyframes=low, encode=FAST, max_buffer_frames=16)
+    stats = fuse_video(src, tmp_path / "low.mp4", ft, fake_refine, budget)
+    assert stats.frames == 120 and stats.max_buffered <= 16 + 1, stats
+    assert stats.key_frames == len(range(0, 119, 16)) + 1  # every 16th frame, and the last
+    assert len(video_pts(tmp_path / "low.mp4")[0]) == 120
+
+
+def test_the_key_frame_tooltip_names_the_frame_budget() -> None:
+    from tokenfuse.nodes.video_nodes import VideoFaceFusion
+
+    tip = VideoFaceFusion.INPUT_TYPES()["required"]["keyframes_per_second"][1]["tooltip"]
+    assert f"at least every {FuseOptions().max_buffer_frames} frames" in tip

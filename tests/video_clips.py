@@ -55,9 +55,11 @@ def encode_clip(
     time_base: Fraction = Fraction(1, 1000),
     rate: int = 30,
     codec: str = "libx264",
+    x264_preset: str = "ultrafast",
 ) -> Path:
     """Write RGB frames with PyAV directly (not through the code under test). pts in time_base units (default:
-    one frame every 1/rate s). libx264 sizes are cropped to even; ffv1 (.mkv) keeps odd sizes."""
+    one frame every 1/rate s). libx264 sizes are cropped to even; ffv1 (.mkv) keeps odd sizes. x264_preset:
+    "ultrafast" writes no B-frames; "veryfast" (3 B-frames, as cameras and OBS write) reorders frames."""
     if pts is None:
         pts = [int(round(i / rate / time_base)) for i in range(len(frames))]
     with av.open(str(path), "w") as out:
@@ -66,7 +68,7 @@ def encode_clip(
         if codec == "libx264":
             h, w = h - h % 2, w - w % 2
             s.pix_fmt = "yuv420p"
-            s.options = {"crf": "16", "preset": "ultrafast"}
+            s.options = {"crf": "16", "preset": x264_preset}
         else:
             s.pix_fmt = "yuv444p" if codec == "ffv1" else s.pix_fmt
         s.width, s.height = w, h

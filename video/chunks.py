@@ -55,7 +55,7 @@ def track_keyframes(tracks: FaceTracks, opts: FuseOptions) -> list[np.ndarray]:
     """Per track, the absolute indices of its key frames (as the fuse pass chooses them), sorted."""
     out = []
     for tr in tracks.tracks:
-        reasons = choose_keyframes(tr, tracks.fps, opts.keyframes)
+        reasons = choose_keyframes(tr, tracks.fps, opts.keyframes, opts.max_buffer_frames)
         out.append(tr.start + np.flatnonzero(reasons != REASON_NONE))
     return out
 

@@ -3,7 +3,7 @@
 - Every frame's pts is copied, and both `stream.time_base` and `stream.codec_context.time_base` are set to the
   input's: with only one of them set PyAV re-quantises timestamps and variable frame rate is lost.
 - Audio streams are added with `add_stream_from_template` and their packets muxed as they are (no re-encoding,
-  packets without dts skipped).
+  only empty flush packets skipped: Matroska gives B-frame video and some audio packets no dts).
 - yuv420p needs even width and height: an odd size is padded by one replicated row/column (logged), since libx264
   refuses odd sizes for 4:2:0 and players expect 4:2:0.
 - Subtitle streams are copied packet by packet too when the output container can hold their codec (MP4/MOV:
@@ -232,10 +232,13 @@ class VideoWriter:
         self.tmp.unlink(missing_ok=True)
 
 
-def remux_copy(source: Any, path: str | os.PathLike[str]) -> Path:
+def remux_copy(source: Any, path: str | os.PathLike[str], frames: int | None = None) -> Path:
     """Copy every video and audio packet of an opened input (VideoReader) into `path` without re-encoding.
 
     Used when there is nothing to change (no face): fast and lossless. Temporary name, renamed on success.
+    Only empty (flush) packets are skipped: Matroska stores no dts, so with B-frames the first packets, the opening key
+    frame among them, carry none, and the muxer derives it. frames: the decoded frame count, if known; a copy that
+    holds another number of video packets raises VideoWriteError (the caller re-encodes), never a short file.
     """
     import av
 
@@ -249,11 +252,15 @@ def remux_copy(source: Any, path: str | os.PathLike[str]) -> Path:
         with av.open(str(tmp), "w", format=fmt, options=opts) as out:
             streams = [source.video, *source.audio, *copyable_subtitles(source.subtitles, fmt, path.name)]
             mapping = {s.index: out.add_stream_from_template(s) for s in streams}
+            copied = 0
             for packet in source.container.demux(*streams):
-                if packet.dts is None:
+                if packet.size == 0:
                     continue
+                copied += packet.stream is source.video
                 packet.stream = mapping[packet.stream.index]
                 out.mux(packet)
+        if frames is not None and copied != frames:
+            raise VideoWriteError(f"output {path.name}: {copied} video packets copied for {frames} frames")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

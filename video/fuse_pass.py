@@ -43,7 +43,8 @@ the seeds are one per track (the same noise for a whole track)."""
 class FuseOptions:
     """crop_size: aligned crop side given to refine; faces_per_batch: crops per refine call (they may come from
     different frames); seed: track i gets seed + i; max_buffer_frames: frames held before a partial batch is
-    forced (memory bound); chunk_frames: frames per progress update; feather: mask edge as a crop fraction."""
+    forced and the longest gap between a track's key frames (the memory bound: frames wait for their next key frame);
+    chunk_frames: frames per progress update; feather: mask edge as a crop fraction."""
 
     crop_size: int = 512
     faces_per_batch: int = 2
@@ -140,7 +141,9 @@ class _Fuser:
         self.ft, self.refine, self.opts, self.writer, self.window = tracks, refine, opts, writer, window
         s = opts.crop_size
         self.mask = crop_mask(template(s, tracks.crop_factor), s, opts.feather)
-        self.reasons = [choose_keyframes(tr, tracks.fps, opts.keyframes) for tr in tracks.tracks]
+        self.reasons = [
+            choose_keyframes(tr, tracks.fps, opts.keyframes, opts.max_buffer_frames) for tr in tracks.tracks
+        ]
         self.key_frames = [tr.start + np.flatnonzero(r) for tr, r in zip(tracks.tracks, self.reasons, strict=True)]
         self.done: list[dict[int, KeyChange]] = [{} for _ in tracks.tracks]
         self.buffer: deque[_Pending] = deque()
@@ -318,16 +321,23 @@ def fuse_video(
     total = tracks.frame_count
     if not tracks.tracks:
         log.warning("no face tracks in %s: the video is copied through unchanged", tracks.name)
+        if progress is not None:
+            progress(0, total)  # a cancel point before the copy (a cancel must propagate, never be re-encoded)
         with VideoReader(source, keep_audio=True) as reader:
             try:
-                remux_copy(reader, out_path)
+                remux_copy(reader, out_path, total or None)
+            except Exception as exc:  # a codec the output container cannot hold, a short copy: re-encode below
+                log.warning("copying %s failed (%s); re-encoding instead", tracks.name, exc)
+            else:
                 stats = VideoStats(frames=total, copied=True, output=str(out_path))
                 stats.seconds = time.perf_counter() - t0
                 if progress is not None:
-                    progress(total, total)
+                    try:
+                        progress(total, total)
+                    except BaseException:  # a cancel after the copy: nothing is left at out_path
+                        out_path.unlink(missing_ok=True)
+                        raise
                 return stats
-            except Exception as exc:  # a codec the output container cannot hold: re-encode below
-                log.warning("copying %s failed (%s); re-encoding instead", tracks.name, exc)
     with VideoReader(source, keep_audio=True) as reader:
         rate = reader.video.average_rate
         with VideoWriter(

@@ -38,8 +38,16 @@ def crop_landmarks(track: Track) -> np.ndarray:
     return np.asarray(pts / ALIGN_SIZE)
 
 
-def choose_keyframes(track: Track, fps: float, opts: KeyframeOptions = KeyframeOptions()) -> np.ndarray:
-    """Reasons per track frame, [T] int8: REASON_NONE (propagated) or why the frame is a key frame."""
+def choose_keyframes(
+    track: Track, fps: float, opts: KeyframeOptions = KeyframeOptions(), max_step: int = 0
+) -> np.ndarray:
+    """Reasons per track frame, [T] int8: REASON_NONE (propagated) or why the frame is a key frame.
+
+    max_step > 0: key frames at most that many frames apart, whatever per_second asks. The frames between two key
+    frames wait in memory for the later one (their change is interpolated from both), so the fuse pass passes its
+    frame budget (FuseOptions.max_buffer_frames): a low rate on a long or high-frame-rate clip cannot hold seconds of
+    4K frames.
+    """
     n = track.length
     reasons = np.zeros(n, np.int8)
     if n == 0:
@@ -49,6 +57,7 @@ def choose_keyframes(track: Track, fps: float, opts: KeyframeOptions = KeyframeO
         return reasons
     reasons[0] = reasons[-1] = REASON_ENDS
     step = max(1, int(round(fps / opts.per_second)))
+    step = min(step, max_step) if max_step > 0 else step
     lm = crop_landmarks(track) if opts.pose_threshold > 0 else None
     last = 0
     for t in range(1, n - 1):

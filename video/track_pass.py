@@ -74,7 +74,7 @@ def track_video(
     """
     t0 = time.perf_counter()
     info = probe(source)
-    total = info.frame_count or 0
+    total = info.frames_expected or 0
     cutter = CutDetector(opts.cut_threshold)
     per_frame: list[list[FaceObs]] = []
     cuts: list[int] = []
@@ -86,7 +86,7 @@ def track_video(
             if on_frame is not None:
                 on_frame(frame)
             if progress is not None and (frame.index + 1) % chunk_frames == 0:
-                progress(frame.index + 1, total)
+                progress(frame.index + 1, max(total, frame.index + 1) if total else 0)  # total may be estimated
     n = len(per_frame)
     if progress is not None:
         progress(n, n)

@@ -33,6 +33,16 @@ class VideoInfo:
         """Frames per second (30.0 when the container gives no rate)."""
         return float(self.rate) if self.rate else 30.0
 
+    @property
+    def frames_expected(self) -> int | None:
+        """The header's frame count, else duration x rate (Matroska / WebM headers hold no count): for progress bars
+        and preview picks only, never for correctness (the decoded frames are counted)."""
+        if self.frame_count:
+            return self.frame_count
+        if self.duration_s and self.rate:
+            return max(1, round(self.duration_s * float(self.rate)))
+        return None
+
 
 @dataclass(frozen=True, eq=False)
 class Frame:
