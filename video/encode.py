@@ -3,7 +3,7 @@
 - Every frame's pts is copied, and both `stream.time_base` and `stream.codec_context.time_base` are set to the
   input's: with only one of them set PyAV re-quantises timestamps and variable frame rate is lost.
 - Audio streams are added with `add_stream_from_template` and their packets muxed as they are (no re-encoding,
-  only empty flush packets skipped: Matroska gives B-frame video and some audio packets no dts).
+  packets without dts skipped: the flush packets; Matroska audio carries dts, its B-frame video does not).
 - yuv420p needs even width and height: an odd size is padded by one replicated row/column (logged), since libx264
   refuses odd sizes for 4:2:0 and players expect 4:2:0.
 - Subtitle streams are copied packet by packet too when the output container can hold their codec (MP4/MOV:
