@@ -90,7 +90,7 @@ class ScheduledFusion:
                 "positive": ("CONDITIONING", {"tooltip": "Prompt conditioning for the faces."}),
                 "negative": ("CONDITIONING", {"tooltip": "Negative conditioning for the faces."}),
                 "image": ("IMAGE", {"tooltip": "The frames the FACES were detected on."}),
-                "faces": ("FACES", {"tooltip": "Faces from FaceDetect (or PatchTokenize) on the same frames."}),
+                "faces": ("FACES", {"tooltip": "Faces from FaceDetect on the same frames."}),
                 "seed": seed_input("Base seed; face k (frame-major order) uses seed + k, stable across reruns."),
                 "steps": (
                     "INT",

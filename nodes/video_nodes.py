@@ -323,6 +323,7 @@ class VideoFaceFusion:
         if not isinstance(face_tracks, FaceTracks):
             raise TypeError(f"face_tracks must be FaceTrack's output, got {type(face_tracks).__name__}")
         source = video_glue.stream_source(video)
+        _check_same_video(face_tracks, source)
         size = int(guide_size) // 8 * 8
         notes: list[str] = []
         sf_args = dict(
@@ -400,6 +401,24 @@ class VideoFaceFusion:
         """ComfyUI's entry point: fuse(), plus its report shown in the node (ui.text, web/tokenfuse_report.js)."""
         result = self.fuse(**inputs)
         return {"ui": {"text": [result[1]]}, "result": result}
+
+
+def _check_same_video(tracks: Any, source: Any) -> None:
+    """ValueError unless `source` is the video FaceTrack made `tracks` from (size, header frame count, codec, first
+    frame): tracks of another clip would paste faces where that clip had them, silently, or fail deep in the writer."""
+    if not tracks.source:
+        return  # tracks made in code (tests, the runner's own)
+    from ..video.decode import probe
+
+    info = probe(source)
+    if info.fingerprint == tracks.source:
+        return
+    seen = f"{info.width}x{info.height}, {info.frame_count or 'unknown'} frames"
+    made = f"{tracks.width}x{tracks.height}, {tracks.frame_count} frames"
+    raise ValueError(
+        f"VideoFaceFusion: face_tracks were made from another video ({made}) than the connected VIDEO ({seen}"
+        f"{', another first frame' if seen == made else ''}): connect the same VIDEO to FaceTrack and VideoFaceFusion"
+    )
 
 
 def make_refine(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +77,25 @@ def test_table_cells_stay_on_one_row() -> None:
     assert "| `mode` | choice: `a`, `b` | `a` | m |" in md
     assert "uid" not in md
     assert "| `image` | `IMAGE` | out \\| tip |" in md
+
+
+def test_index_links_reach_their_headings_as_github_makes_anchors() -> None:
+    """A link target with spaces or a slash is not a link on GitHub: the index used `name.lower()` and two of its
+    entries showed as plain text. GitHub's anchor: lower case, punctuation but - and _ dropped, spaces to hyphens."""
+    gen = _gen_module()
+    assert (
+        gen.anchor("Face Refine / Swap / Detailer (ScheduledFusion)") == "face-refine--swap--detailer-scheduledfusion"
+    )
+    text = gen.render(tokenfuse)
+    headings = {gen.anchor(line[3:]) for line in text.splitlines() if line.startswith("## ")}
+    targets = re.findall(r"\]\(#([^)]*)\)", text)
+    assert len(targets) == len(tokenfuse.NODE_CLASS_MAPPINGS)
+    assert all(re.fullmatch(r"[a-z0-9_-]+", t) and t in headings for t in targets), targets
+
+
+def test_comfyui_filled_choice_lists_are_named_not_listed() -> None:
+    """Outside ComfyUI the sampler and scheduler widgets hold a 3-item fallback; NODES.md must not present that as
+    the node's list."""
+    text = _gen_module().render(tokenfuse)
+    assert "choice: ComfyUI's samplers" in text and "choice: ComfyUI's schedulers" in text
+    assert "`euler_ancestral`" not in text

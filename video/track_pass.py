@@ -54,6 +54,7 @@ class FaceTracks:
     raw_jitter: float = 0.0
     smooth_jitter: float = 0.0
     seconds: float = field(default=0.0, compare=False)
+    source: str = ""  # VideoInfo.fingerprint of the tracked video ("" for tracks made in code)
 
     def tracks_at(self, frame: int) -> list[int]:
         """Indices of the tracks covering a frame."""
@@ -109,6 +110,7 @@ def track_video(
         raw_jitter=float(np.mean(raw_j)) if raw_j else 0.0,
         smooth_jitter=float(np.mean(smooth_j)) if smooth_j else 0.0,
         seconds=time.perf_counter() - t0,
+        source=info.fingerprint,
     )
     log.info(
         "tracked %s: %d frames, %d scene cut(s), %d track(s) kept of %d, crop jitter %.2f -> %.2f px/frame^2 (%.1f s)",

@@ -27,11 +27,18 @@ class VideoInfo:
     rotation: int
     codec: str
     audio_streams: int
+    first_frame: str = ""  # digest of the first decoded frame's pixels ("" when it did not decode)
 
     @property
     def fps(self) -> float:
         """Frames per second (30.0 when the container gives no rate)."""
         return float(self.rate) if self.rate else 30.0
+
+    @property
+    def fingerprint(self) -> str:
+        """What tells two videos apart cheaply: size, header frame count, codec, the first frame's pixels. FaceTrack
+        stores it in FACE_TRACKS; VideoFaceFusion refuses tracks made from another video."""
+        return f"{self.width}x{self.height}/{self.frame_count}/{self.codec}/{self.first_frame}"
 
     @property
     def frames_expected(self) -> int | None:

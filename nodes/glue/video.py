@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import logging
 import os
 import tempfile
 import uuid
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .env import comfy_available
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -32,9 +35,21 @@ def stream_source(video: Any) -> str | io.BytesIO:
     (that decodes every frame into one float tensor).
 
     A plain string is refused: ComfyUI lets a raw value through on a VIDEO input, and a path in a prompt would read
-    any video file on the server (SECURITY.md). Code that has a file wraps it in `VideoPath`."""
+    any video file on the server (SECURITY.md). Code that has a file wraps it in `VideoPath`. A VIDEO made in memory
+    (core Create Video: its frames are already one tensor) cannot stream to a buffer in ComfyUI 0.3.x (PyAV gets no
+    container format), so it is encoded once to a temp-folder .mp4 and streamed from there."""
     if hasattr(video, "get_stream_source"):
-        source: str | io.BytesIO = video.get_stream_source()
+        try:
+            source: str | io.BytesIO = video.get_stream_source()
+        except Exception as exc:  # noqa: BLE001 - ComfyUI's in-memory VIDEO (Create Video) cannot stream to a buffer
+            if not hasattr(video, "save_to"):
+                raise TypeError(
+                    f"this VIDEO cannot be read ({exc}); save it with Save Video and load it again"
+                ) from exc
+            path = output_path("tokenfuse_input")
+            video.save_to(path)  # the .mp4 name picks the container its buffer path could not
+            log.debug("VIDEO has no file (e.g. from Create Video): encoded once to %s to stream it", path)
+            return path
         return source
     raise TypeError(
         f"video must be a VIDEO (connect the core Load Video node), got {type(video).__name__}",

