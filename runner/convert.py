@@ -89,8 +89,12 @@ def ui_to_api(workflow: dict[str, Any], defs: NodeDefs) -> dict[str, dict[str, A
     if missing:
         raise WorkflowError(f"node type(s) not installed in this ComfyUI: {', '.join(missing)}")
 
-    def source(link_id: int, want: str | None = None) -> list[Any] | Any | None:
-        """[node_id, slot] feeding a link, following Reroutes and bypassed nodes; a PrimitiveNode gives its value."""
+    def source(link_id: int, want: str | None = None, seen: frozenset[int] = frozenset()) -> list[Any] | Any | None:
+        """[node_id, slot] feeding a link, following Reroutes and bypassed nodes; a PrimitiveNode gives its value.
+        seen: the links followed so far (a Reroute or bypass loop in a hand-edited file is an error, not a crash)."""
+        if int(link_id) in seen:
+            raise WorkflowError(f"link {int(link_id)} loops through Reroute or bypassed nodes back to itself")
+        seen = seen | {int(link_id)}
         link = links.get(int(link_id))
         if link is None:
             return None
@@ -100,7 +104,7 @@ def ui_to_api(workflow: dict[str, Any], defs: NodeDefs) -> dict[str, dict[str, A
             return None
         if node["type"] == "Reroute":
             ins = node.get("inputs") or []
-            return source(ins[0]["link"], kind) if ins and ins[0].get("link") is not None else None
+            return source(ins[0]["link"], kind, seen) if ins and ins[0].get("link") is not None else None
         if node["type"] == "PrimitiveNode":
             values = node.get("widgets_values") or []
             return {"value": values[0]} if values else None
@@ -109,7 +113,7 @@ def ui_to_api(workflow: dict[str, Any], defs: NodeDefs) -> dict[str, dict[str, A
         if node.get("mode") == MODE_BYPASS:
             for inp in node.get("inputs") or []:
                 if inp.get("link") is not None and inp.get("type") == kind:
-                    return source(inp["link"], kind)
+                    return source(inp["link"], kind, seen)
             return None
         return [str(origin), slot]
 

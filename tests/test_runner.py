@@ -156,6 +156,20 @@ def test_reroute_primitive_mute_bypass() -> None:
         ui_to_api(_ui([{"id": 1, "type": "Missing"}], []), defs)
 
 
+def test_a_reroute_loop_is_a_workflow_error_not_a_recursion_crash() -> None:
+    """Two Reroutes feeding each other (a hand-edited or hostile file; the editor cannot draw it) ended the CLI in a
+    RecursionError traceback."""
+    defs = {"Sink": {"input": {"required": {"x": ["IMAGE"]}}}}
+    nodes = [
+        {"id": 1, "type": "Reroute", "inputs": [{"name": "", "link": 2, "type": "*"}]},
+        {"id": 2, "type": "Reroute", "inputs": [{"name": "", "link": 1, "type": "*"}]},
+        {"id": 3, "type": "Sink", "inputs": [{"name": "x", "link": 3, "type": "IMAGE"}]},
+    ]
+    links = [[1, 1, 0, 2, 0, "IMAGE"], [2, 2, 0, 1, 0, "IMAGE"], [3, 2, 0, 3, 0, "IMAGE"]]
+    with pytest.raises(WorkflowError, match="loops through Reroute or bypassed nodes"):
+        ui_to_api(_ui(nodes, links), defs)
+
+
 def _prompt() -> dict[str, Any]:
     return {
         "1": {"class_type": "LoadImage", "inputs": {"image": "target.png"}, "_meta": {"title": "Load Image"}},
