@@ -119,7 +119,9 @@ def crop_plan(
 
     masks: [B, S, S] float in [0, 1]; landmarks: [B, 5, 2] in crop pixels, or None.
     With landmarks (ScheduledFusion): the eyes and mouth are protected (importance 1), the rest of the face gets
-    `face_weight` (below the protect threshold: reducible) and the background `floor`. Without: importance =
+    `face_weight` (below the default protect threshold: reducible; a threshold at or under it, PatchTokenize's
+    protect_threshold <= 0.4, protects the whole face, as a lower threshold asks) and the background `floor`. Without:
+    importance =
     max(mask, floor), the whole face protected. Why features only: on an aligned crop the face is ~70 % of the tokens,
     so protecting all of it left the schedule almost nothing to reduce (crop + schedule 1.03x crop alone on CPU), while
     the trained face model's quality gate passes with no protection at all (docs/notes/quality.md).
@@ -135,8 +137,6 @@ def crop_plan(
         lm = np.asarray(landmarks, np.float64)
         if lm.shape != (m.shape[0], 5, 2):
             raise ValueError(f"crop_plan needs landmarks [B, 5, 2] matching the masks, got {lm.shape}")
-        if not floor <= face_weight < protect_threshold:
-            raise ValueError(f"crop_plan: face_weight {face_weight} must lie in [floor, protect_threshold)")
         feats = np.stack([feature_discs(m.shape[1], m.shape[2], p) for p in lm])
         importance = torch.maximum(
             torch.clamp(m * face_weight, min=floor), torch.from_numpy(np.ascontiguousarray(feats, np.float32))

@@ -208,8 +208,11 @@ def test_crop_plan_with_landmarks_protects_only_eyes_and_mouth() -> None:
     assert feats.budgets[0][8] < whole.budgets[0][8]
     with pytest.raises(ValueError, match="landmarks"):
         crop_plan(mask[None], landmarks=lm)  # [5, 2] without the batch axis
-    with pytest.raises(ValueError, match="face_weight"):
-        crop_plan(mask[None], landmarks=lm[None], face_weight=0.6)
+    # PatchTokenize's protect_threshold may go as low as 0.05: at or under the face weight the whole face is
+    # protected (a lower threshold protects more); it once raised, and ScheduledFusion passed every face through
+    low = crop_plan(mask[None], protect_threshold=0.3, landmarks=lm[None])
+    assert float(low.importance[0][int(round(cheek[1])), int(round(cheek[0]))]) >= 0.3
+    assert int((low.level_importance(64, 64, 1) >= 0.3).sum()) > prot_feats
 
 
 def test_seeds_and_batches() -> None:

@@ -315,6 +315,18 @@ def test_token_plan_builds_a_crop_space_plan() -> None:
     assert stack2.ops("sample")[0]["plan"] is None
 
 
+@pytest.mark.parametrize("threshold", [0.3, 0.05])
+def test_a_low_protect_threshold_still_refines_every_face(threshold: float) -> None:
+    """PatchTokenize's protect_threshold goes down to 0.05; at or under the crop plan's face weight (0.4) the crop plan
+    raised, and every face passed through unrefined with the error in the report."""
+    from tokenfuse.scheduling.plan import TokenPlan
+
+    frame_plan = TokenPlan(importance=torch.ones(1, 64, 64), image_size=(512, 512), protect_threshold=threshold)
+    _, _, report, stack = _run(faces_per_frame=2, token_plan=frame_plan)
+    assert len(stack.ops("sample")) >= 1 and "passthrough" not in report and "error" not in report, report
+    assert stack.ops("sample")[0]["plan"].protect_threshold == threshold
+
+
 def test_a_frame_plan_on_the_model_is_replaced_by_a_crop_plan() -> None:
     from tokenfuse.scheduling.plan import TokenPlan
 
