@@ -54,7 +54,11 @@ def expand(sources: list[str | Path]) -> list[Item]:
         if p.is_dir():
             paths += sorted(f for f in p.iterdir() if f.is_file() and kind_of(f) is not None)
         elif p.is_file() and p.suffix.lower() in LIST_EXTS:
-            for line in p.read_text(encoding="utf-8").splitlines():
+            try:
+                text = p.read_text(encoding="utf-8-sig")  # a BOM (Notepad, PowerShell) is not part of the first path
+            except UnicodeDecodeError as exc:
+                raise WorkflowError(f"list file {p} is not UTF-8 text ({exc.reason}): save it as UTF-8") from exc
+            for line in text.splitlines():
                 line = line.strip()
                 if line and not line.startswith("#"):
                     q = Path(line).expanduser()
@@ -62,7 +66,7 @@ def expand(sources: list[str | Path]) -> list[Item]:
         else:
             paths.append(p)
     items: list[Item] = []
-    used: dict[str, int] = {}
+    taken: set[str] = set()  # case-folded: a.png and A.png share a folder on macOS and Windows
     for p in paths:
         if not p.is_file():
             raise WorkflowError(f"input not found: {p}")
@@ -71,9 +75,11 @@ def expand(sources: list[str | Path]) -> list[Item]:
             raise WorkflowError(
                 f"not an image or video file: {p} (images: {sorted(IMAGE_EXTS)}, videos: {sorted(VIDEO_EXTS)})"
             )
-        stem = p.stem
-        used[stem] = used.get(stem, 0) + 1
-        name = stem if used[stem] == 1 else f"{stem}_{used[stem]}"
+        name, n = p.stem, 1
+        while name.casefold() in taken:  # a repeated stem gets _2, _3, ...: never a name another item already has
+            n += 1
+            name = f"{p.stem}_{n}"
+        taken.add(name.casefold())
         items.append(Item(path=p.resolve(), name=name, kind=kind))
     return items
 

@@ -219,6 +219,26 @@ def test_expand_items(tmp_path: Path) -> None:
         expand([tmp_path / "d" / "notes.md"])
 
 
+def test_item_names_never_collide_with_a_real_stem_or_by_case(tmp_path: Path) -> None:
+    """d1/a.png, d1/a_2.png and d2/a.png once gave two items the name a_2: under --ray each worker clears its output
+    folder per item, so one result overwrote the other and both report rows pointed at one file."""
+    for rel in ("d1/a.png", "d1/a_2.png", "d2/a.png", "d2/A.png", "d3/a_2.png"):
+        (tmp_path / rel).parent.mkdir(exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    names = [i.name for i in expand([tmp_path / "d1", tmp_path / "d2", tmp_path / "d3"])]
+    assert len({n.casefold() for n in names}) == len(names) == 5, names
+    assert names[:2] == ["a", "a_2"]  # a file's own stem first, when free
+
+
+def test_list_files_with_a_bom_or_not_utf8(tmp_path: Path) -> None:
+    (tmp_path / "a.png").write_bytes(b"x")
+    (tmp_path / "bom.txt").write_text("# photos\na.png\n", encoding="utf-8-sig")  # Notepad, PowerShell 7
+    assert [i.name for i in expand([tmp_path / "bom.txt"])] == ["a"]
+    (tmp_path / "wide.txt").write_text("a.png\n", encoding="utf-16")  # Windows PowerShell 5's `>`
+    with pytest.raises(WorkflowError, match="is not UTF-8 text"):
+        expand([tmp_path / "wide.txt"])
+
+
 def test_report_resume_and_summary(tmp_path: Path) -> None:
     from tokenfuse.fusion.fallback import FaceReport, format_report
 
