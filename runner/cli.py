@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-wait", type=float, default=0.05, help="seconds a batch waits to fill")
     s.add_argument("--max-queued", type=int, default=8, help="queued requests per replica before 503")
     s.add_argument("--retry-after", type=float, default=2.0, help="Retry-After seconds sent with a 503")
+    s.add_argument("--max-image-mb", type=float, default=50.0, help="largest photo file accepted (413 above)")
+    s.add_argument("--max-video-mb", type=float, default=2048.0, help="largest video file accepted (413 above)")
+    s.add_argument("--max-megapixels", type=float, default=50.0, help="largest photo accepted, decoded (413 above)")
     s.add_argument("--comfyui", metavar="PATH")
     s.add_argument("--cpu", action="store_true")
     s.add_argument("--sdpa", action="store_true")
@@ -108,6 +111,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sdpa=args.sdpa,
         max_batch=args.max_batch,
         batch_wait_s=args.batch_wait,
+        max_image_mb=args.max_image_mb,
+        max_video_mb=args.max_video_mb,
+        max_megapixels=args.max_megapixels,
     )
     if args.workflow:
         config = ServiceConfig(**{**config.__dict__, "workflow": str(Path(args.workflow).resolve())})

@@ -189,8 +189,10 @@ class RunnerWorker:
             out.unlink(missing_ok=True)
 
     def cleanup(self) -> None:
-        """Delete this worker's scratch files (RayPool.close calls it before killing the actor)."""
+        """Delete this worker's scratch files and its ComfyUI work folder (inputs, outputs, temp previews: the
+        engine's own, under the system temp folder); RayPool.close calls it before killing the actor."""
         shutil.rmtree(self._files, ignore_errors=True)
+        self.engine.close()
 
 
 def _chunk_node_id(prompt: dict[str, dict[str, Any]]) -> str:
@@ -406,11 +408,21 @@ def dispatch(
     """Run jobs on the pool's workers, one job per idle worker, yielding each job's Outcome as it ends (in
     completion order). `jobs` is consumed lazily, one job whenever a worker is idle (a generator may prepare the
     next item's jobs while the workers run the current ones). submit(actor, job) -> ObjectRef. A worker that dies
-    (killed, OOM-killed, node lost) is replaced and its job sent again, first in line, up to `retries` more
-    times; every job ends exactly once.
+    (killed, OOM-killed by Ray's memory monitor, node lost) is replaced and its job sent again, first in line, up to
+    `retries` more times; another Ray error (an exception inside the worker) fails that job alone; every job ends
+    exactly once.
     submit raising (e.g. an unreadable input) fails that job alone. on_dispatch(job, actor, attempt): test hook
     called after each submission."""
-    from ray.exceptions import RayActorError, WorkerCrashedError
+    from ray.exceptions import (
+        NodeDiedError,
+        ObjectLostError,
+        OutOfMemoryError,
+        RayActorError,
+        RayError,
+        WorkerCrashedError,
+    )
+
+    worker_lost = (RayActorError, WorkerCrashedError, OutOfMemoryError, NodeDiedError, ObjectLostError)
 
     idle = list(pool.actors)
     source = iter(jobs)
@@ -443,7 +455,7 @@ def dispatch(
         job, attempt, actor = running.pop(done[0])
         try:
             value = pool.ray.get(done[0])
-        except (RayActorError, WorkerCrashedError) as e:
+        except worker_lost as e:  # the memory monitor's kill is an OutOfMemoryError, not a RayActorError
             lost.setdefault(id(job), []).append(f"attempt {attempt}: worker lost ({type(e).__name__})")
             log.warning("Ray worker lost on attempt %d; %s", attempt, "retrying" if attempt <= retries else "giving up")
             idle.append(pool.replace(actor))
@@ -451,6 +463,12 @@ def dispatch(
                 queue.insert(0, (job, attempt + 1))
                 continue
             yield Outcome(job, attempt, actor, lost=lost.pop(id(job)), error=f"worker lost {attempt} time(s)")
+            continue
+        except RayError as e:  # an exception inside the worker's method (e.g. disk full while staging): this job only
+            if actor in pool.actors:
+                idle.append(actor)
+            cause = str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__
+            yield Outcome(job, attempt, actor, lost=lost.pop(id(job), []), error=f"{type(e).__name__}: {cause}")
             continue
         if actor in pool.actors:
             idle.append(actor)

@@ -39,6 +39,9 @@ class ServiceConfig:
     batch_wait_s: float = 0.05
     video_workflow: str | None = None  # UI or API workflow with one LoadVideo, for POST /video (ComfyUI replicas)
     core: dict[str, Any] | None = None  # runner.core_video.CoreSpec fields: the ComfyUI-free video engine instead
+    max_image_mb: float = 50.0  # request body limits (413 above): a photo's file, a video's file
+    max_video_mb: float = 2048.0
+    max_megapixels: float = 50.0  # decoded photo size limit (413 above; read from the header, before decoding)
 
 
 class FusionReplica:
@@ -101,15 +104,24 @@ class FusionReplica:
             return JSONResponse({"status": "ok", "served": self.served, "batches": self.batches, "videos": self.videos})
         if request.method != "POST":
             return JSONResponse({"error": "POST an image file to /, a video file to /video, or GET /health"}, 405)
+        video = path.endswith("/video")
+        limit_mb = self.cfg.max_video_mb if video else self.cfg.max_image_mb
+        too_big = JSONResponse({"error": f"the file is over this service's {limit_mb:g} MB limit"}, status_code=413)
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit_mb * 2**20:
+            return too_big  # before reading the body
         body = await request.body()
         if not body:
             return JSONResponse({"error": "empty body: POST the file's bytes"}, status_code=400)
-        if path.endswith("/video"):
+        if len(body) > limit_mb * 2**20:
+            return too_big
+        if video:
             return await self._video(body)
         if self.core is not None:
             return JSONResponse({"error": "this service runs the video engine only: POST videos to /video"}, 400)
         result = await self.fuse(body)
-        return JSONResponse(result, status_code=200 if result["status"] == "ok" else 400)
+        status = result.pop("http_status", 200 if result["status"] == "ok" else 400)
+        return JSONResponse(result, status_code=status)
 
     async def _video(self, body: bytes) -> Any:
         import json
@@ -174,6 +186,10 @@ class FusionReplica:
         results: list[dict[str, Any] | None] = [None] * len(bodies)
         groups: dict[tuple[int, ...], list[tuple[int, str]]] = {}
         for i, body in enumerate(bodies):
+            refused = self._too_many_pixels(body)
+            if refused:
+                results[i] = {"status": "failed", "error": refused, "http_status": 413}
+                continue
             img = cv2.imdecode(np.frombuffer(body, np.uint8), cv2.IMREAD_COLOR)
             if img is None:
                 results[i] = {"status": "failed", "error": "not a decodable image"}
@@ -181,12 +197,43 @@ class FusionReplica:
             path = self.engine.work / "input" / f"req_{time.monotonic_ns()}_{i}.png"
             cv2.imwrite(str(path), img)
             groups.setdefault(img.shape, []).append((i, path.name))
-        for members in groups.values():  # on the one ComfyUI thread: one execution at a time per replica
-            for i, res in zip([m[0] for m in members], self._run_group([m[1] for m in members]), strict=True):
-                results[i] = res
+        try:
+            for members in groups.values():  # on the one ComfyUI thread: one execution at a time per replica
+                for i, res in zip([m[0] for m in members], self._run_group([m[1] for m in members]), strict=True):
+                    results[i] = res
+        finally:  # nothing of a request stays on the replica's disk once answered
+            for members in groups.values():
+                for _, name in members:
+                    (self.engine.work / "input" / name).unlink(missing_ok=True)
+            self.engine.clear_outputs()
+            for preview in (self.engine.work / "temp").glob("*.png"):  # the nodes' UI previews
+                preview.unlink(missing_ok=True)
         self.served += len(bodies)
         self.batches += 1
         return [r if r is not None else {"status": "failed", "error": "lost"} for r in results]
+
+    def _too_many_pixels(self, body: bytes) -> str:
+        """An error when the photo's header declares more pixels than max_megapixels ("" otherwise, and for
+        what the header reader cannot parse: the decoder says so then). A small PNG can declare 9000 x 9000 (a
+        236 KB file took 115 s and 7 GB on one CPU replica, every other request waiting)."""
+        import io
+
+        from PIL import Image
+
+        try:
+            with Image.open(io.BytesIO(body)) as im:  # reads the header only
+                w, h = im.size
+        except Exception:  # noqa: BLE001 - not an image PIL knows: cv2 decides below
+            return ""
+        if w * h > self.cfg.max_megapixels * 1e6:
+            return f"{w}x{h} is over this service's {self.cfg.max_megapixels:g} megapixel limit"
+        return ""
+
+    def __del__(self) -> None:
+        """Ray Serve calls it when the replica shuts down: the embedded ComfyUI's work folder goes too."""
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.close()
 
     def _run_group(self, names: list[str]) -> list[dict[str, Any]]:
         from tokenfuse.runner.report import summarize_texts

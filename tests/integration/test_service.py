@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -61,6 +62,8 @@ def test_service(comfyui_path: Path, tmp_path: Path) -> None:
     # with a queue of 1, a loaded machine answered 503 to the second of 3 simultaneous requests); the flood
     # (FLOOD requests at once) overfills it whatever the machine's speed
     cmd += ["--max-queued", str(MAX_QUEUED), "--retry-after", "3", "--comfyui", str(comfyui_path)]
+    cmd += ["--max-image-mb", "2", "--max-megapixels", "20"]
+    before = set(Path(tempfile.gettempdir()).glob("tokenfuse_run_*"))
     for s in ("fuse.steps=1", "fuse.guide_size=64", "fuse.max_size=64", "detect.crop_size=64"):
         cmd += ["--set", s]
     log = (tmp_path / "serve.log").open("w")
@@ -105,6 +108,18 @@ def test_service(comfyui_path: Path, tmp_path: Path) -> None:
         with urllib.request.urlopen(f"{url}/health", timeout=30) as r:
             health = json.loads(r.read())
         assert health["status"] == "ok" and health["served"] >= 2 + codes.count(200) + 1, (health, codes)
+        # limits: a body over --max-image-mb (413 before reading it), a small PNG declaring 9000 x 9000 pixels (413
+        # from its header, before decoding: it once took 115 s and 7 GB of the replica)
+        status, _, big = post(url, b"x" * (3 * 2**20))
+        assert status == 413 and "2 MB limit" in big["error"], (status, big)
+        ok, bomb = cv2.imencode(".png", np.zeros((9000, 9000, 3), np.uint8))
+        t0 = time.monotonic()
+        status, _, huge = post(url, bomb.tobytes())
+        assert status == 413 and "9000x9000" in huge["error"] and time.monotonic() - t0 < 30, (status, huge)
+        # nothing of the answered requests stays on the replica's disk (inputs, saved outputs, previews)
+        (work,) = set(Path(tempfile.gettempdir()).glob("tokenfuse_run_*")) - before
+        left = [p.name for p in work.rglob("*") if p.is_file()]
+        assert not left, left
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -115,3 +130,4 @@ def test_service(comfyui_path: Path, tmp_path: Path) -> None:
         log.close()
     assert rc == 0, (tmp_path / "serve.log").read_text()[-3000:]
     assert "shutting down" in (tmp_path / "serve.log").read_text()
+    assert not set(Path(tempfile.gettempdir()).glob("tokenfuse_run_*")) - before  # the replica's work folder too
