@@ -121,13 +121,14 @@ class GFPGANEnhance:
         import numpy as np
         import torch
 
+        from ..faces.images import as_rgb_float
         from ..faces.types import FaceSet
         from ..fusion.restore import align_crop, mix_visibility, restore_crop
 
         if not isinstance(faces, FaceSet):
             raise TypeError(f"faces must be FACES from FaceDetect, got {type(faces).__name__}")
-        if image.ndim != 4 or image.shape[-1] != 3:
-            raise ValueError(f"IMAGE must be [B, H, W, 3], got {tuple(image.shape)}")
+        if image.ndim != 4 or image.shape[-1] not in (1, 2, 3, 4):
+            raise ValueError(f"IMAGE must be [B, H, W, C] with 1-4 channels, got {tuple(image.shape)}")
         batch, height, width = int(image.shape[0]), int(image.shape[1]), int(image.shape[2])
         faces.check_image(height, width, batch)
         if batch == 0 or faces.count == 0:
@@ -139,7 +140,7 @@ class GFPGANEnhance:
         if visibility > 0:
             restorer, _patcher = _load(_model_file(model_name))
         pbar = env.progress_bar(faces.count)
-        frames = image.detach().cpu().float().numpy()
+        frames = as_rgb_float(image)  # gray repeated, alpha dropped: FaceDetect and Blend take them too
         out_faces: list[tuple[Any, ...]] = []
         crops: list[np.ndarray] = []
         failed: list[str] = []

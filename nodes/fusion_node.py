@@ -260,6 +260,7 @@ class ScheduledFusion:
         import numpy as np
         import torch
 
+        from ..faces.images import as_rgb_float
         from ..faces.types import FaceSet
         from ..fusion.fallback import FaceReport, format_report
         from ..fusion.run import run_fusion
@@ -267,9 +268,9 @@ class ScheduledFusion:
 
         if not isinstance(faces, FaceSet):
             raise TypeError(f"faces must be a FACES output (FaceSet), got {type(faces).__name__}: connect FaceDetect.")
-        if not isinstance(image, torch.Tensor) or image.ndim != 4 or image.shape[-1] < 3:
-            raise ValueError("image must be an IMAGE [B, H, W, 3]: connect a LoadImage / VAE Decode output.")
-        frames = image[..., :3].detach().float().cpu().numpy()
+        if not isinstance(image, torch.Tensor) or image.ndim != 4 or image.shape[-1] not in (1, 2, 3, 4):
+            raise ValueError("image must be an IMAGE [B, H, W, C]: connect a LoadImage / VAE Decode output.")
+        frames = as_rgb_float(image)  # gray repeated, alpha dropped: FaceDetect and Blend take them too
         faces.check_image(int(image.shape[1]), int(image.shape[2]), int(image.shape[0]))
         if faces.count == 0:
             log.warning(

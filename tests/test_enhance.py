@@ -153,6 +153,20 @@ def test_node_visibility_zero_is_identity(astronaut: torch.Tensor, aligned: np.n
     assert "visibility 0" in report
 
 
+def test_rgba_and_gray_images_are_taken_like_facedetect_and_blend_take_them(
+    astronaut: torch.Tensor, aligned: np.ndarray
+) -> None:
+    """An RGBA image (core Join Image with Alpha) or a 1-channel one went through FaceDetect, ScheduledFusion and
+    Blend but GFPGANEnhance refused it ("IMAGE must be [B, H, W, 3]"): alpha is dropped, gray repeated."""
+    faces = FaceSet(image_size=(512, 512), faces=((_face(),),))
+    rgba = torch.cat([astronaut, torch.ones_like(astronaut[..., :1])], dim=-1)
+    crops, _, _ = GFPGANEnhance().enhance(rgba, faces, "not-needed.pth", 0.0, 0.5)
+    np.testing.assert_array_equal(crops[0].numpy(), aligned)
+    gray = astronaut[..., :1]
+    crops, _, _ = GFPGANEnhance().enhance(gray, faces, "not-needed.pth", 0.0, 0.5)
+    assert crops.shape[-1] == 3 and np.allclose(crops[0].numpy()[..., 0], crops[0].numpy()[..., 2])
+
+
 def test_restoreformer_pth_on_a_256_crop(models: dict[str, Path], astronaut: torch.Tensor) -> None:
     """RestoreFormer (wrapped in "state_dict"), a 256 crop: resized to 512 for the model and back."""
     restorer = load_restorer(models["restoreformer_pth"])

@@ -390,6 +390,11 @@ def test_mismatched_inputs_raise_actionable_errors() -> None:
         node.fuse(image=torch.from_numpy(np.concatenate([images, images])), faces=fs, **common)
     with pytest.raises(TypeError, match="FaceDetect"):
         node.fuse(image=torch.from_numpy(images), faces={"faces": []}, **common)
+    # RGBA and gray images are taken (alpha dropped, gray repeated), as FaceDetect and Blend take them
+    rgb = torch.from_numpy(images)
+    for image in (torch.cat([rgb, torch.ones_like(rgb[..., :1])], -1), rgb[..., :1]):
+        crops, out, report = node.fuse(image=image, faces=fs, **common)
+        assert crops.shape[0] == 1 and crops.shape[-1] == 3 and "passthrough" not in report, report
     with pytest.raises(ValueError, match="IMAGE"):
         node.fuse(image=torch.zeros(512, 512, 3), faces=fs, **common)
 

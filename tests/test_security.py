@@ -283,6 +283,20 @@ def test_out_of_range_face_indices_warn_with_the_face_count(caplog: pytest.LogCa
     assert "99, -7" in msg and "3 face(s) found" in msg and "0..2" in msg
 
 
+def test_a_face_named_twice_is_kept_once(caplog: pytest.LogCaptureFixture) -> None:
+    """indices "0,-1" on one face, or "1,1": the face was kept twice, refined twice and pasted twice (Blend strength
+    0.5 acted like 0.75). Order of first mention is kept."""
+    from tokenfuse.faces.select import Selection, select_faces
+
+    _, faces = astronaut_faceset(1, 3)
+    by_size = sorted(faces.faces[0], key=lambda f: -f.width * f.height)
+    with caplog.at_level(logging.WARNING):
+        assert select_faces(faces.faces[0], Selection(indices=(2, -1, 0, 2))) == [by_size[2], by_size[0]]
+    assert any("more than once" in r.getMessage() for r in caplog.records)
+    _, one = astronaut_faceset(1, 1)
+    assert len(select_faces(one.faces[0], Selection(indices=(0, -1)))) == 1
+
+
 def test_malicious_pickle_restorer_is_refused_without_running_code(sandbox: Path) -> None:
     from tokenfuse.fusion.restore import load_restorer
 
