@@ -85,7 +85,9 @@ def chain_attention_override(ours: Callable[..., Any], previous: Callable[..., A
 
 def _is_ours(fn: Any) -> bool:
     mod = getattr(fn, "__module__", "") or ""
-    return mod.endswith((".scheduling.patches", ".scheduling.step_cache", ".nodes.model_patching"))
+    return mod.endswith(
+        (".scheduling.patches", ".scheduling.step_cache", ".scheduling.dit_override", ".nodes.model_patching")
+    )
 
 
 def remove_scheduling(m: Any) -> bool:
@@ -103,6 +105,8 @@ def remove_scheduling(m: Any) -> bool:
             kept = [p for p in patches[name] if not _is_ours(p)]
             found |= len(kept) != len(patches[name])
             patches[name] = kept
+    for key in (PLAN_KEY, PRESET_KEY):  # the earlier node's TOKEN_PLAN and preset go with its schedule
+        found |= to.pop(key, None) is not None
     override = to.get(OVERRIDE_KEY)
     if override is not None and _is_ours(override):
         found = True
@@ -291,6 +295,13 @@ def _attach_step_cache(m: Any, schedule: Schedule) -> Any:
         STEP_KEY,
     )
     m.set_model_output_block_patch(hooks.output_block_patch)
+    # ours first: it keeps the deep feature as the U-Net made it; a cached step re-applies every output_block_patch
+    # (e.g. FreeU's in-place scaling) on a copy of it, as the full step did. Appended after FreeU, it kept the
+    # already-scaled feature and FreeU scaled it again on every cached step.
+    to = m.model_options["transformer_options"]
+    listed = list(to["patches"]["output_block_patch"])
+    listed.insert(0, listed.pop())
+    patcher.set_transformer_option(m, "patches", {**to["patches"], "output_block_patch": listed})
     patcher.add_wrapper(m, "DIFFUSION_MODEL", WRAPPER_KEY, hooks.diffusion_model_wrapper)
     return hooks
 

@@ -119,7 +119,7 @@ def shallow_forward(
         hs.append(h)
         for p in patches.get("input_block_patch_after_skip", ()):
             h = p(h, transformer_options)
-    h = deep
+    h = deep.clone()  # the output_block_patches (ours first, then e.g. FreeU's in-place scaling) see a fresh copy
     transformer_options["transformer_index"] = deep_transformer_index
     n = len(unet.output_blocks)
     for j in range(n - depth, n):
@@ -254,7 +254,8 @@ def build_step_cache(
         # h enters output block ("output", id): keep the one entering the cache branch. Traceable on purpose (no read
         # of per-step state, so torch.compile neither breaks the graph here nor guards on a value that changes).
         if transformer_options.get("block") == ("output", state.capture_block):
-            state.captured = h
+            # a copy, taken before any other output_block_patch (ours runs first): FreeU scales h in place after us
+            state.captured = h.clone()
             state.captured_index = int(transformer_options.get("transformer_index", 0) or 0)
         return h, hsp
 

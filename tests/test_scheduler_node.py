@@ -346,6 +346,32 @@ def test_scheduling_twice_replaces_the_first_and_keeps_other_patches() -> None:
     assert twice.model_options["transformer_options"]["optimized_attention_override"] is theirs
 
 
+def test_rescheduling_a_dit_model_replaces_our_own_override() -> None:
+    """With no other pack's override, ours was not recognised as ours on a second TokenSchedulerController: `off`
+    after `balanced` kept the old override (not identity), a second `balanced` stacked on the first."""
+    once, _ = NODE.apply(FakeModelPatcher(Flux()), "balanced", "preset", 0.0)
+    ours = once.model_options["transformer_options"]["optimized_attention_override"]
+    off, _ = NODE.apply(once, "off", "preset", 0.0)
+    assert "optimized_attention_override" not in off.model_options["transformer_options"]
+    again, _ = NODE.apply(once, "balanced", "preset", 0.0)
+    override = again.model_options["transformer_options"]["optimized_attention_override"]
+    assert override is not ours and getattr(override, "tokenfuse_previous", None) is None
+
+
+def test_rescheduling_drops_the_earlier_plan_and_preset() -> None:
+    """The second node's schedule replaces the first's whole: a TOKEN_PLAN and preset it does not set are gone (a
+    stale plan changed the sample; a stale preset made ScheduledFusion's OOM fallback step up from the wrong one)."""
+    from tokenfuse.scheduling.plan import TokenPlan
+
+    plan = TokenPlan(importance=torch.ones(1, 8, 8), image_size=(64, 64))
+    first, _ = NODE.apply(sd15_model(), "balanced", "preset", 0.0, token_plan=plan)
+    assert first.model_options["transformer_options"]["tokenfuse_plan"] is plan
+    second, _ = NODE.apply(first, "lowvram_4gb", "preset", 0.0, schedule_text='{"ratios": {"8": 0.5}}')
+    to = second.model_options["transformer_options"]
+    assert "tokenfuse_plan" not in to and "tokenfuse_preset" not in to
+    assert first.model_options["transformer_options"]["tokenfuse_preset"] == "balanced"  # the first clone untouched
+
+
 def test_cuda_peak_never_resets_the_allocator_peak(monkeypatch: pytest.MonkeyPatch) -> None:
     """ScheduledFusion and the benches measure their own spans with max_memory_allocated: the run line must not reset
     it, and still reports this run's peak when the run set a new one."""

@@ -161,3 +161,42 @@ def test_cache_composes_with_balanced_tokens_and_a_token_plan(comfy, random_mode
         ksample(comfy, patched, "sd15")
     (line,) = [r.getMessage() for r in caplog.records if "tokens saved" in r.getMessage()]
     assert "attention calls reduced" in line and "step cache 3 full / 1 cached" in line and "8: 1 refreshed" in line
+
+
+def test_cached_steps_apply_freeu_once_like_the_full_step(comfy, random_model) -> None:
+    """ComfyUI's FreeU / FreeU_V2 scale the feature entering an output block in place, through an output_block_patch.
+    The cache kept that feature by reference after FreeU had scaled it, and each cached step ran FreeU on it again:
+    0.35 off the full forward at cache depth 3, growing with every cached step. Ours now runs first, keeps a copy,
+    and a cached step applies FreeU to a fresh copy: every cached call equals the full forward."""
+    import comfy.patcher_extension as pe
+    from comfy.ldm.modules.diffusionmodules.util import timestep_embedding
+    from comfy_extras.nodes_freelunch import FreeU_V2
+
+    model = random_model("sd15")
+    freeu = FreeU_V2().patch(model, 1.3, 1.4, 0.9, 0.2)[0]
+    (freeu_patch,) = freeu.model_options["transformer_options"]["patches"]["output_block_patch"]
+    # the node puts the cache's patch first even when FreeU came before it in the graph
+    scheduled, _ = NODE.apply(freeu, "balanced", "preset", 0.0, schedule_text='{"cache_interval": 3}')
+    listed = scheduled.model_options["transformer_options"]["patches"]["output_block_patch"]
+    assert listed[0].__module__.endswith(".scheduling.step_cache") and listed[1] is freeu_patch
+
+    unet = model.model.diffusion_model
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 16, 16, generator=g)
+    t = torch.tensor([500.0, 500.0])
+    ctx = comfy.models.conditioning("sd15", seed=1, tiny=True)[0][0].repeat(2, 1, 1)
+    sig = torch.tensor([3.0, 2.0, 1.0, 0.5, 0.0])
+    with torch.inference_mode():
+        ref = unet(x, t, context=ctx, transformer_options={"patches": {"output_block_patch": [freeu_patch]}})
+        for depth in (2, 3, len(unet.input_blocks) - 1):  # depth >= 3 reaches FreeU's channel counts
+            hooks = build_step_cache(3, depth, 0.0, timestep_embedding, PLAN_KEY, DISABLED_KEY)
+            hooks.state.reset()
+            outs = []
+            for i in range(3):
+                opts = {"patches": {"output_block_patch": [hooks.output_block_patch, freeu_patch]}}
+                opts.update(sigmas=sig[i : i + 1], sample_sigmas=sig, uuids=["a", "b"], cond_or_uncond=[0, 1])
+                opts["wrappers"] = {pe.WrappersMP.DIFFUSION_MODEL: {"tokenfuse": [hooks.diffusion_model_wrapper]}}
+                outs.append(unet(x, t, context=ctx, control=None, transformer_options=opts))
+            assert hooks.state.cached_calls == 2, depth
+            for out in outs:
+                torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5, msg=f"depth {depth}")
