@@ -39,8 +39,9 @@ def schedule_from_widgets(preset: str, strategy: str, ratio: float, family: str,
     return parse_schedule_text(schedule_text or "", schedule)
 
 
-def describe_schedule(schedule: Schedule) -> str:
-    """One line: strategy, per-level ratios, window (and the step cache when on)."""
+def describe_schedule(schedule: Schedule, route: str = "unet") -> str:
+    """One line: strategy, per-level ratios, window (and the step cache when on). route: the model family's route;
+    on the DiT attention override `protect_blocks` does nothing (ComfyUI's DiT models give attention no block index)."""
     cache = ""
     if schedule.cache_on:
         cache = (
@@ -55,8 +56,10 @@ def describe_schedule(schedule: Schedule) -> str:
     if schedule.dit_ratio > 0:
         parts.append(f"dit K/V drop {schedule.dit_ratio:.2f}")
     parts.append(f"steps {schedule.start_percent:.0%}-{schedule.end_percent:.0%}")
-    if schedule.protect_blocks:
+    if schedule.protect_blocks and route == "unet":
         parts.append(f"first {schedule.protect_blocks} blocks kept")
+    elif schedule.protect_blocks:
+        parts.append("protect_blocks ignored (U-Nets only: every DiT self-attention call is reduced)")
     if schedule.ramp_step > 0:
         parts.append(f"ramp +{schedule.ramp_step:.2f}/{schedule.ramp_every} blocks to {schedule.ramp_cap:.2f}")
     if schedule.adaptive > 0:
@@ -174,7 +177,8 @@ class TokenSchedulerController:
             plan_txt = f"{getattr(token_plan, 'batch_size', '?')} image(s), expected {saved:.0%} tokens saved"
         report = (
             f"TokenFuse scheduler: {family.name} ({family.family}, {route}); preset {preset}; "
-            f"{describe_schedule(schedule)}; token plan: {plan_txt}. A summary line is logged after each run."
+            f"{describe_schedule(schedule, family.route)}; token plan: {plan_txt}. A summary line is logged after "
+            "each run."
         )
         return patched, report
 

@@ -84,10 +84,14 @@ def build_dit_hooks(schedule: Schedule, telemetry: RunTelemetry) -> DitHooks:
         info = steps(topts)
         t0 = time.perf_counter() if schedule.time_calls else 0.0
         top = top_kv(args, kwargs, schedule.active_at(info.progress))
-        if top is None:
+        label = str(topts.get("block_index", "?"))
+        if top is None:  # counted unreduced (outside the step window, or nothing to drop), as the U-Net path does
+            n_tok = args[1].shape[2 if kwargs.get("skip_reshape", False) else 1]
+            telemetry.record(label, 0, info.step, info.sigma, n_tok, n_tok, n_tok, n_tok, "topk", None)
+            if flight.learning is not None:
+                flight.records.append((label, n_tok, n_tok))
             return func(*args, **kwargs)
         k2, v2, n_tok, keep = top
-        label = str(topts.get("block_index", "?"))
         seconds = (time.perf_counter() - t0) if schedule.time_calls else None
         telemetry.record(label, 0, info.step, info.sigma, n_tok, n_tok, n_tok, keep, "topk", seconds)
         if flight.learning is not None:

@@ -72,7 +72,8 @@ class Schedule:
     strategy: tome | todo | topk.
     ratios: {level factor (8/16/32/64 relative to image): base ratio in [0, 0.9]}; missing levels are 0.
     protect_blocks: the first N transformer blocks of a sampling call (ComfyUI's transformer_index order, i.e. the
-        shallow input blocks) keep all tokens.
+        shallow input blocks) keep all tokens. U-Nets only: ComfyUI's DiT models (Flux, Wan, ...) give the attention
+        call no block index, so the DiT override reduces every self-attention call.
     ramp_start / ramp_step / ramp_every / ramp_cap: pyramid ramp. From transformer index `ramp_start` on, add
         `ramp_step` every `ramp_every` blocks to the base ratio, never above `ramp_cap` (0 step = no ramp).
     start_percent / end_percent: active window as a fraction of sampling steps (strongest early, off late).
@@ -250,8 +251,8 @@ def _balanced(family: str) -> Schedule:
     # on an H200 at batch 2 the host cost of the patches made SDXL 1024 slower).
     if family == "sdxl":
         return Schedule(strategy="todo", ratios={16: 0.75, 32: 0.5}, protect_blocks=0, device_aware=True)
-    if family == "dit":
-        return Schedule(strategy="topk", dit_ratio=0.5, protect_blocks=2)
+    if family == "dit":  # protect_blocks 0: ComfyUI's DiT models give attention no block index (every call reduced)
+        return Schedule(strategy="topk", dit_ratio=0.5, protect_blocks=0)
     return Schedule(strategy="todo", ratios={8: 0.75, 16: 0.75}, protect_blocks=0, device_aware=True)
 
 
@@ -284,7 +285,7 @@ def preset_schedule(name: Preset | str, family: Family | str = "sd15") -> Schedu
     if name == "balanced":
         return _balanced(family)
     if family == "dit":
-        return Schedule(strategy="topk", dit_ratio=_LOWVRAM_DIT[name], protect_blocks=1)
+        return Schedule(strategy="topk", dit_ratio=_LOWVRAM_DIT[name], protect_blocks=0)
     return Schedule(
         strategy="todo",
         ratios=_LOWVRAM[name][family],

@@ -436,3 +436,16 @@ def test_output_folder_parent_is_never_created(tmp_path, monkeypatch: pytest.Mon
     for bad in ("../x.jsonl", "a/b.jsonl", "..", ""):
         with pytest.raises(comfy_paths.OutputPathError):
             comfy_paths.output_file(bad)
+
+
+def test_the_report_never_claims_protected_blocks_on_a_dit_model() -> None:
+    """ComfyUI's DiT models give attention no block index: protect_blocks cannot act there, and the report said
+    "first 2 blocks kept" for the DiT balanced preset while every call was reduced."""
+    from tokenfuse.nodes.scheduler_node import describe_schedule
+    from tokenfuse.scheduling.schedule import Schedule, preset_schedule
+
+    _, report = NODE.apply(FakeModelPatcher(Flux()), "balanced", "preset", 0.0)
+    assert "blocks kept" not in report and preset_schedule("balanced", "dit").protect_blocks == 0
+    text = describe_schedule(Schedule(strategy="topk", dit_ratio=0.5, protect_blocks=2), "override")
+    assert "protect_blocks ignored (U-Nets only" in text
+    assert "first 2 blocks kept" in describe_schedule(Schedule(ratios={8: 0.5}, protect_blocks=2), "unet")
