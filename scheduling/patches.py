@@ -308,6 +308,14 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
     def entry_for(n: torch.Tensor, tidx: Any, options: dict[str, Any]) -> _Call | None:
         """Build (once) what a call with n's token count at transformer index tidx does in the current row."""
         grid = infer_grid(n.shape[1], options.get("original_shape"))
+        if grid is None and options.get("original_shape") is not None:  # once per table row and token count
+            warn_once(
+                "grid",
+                "TokenFuse: an attention call with %d tokens matches no latent grid of this image (another node merged "
+                "tokens before TokenFuse, e.g. ComfyUI's TomePatchModel applied first?); TokenFuse leaves those calls "
+                "alone. Apply TomePatchModel after TokenSchedulerController, or use one of them.",
+                n.shape[1],
+            )
         if grid is None:
             return None
         level, h, w = grid

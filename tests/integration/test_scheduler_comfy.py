@@ -86,8 +86,9 @@ def test_tome_strategy_runs_and_unmerges(comfy, random_model, baselines) -> None
     assert telemetry.summary()["q_tokens_out"] < telemetry.summary()["q_tokens_in"]
 
 
-def test_chains_with_tome_and_an_attn2_replacement(comfy, random_model, baselines) -> None:
-    """TomePatchModel (attn1 patch before ours) and an IPAdapter-style attn2 replace keep running."""
+def test_chains_with_tome_and_an_attn2_replacement(comfy, random_model, baselines, caplog) -> None:
+    """TomePatchModel (attn1 patch before ours) and an IPAdapter-style attn2 replace keep running. Tome's merge at
+    the full-resolution level hides that level's grid from ours: TokenFuse leaves it alone and says so, once."""
     from comfy.ldm.modules.attention import optimized_attention
     from comfy_extras.nodes_tomesd import TomePatchModel
 
@@ -103,8 +104,11 @@ def test_chains_with_tome_and_an_attn2_replacement(comfy, random_model, baseline
     schedule = schedule_from_widgets("balanced", "preset", 0.0, "sd15")
     patched, telemetry = schedule_model(other, schedule, patcher.detect_family(other))
     assert len(patched.model_options["transformer_options"]["patches"]["attn1_patch"]) == 2
-    out = ksample(comfy, patched, "sd15")
+    with caplog.at_level(logging.WARNING):
+        out = ksample(comfy, patched, "sd15")
     assert calls["attn2"] > 0 and telemetry.summary()["reduced_calls"] > 0
+    grid = [r.getMessage() for r in caplog.records if "matches no latent grid" in r.getMessage()]
+    assert len(grid) == 1 and "Apply TomePatchModel after TokenSchedulerController" in grid[0], grid
     assert not torch.equal(out, baselines["sd15"])
     assert "attn1_patch" in other.model_options["transformer_options"]["patches"]
     assert len(other.model_options["transformer_options"]["patches"]["attn1_patch"]) == 1  # Tome's clone untouched
