@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -263,4 +264,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         log.error("tokenfuse: aborted")
         return 130
+    except Exception as e:
+        ray_errors = sys.modules.get("ray.exceptions")  # only when --ray imported Ray
+        if ray_errors is None or not isinstance(e, ray_errors.RayActorError):
+            raise
+        # a worker that could not start (no ComfyUI at --comfyui on a node, ...): the cause's last line, exit 2
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        log.error(
+            "tokenfuse: error: a Ray worker could not start: %s", (lines[-1] if lines else type(e).__name__)[:500]
+        )
+        return EXIT_USAGE
     return EXIT_USAGE

@@ -9,6 +9,7 @@ runs are in tests/integration/test_runner_comfy.py.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -343,3 +344,31 @@ def test_cli_sends_video_workflows_under_ray_to_the_chunked_path(
     photo_wf = REPO / "workflows" / "tokenfuse_face_refine_sd15_4gb.json"
     assert cli.main(["run", str(photo_wf), str(photo), "--ray", "local", "-o", str(out), "--quiet"]) == 1
     assert calls["per_item"] == ("LoadImage", ["face"])
+
+
+def test_a_ray_worker_that_cannot_start_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`--ray` with a wrong --comfyui (or none on a worker node): the worker's start-up error came back as a Ray
+    ActorDiedError traceback, exit 1 ("some item failed"); without --ray the same mistake is a clean exit 2."""
+    exceptions = pytest.importorskip(
+        "ray.exceptions", reason="Ray not installed (pip install -r requirements-scale.txt)"
+    )
+    from tokenfuse.runner import cli
+
+    def cmd_run(args: Any) -> int:
+        missing = FileNotFoundError("no ComfyUI checkout found at /nowhere")
+        trace = "Traceback (most recent call last):\nFileNotFoundError: no ComfyUI checkout found at /nowhere"
+        raise exceptions.ActorDiedError(cause=exceptions.RayTaskError("RunnerWorker.__init__", trace, missing))
+
+    monkeypatch.setattr(cli, "cmd_run", cmd_run)
+    with caplog.at_level(logging.ERROR):
+        assert cli.main(["run", "wf.json", "x.png", "--ray", "local"]) == 2
+    assert "a Ray worker could not start: FileNotFoundError: no ComfyUI checkout found" in caplog.text
+
+    def other(args: Any) -> int:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cli, "cmd_run", other)
+    with pytest.raises(RuntimeError):
+        cli.main(["run", "wf.json", "x.png"])
