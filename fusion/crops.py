@@ -21,6 +21,13 @@ from ..scheduling.plan import TokenPlan
 from ..scheduling.vocabulary import LEVELS
 
 
+def context_side(guide_size: int, crop_factor: float = 1.0, max_size: int = 4096) -> int:
+    """Side of the sampled context crop: guide_size x crop_factor (>= 1) rounded up to a multiple of 8, capped at
+    max_size, at least 64."""
+    side = int(math.ceil(guide_size * max(1.0, float(crop_factor)) / 8.0) * 8)
+    return max(64, min(side, int(max_size) // 8 * 8))
+
+
 def context_transform(
     crop_size: int, guide_size: int, crop_factor: float = 1.0, max_size: int = 4096
 ) -> tuple[np.ndarray, int]:
@@ -31,8 +38,7 @@ def context_transform(
     sampled below guide size). Returns ([2, 3] float64, side).
     """
     cf = max(1.0, float(crop_factor))
-    side = int(math.ceil(guide_size * cf / 8.0) * 8)
-    side = max(64, min(side, int(max_size) // 8 * 8))
+    side = context_side(guide_size, crop_factor, max_size)
     k = side / (crop_size * cf)
     t = side / 2.0 - k * crop_size / 2.0
     return np.array([[k, 0.0, t], [0.0, k, t]], dtype=np.float64), side

@@ -52,6 +52,8 @@ class FallbackConfig:
     stronger_presets: tuple[str, ...] = ()
     min_guide: int = 256
     incoming_preset: str = ""
+    crop_factor: float = 1.0  # with max_size: what side a guide size samples (smaller_guide must shrink it)
+    max_size: int = 4096
 
     @property
     def on_oom(self) -> bool:
@@ -97,9 +99,17 @@ def after_oom(
         elif attempt.scheduling:
             why = " (strongest preset already in use)"
         return replace(attempt, tiled_vae=True), "tiled_vae", "tiled VAE encode/decode" + why
+    from .crops import context_side
+
+    def side(guide: int) -> int:
+        return context_side(guide, config.crop_factor, config.max_size)
+
     smaller = (attempt.guide_size // 2) // 8 * 8
+    while smaller >= config.min_guide and side(smaller) >= side(attempt.guide_size):  # capped by max_size: no smaller
+        smaller = (smaller // 2) // 8 * 8
     if smaller >= config.min_guide:
-        return replace(attempt, guide_size=smaller), "smaller_guide", f"guide {attempt.guide_size} -> {smaller}"
+        detail = f"guide {attempt.guide_size} -> {smaller} (sampled side {side(attempt.guide_size)} -> {side(smaller)})"
+        return replace(attempt, guide_size=smaller), "smaller_guide", detail
     return None
 
 

@@ -76,6 +76,8 @@ class FusionWidgets:
                 stronger_presets=stronger_presets,
                 incoming_preset=incoming_preset,
                 min_guide=max(64, min(256, self.guide_size // 2)),
+                crop_factor=self.crop_factor,
+                max_size=self.max_size,
             ),
         )
 

@@ -37,6 +37,16 @@ def test_oom_chain_order_with_scheduler_api() -> None:
     assert step is not None and step[0].preset == "lowvram_8gb"
 
 
+def test_smaller_guide_always_samples_a_smaller_crop() -> None:
+    """guide 1024 x crop_factor 2 capped by max_size 1024 samples 1024 px; halving the guide to 512 still samples
+    1024 px (the cap), so the "smaller" retry ran out of memory the same way. It halves until the side shrinks."""
+    cfg = FallbackConfig(min_guide=256, crop_factor=2.0, max_size=1024)
+    step = after_oom(Attempt(guide_size=1024, single=True, scheduling=False, tiled_vae=True), cfg)
+    assert step is not None and step[1] == "smaller_guide"
+    assert step[0].guide_size == 256 and "sampled side 1024 -> 512" in step[2], step
+    assert after_oom(Attempt(guide_size=256, single=True, scheduling=False, tiled_vae=True), cfg) is None
+
+
 def test_oom_chain_without_scheduler_api_reports_the_skip() -> None:
     cfg = FallbackConfig(mode="auto", stronger_presets=(), min_guide=128)
     step = after_oom(Attempt(guide_size=512), cfg)
