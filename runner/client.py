@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .embedded import REPORT_SLOTS, _error_message, _validation_message
-from .engine import ExecResult, OutputFile, Progress
+from .engine import EngineUnavailable, ExecResult, OutputFile, Progress
 from .server_ws import PromptEvents, WebsocketUnavailable, watch_prompt, websocket_available
 
 log = logging.getLogger("tokenfuse.runner")
@@ -39,6 +39,11 @@ class ServerError(ConnectionError):
     def __init__(self, message: str, body: Any = None) -> None:
         super().__init__(message)
         self.body = body
+
+
+class ServerUnreachable(ServerError, EngineUnavailable):
+    """The server did not answer at all (gone, restarting, wrong address): the run stops (engine.EngineUnavailable)
+    instead of failing every remaining item within a second."""
 
 
 class ServerComfy:
@@ -81,7 +86,7 @@ class ServerComfy:
                 answer = None
             raise ServerError(f"{method} {path}: HTTP {e.code}: {text[:2000]}", answer) from e
         except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
-            raise ServerError(f"ComfyUI server at {self.url} did not answer ({e}); is it running?") from e
+            raise ServerUnreachable(f"ComfyUI server at {self.url} did not answer ({e}); is it running?") from e
 
     def _post_json(self, path: str, data: dict[str, Any]) -> Any:
         return self._request("POST", path, json.dumps(data).encode(), {"Content-Type": "application/json"})

@@ -38,6 +38,11 @@ class ExecResult:
     memory_kind: str = ""
 
 
+class EngineUnavailable(ConnectionError):
+    """The engine's backend is gone (a --server ComfyUI that stopped answering): not one item's fault, so a run
+    stops there (the item counts as interrupted; `--resume` redoes it) instead of failing every remaining item."""
+
+
 class Engine(Protocol):
     def node_defs(self) -> dict[str, dict[str, Any]]: ...
 

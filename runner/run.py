@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from .engine import Engine
+from .engine import Engine, EngineUnavailable
 from .items import Item, loaders
 from .report import ReportWriter, done_keys, summarize_texts
 
@@ -123,6 +123,9 @@ def process_item(
         else:
             row["status"] = "interrupted" if result.interrupted else "failed"
             row["error"] = result.error
+    except EngineUnavailable as e:  # e.g. the --server ComfyUI is gone: the run stops here, resumable
+        log.error("%s: the run stops here (--resume redoes this item and the rest)", e)
+        row.update(status="interrupted", error=str(e), time_s=round(time.perf_counter() - t0, 3))
     except Exception as e:  # noqa: BLE001 - a bad item fails alone; the run goes on
         log.debug("item %s failed", item.path, exc_info=True)
         row.update(status="failed", error=f"{type(e).__name__}: {e}", time_s=round(time.perf_counter() - t0, 3))

@@ -185,6 +185,22 @@ def test_ctrl_c_in_server_mode(photos: list[Path], tmp_path: Path) -> None:
     assert fake.history[running]["status"]["status_str"] == "error"
 
 
+def test_a_server_that_went_away_stops_the_run_resumably(photos: list[Path], tmp_path: Path) -> None:
+    """The ComfyUI server stops answering mid-run: every remaining item used to fail within milliseconds ("did not
+    answer"), burning a long list. The run stops at the first such item instead, reported interrupted (exit 130),
+    and --resume does the rest once the server is back."""
+    items = expand(photos)
+    with fake_comfy(tmp_path / "server") as fake:
+        engine = ServerComfy(fake.url)
+    summary = run_items(engine, _prompt(), "1", {}, items, tmp_path / "out", progress=False)
+    assert summary.interrupted and summary.exit_code == 130 and summary.failed == 0, summary
+    (row,) = [json.loads(line) for line in (tmp_path / "out" / "report.jsonl").read_text().splitlines()]
+    assert row["status"] == "interrupted" and "did not answer" in row["error"], row
+    with fake_comfy(tmp_path / "server2") as fake:
+        again = run_items(ServerComfy(fake.url), _prompt(), "1", {}, items, tmp_path / "out", True, False)
+    assert again.exit_code == 0 and again.ok == 2, again
+
+
 def test_prompt_events_protocol() -> None:
     """The message reducer alone: other prompts' messages are ignored, stats count only while the prompt runs, and
     the pack's three peak texts (nodes/model_patching.py) are read with what they mean."""
