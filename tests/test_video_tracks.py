@@ -188,3 +188,36 @@ def test_smooth_track_needs_landmarks_only(carphone_obs) -> None:
     (tr,) = link_tracks(carphone_obs[:1])
     one = smooth_track(tr, 3.0)
     assert one.affines.shape == (1, 2, 3) and np.isfinite(one.affines).all()
+
+
+def _pan(speed: float, misses: set[int], frames: int = 60, width: float = 48.0) -> list[list[FaceObs]]:
+    """One face box (width px) moving `speed` px per frame, not detected on the frames in `misses`."""
+    out: list[list[FaceObs]] = []
+    for t in range(frames):
+        x = 10.0 + speed * t
+        box = np.array([x, 40.0, x + width, 40.0 + width * 1.2], np.float32)
+        lm = np.tile(box[:2], (5, 1)).astype(np.float32) + 10.0
+        out.append([] if t in misses else [FaceObs(box, 0.9, lm, None)])
+    return out
+
+
+@pytest.mark.parametrize("speed", [9.6, 14.4, 19.2])  # 0.2-0.4 face widths per frame: a fast pan
+def test_a_fast_pan_with_missed_detections_stays_one_track(speed: float) -> None:
+    """Missed detections on a fast pan broke one face into several tracks (the last box no longer overlapped the
+    face 2-3 frames on): the frames in the gaps went unrefined and each piece got its own seed. Linking now also
+    compares with the last box moved on at the track's speed; the gaps are interpolated."""
+    (track,) = link_tracks(_pan(speed, {20, 21, 40, 41, 42}))
+    assert (track.start, track.end) == (0, 60) and int(track.detected.sum()) == 55
+    centre = (track.bboxes[41, 0] + track.bboxes[41, 2]) / 2
+    assert abs(centre - (10.0 + speed * 41 + 24.0)) < 1.0  # the interpolated box follows the face
+
+
+def test_two_faces_far_apart_never_link_through_a_prediction() -> None:
+    a = _pan(12.0, {30, 31})
+    b = _pan(-12.0, set())
+    for t in range(60):  # face B runs the other way, 400 px to the right at first
+        a[t] += [
+            FaceObs(o.bbox + np.array([400, 0, 400, 0], np.float32), o.score, o.landmarks + 400, None) for o in b[t]
+        ]
+    tracks = link_tracks(a)
+    assert len(tracks) == 2 and all(tr.length == 60 for tr in tracks)
