@@ -262,9 +262,12 @@ class FakePromptServer:
 
     def __init__(self) -> None:
         self.events: list[tuple[str, dict]] = []
+        self.client_id = "browser-a"  # the client that queued the running prompt
+        self.sids: list[str | None] = []
 
-    def send_sync(self, event: str, data: dict) -> None:
+    def send_sync(self, event: str, data: dict, sid: str | None = None) -> None:
         self.events.append((event, data))
+        self.sids.append(sid)
 
 
 def test_live_stats_follow_the_web_schema(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -298,6 +301,8 @@ def test_live_stats_follow_the_web_schema(monkeypatch: pytest.MonkeyPatch) -> No
     assert payloads[0]["levels"] == [{"level": 8, "tokens_in": 256, "tokens_out": 64}]
     assert payloads[0]["step_time_s"] >= 0 and payloads[0]["peak_mem_mb"] is None  # CPU: no device peak
     assert "tokens saved" in payloads[-1]["summary"] and payloads[-1]["levels"] == []
+    # only to the browser that queued the prompt: another one's idle node with the same id showed this run's stats
+    assert set(server.sids) == {"browser-a"}
 
 
 def test_family_detection_by_comfyui_class_names() -> None:

@@ -16,13 +16,34 @@ const WIDGET = "tokenfuse_report";
 // node type -> lines reserved for its report, and what the panel says before the first run
 const PANELS = {
   TokenFuseScheduledFusion: { lines: 12, idle: "per-face report (seed, tokens, time, fallbacks) appears here after a run" },
-  TokenFuseBlend: { lines: 2, idle: "after a run: faces pasted, or a warning when the photo passed through" },
+  TokenFuseBlend: { lines: 4, idle: "after a run: faces pasted, or a warning when the photo passed through", log: true },
   TokenFusePatchTokenize: { lines: 2, idle: "after a run: the expected token saving of this plan" },
   TokenFuseFaceTrack: { lines: 5, idle: "after a run: frames, scene cuts, tracks kept, crop jitter raw -> smoothed" },
   TokenFuseVideoFaceFusion: { lines: 6, idle: "after a run: frames, key frames, diffusion runs, time per frame, warnings" },
 };
 const COLORS = { text: "#c8c8c8", warn: "#e0a84f", dim: "#6c6c6c" };
 const lastReport = new WeakMap(); // node -> [{text, warn}]
+// ids whose report was cleared when a run started and has not come back yet: their last outputs are stale
+const cleared = new Set();
+
+// Undo/redo and workflow tabs rebuild the node objects (the WeakMap forgets them); the frontend keeps each node's
+// last outputs per workflow, as it does for image previews, so the report is read back from there.
+function reportOf(node) {
+  const kept = lastReport.get(node);
+  if (kept?.length || cleared.has(String(node.id))) return kept;
+  const lines = reportLines(app.nodeOutputs?.[String(node.id)]?.text);
+  if (lines.length) lastReport.set(node, lines);
+  return lines;
+}
+
+// every node of the graph and of its subgraphs
+function allNodes() {
+  const root = app.graph;
+  const out = [...(root?.nodes ?? [])];
+  const subgraphs = root?.subgraphs;
+  if (subgraphs && typeof subgraphs.values === "function") for (const sg of subgraphs.values()) out.push(...(sg?.nodes ?? []));
+  return out;
+}
 
 function panelWidget(node, panel) {
   return {
@@ -58,7 +79,7 @@ function drawPanel(ctx, node, panel, rect) {
   ctx.font = "10px sans-serif";
   ctx.textAlign = "left";
   const measure = (s) => ctx.measureText(s).width;
-  const report = lastReport.get(node);
+  const report = reportOf(node);
   if (!report?.length) {
     ctx.fillStyle = COLORS.dim;
     wrapText(panel.idle, rect.w - 4, measure)
@@ -72,7 +93,8 @@ function drawPanel(ctx, node, panel, rect) {
   let shown = rows;
   if (rows.length > panel.lines) {
     shown = rows.slice(0, panel.lines - 1);
-    shown.push({ text: `… ${rows.length - shown.length} more line(s): see the report output or the server log`, warn: false, dim: true });
+    const where = panel.log ? "the server log" : "the report output or the server log";
+    shown.push({ text: `… ${rows.length - shown.length} more line(s): see ${where}`, warn: false, dim: true });
   }
   shown.forEach((row, i) => {
     ctx.fillStyle = row.dim ? COLORS.dim : row.warn ? COLORS.warn : COLORS.text;
@@ -94,8 +116,10 @@ app.registerExtension({
   setup() {
     // a new run starts with empty panels, so an old report is never mistaken for this run's
     api.addEventListener("execution_start", () => {
-      for (const node of app.graph?.nodes ?? []) {
-        if (PANELS[node?.comfyClass ?? node?.type] && lastReport.delete(node)) node.setDirtyCanvas?.(true, false);
+      for (const node of allNodes()) {
+        if (!PANELS[node?.comfyClass ?? node?.type]) continue;
+        cleared.add(String(node.id));
+        if (lastReport.delete(node)) node.setDirtyCanvas?.(true, false);
       }
     });
   },
@@ -120,6 +144,7 @@ app.registerExtension({
       try {
         const lines = reportLines(message?.text);
         if (lines.length) {
+          cleared.delete(String(this.id));
           lastReport.set(this, lines);
           this.setDirtyCanvas?.(true, false);
         }

@@ -31,7 +31,9 @@ def send_stats(event: str, data: dict[str, Any]) -> bool:
     if instance is None:
         return False
     try:
-        instance.send_sync(event, data)
+        # to the client that queued the running prompt, as ComfyUI's own progress events go (None: every client):
+        # another browser's idle node with the same id must not show this run's stats
+        instance.send_sync(event, data, getattr(instance, "client_id", None))
     except Exception as exc:  # a stats event must never break sampling
         log.debug("send_sync(%s) failed: %s", event, exc)
         return False

@@ -145,7 +145,7 @@ def test_patches_added_after_ours_keep_working(comfy, random_model) -> None:
 
 def test_live_stats_per_step_in_a_real_run(comfy, random_model, monkeypatch) -> None:
     events: list[dict] = []
-    instance = SimpleNamespace(send_sync=lambda event, data: events.append(data))
+    instance = SimpleNamespace(send_sync=lambda event, data, sid=None: events.append(data), client_id=None)
     monkeypatch.setitem(sys.modules, "server", SimpleNamespace(PromptServer=SimpleNamespace(instance=instance)))
     patched, _ = NODE.apply(random_model("sd15"), "balanced", "preset", 0.0, unique_id="7")
     ksample(comfy, patched, "sd15", steps=3)
