@@ -82,8 +82,9 @@ def select_faces(faces: Sequence[Face], sel: Selection) -> list[Face]:
                 n,
                 valid,
             )
-        positions = list(dict.fromkeys(i % n for i in sel.indices if -n <= i < n))  # 0 and -1 of one face: once
-        if len(positions) < sum(1 for i in sel.indices if -n <= i < n):
+        named = [i % n for i in sel.indices if -n <= i < n]
+        positions = list(dict.fromkeys(named))  # 0 and -1 of one face: once
+        if len(positions) < len(named):
             log.warning("TokenFuse: face indices %s name a face more than once; each face is kept once", sel.indices)
         kept = [kept[i] for i in positions]
     if sel.max_faces > 0:

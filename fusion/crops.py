@@ -126,11 +126,11 @@ def crop_plan(
     masks: [B, S, S] float in [0, 1]; landmarks: [B, 5, 2] in crop pixels, or None.
     With landmarks (ScheduledFusion): the eyes and mouth are protected (importance 1), the rest of the face gets
     `face_weight` (below the default protect threshold: reducible; a threshold at or under it, PatchTokenize's
-    protect_threshold <= 0.4, protects the whole face, as a lower threshold asks) and the background `floor`. Without:
-    importance =
-    max(mask, floor), the whole face protected. Why features only: on an aligned crop the face is ~70 % of the tokens,
-    so protecting all of it left the schedule almost nothing to reduce (crop + schedule 1.03x crop alone on CPU), while
-    the trained face model's quality gate passes with no protection at all (docs/notes/quality.md).
+    protect_threshold <= 0.4, protects the whole face, as a lower threshold asks) and the background `floor`.
+    Without: importance = max(mask, floor), the whole face protected. Why features only: on an aligned crop the face
+    is ~70 % of the tokens, so protecting all of it left the schedule almost nothing to reduce (crop + schedule 1.03x
+    crop alone on CPU), while the trained face model's quality gate passes with no protection at all
+    (docs/notes/quality.md).
     budgets estimate kept tokens per level: protected tokens plus `background_keep` of the others (the scheduler
     decides the real reduction; budgets are for the report).
     """

@@ -113,14 +113,14 @@ def check_inputs(
     free_choices: tuple[str, ...] = (),
     spec: dict[str, dict[str, Any]] | None = None,
 ) -> None:
-    """Check `values` (argument name -> value) against `cls.INPUT_TYPES()`. Optional inputs may be None.
+    """Check `values` (argument name -> value) against `cls.INPUT_TYPES()` (or `spec`, already read). Optional
+    inputs may be None. Names the node does not declare are refused by `checked_inputs` before this runs.
 
     free_choices: combo inputs whose list is a folder listing (model files): checked for type and length here, for
     existence by the model-file resolver, so a file added after the list was built still loads.
     """
     spec = getattr(cls, "INPUT_TYPES")() if spec is None else spec  # noqa: B009 - every node class has it
     node = cls.__name__
-    refuse_undeclared(cls, values, spec)
     for section in ("required", "optional"):
         for name, entry in spec.get(section, {}).items():
             if name not in values or (section == "optional" and values[name] is None):

@@ -294,14 +294,12 @@ def _attach_step_cache(m: Any, schedule: Schedule) -> Any:
         DISABLED_KEY,
         STEP_KEY,
     )
-    m.set_model_output_block_patch(hooks.output_block_patch)
     # ours first: it keeps the deep feature as the U-Net made it; a cached step re-applies every output_block_patch
     # (e.g. FreeU's in-place scaling) on a copy of it, as the full step did. Appended after FreeU, it kept the
     # already-scaled feature and FreeU scaled it again on every cached step.
-    to = m.model_options["transformer_options"]
-    listed = list(to["patches"]["output_block_patch"])
-    listed.insert(0, listed.pop())
-    patcher.set_transformer_option(m, "patches", {**to["patches"], "output_block_patch": listed})
+    patches = m.model_options.get("transformer_options", {}).get("patches", {})
+    ours_first = [hooks.output_block_patch, *patches.get("output_block_patch", [])]
+    patcher.set_transformer_option(m, "patches", {**patches, "output_block_patch": ours_first})
     patcher.add_wrapper(m, "DIFFUSION_MODEL", WRAPPER_KEY, hooks.diffusion_model_wrapper)
     return hooks
 
