@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import cv2
@@ -83,6 +83,19 @@ class FusionBackend:
     empty_cache: Callable[[], None] = lambda: None
     memory_check: Callable[[int, int, bool], str] | None = None
     hooks: CropHooks = field(default_factory=CropHooks)
+
+
+def unsampled(backend: FusionBackend) -> FusionBackend:
+    """The backend for denoise 0: nothing is re-generated, so no VAE round trip (it blurs the face) and no sampling;
+    the crops come back as prepared (with the identity pre-swap, if any). Latents are the pixels themselves."""
+    return replace(
+        backend,
+        encode=lambda pixels, tiled: pixels,
+        decode=lambda latent, tiled: latent,
+        sample=lambda model, latent, *args, **kwargs: latent,
+        model_for=lambda attempt: (None, ""),
+        memory_check=None,
+    )
 
 
 class MemoryEstimateError(MemoryError):

@@ -121,7 +121,7 @@ class ScheduledFusion:
                         "max": 1.0,
                         "step": 0.01,
                         "tooltip": "How much of the face is re-generated: 0.3-0.5 refines and keeps "
-                        "identity; above 0.6 the face changes.",
+                        "identity; above 0.6 the face changes; 0 returns it as prepared (the swap alone, no VAE).",
                     },
                 ),
                 "guide_size": (
@@ -263,7 +263,7 @@ class ScheduledFusion:
         from ..faces.images import as_rgb_float
         from ..faces.types import FaceSet
         from ..fusion.fallback import FaceReport, format_report
-        from ..fusion.run import run_fusion
+        from ..fusion.run import run_fusion, unsampled
         from .fusion_settings import FusionWidgets
 
         if not isinstance(faces, FaceSet):
@@ -312,6 +312,8 @@ class ScheduledFusion:
             backend = self._comfy_backend(
                 model, vae, positive, negative, w.steps, w.cfg, w.sampler_name, w.scheduler, w.denoise, faces.count
             )
+        if widgets.denoise <= 0.0:
+            backend = unsampled(backend)  # nothing to re-generate: skip the VAE round trip, which only blurs
         backend, swap_note = self._setup_swap(backend, swap_model, arcface_model, source_image, source_faces)
         result = run_fusion(frames, faces, settings, backend)
         crops = result.crops

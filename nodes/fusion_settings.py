@@ -86,4 +86,5 @@ class FusionWidgets:
         return (
             f"ScheduledFusion: {faces} face(s) in {frames} frame(s), guide {self.guide}, steps {self.steps}, "
             f"denoise {self.denoise}, fallback {self.fallback}, plan {'on' if use_plan else 'off'}"
+            + (" (denoise 0: faces not re-sampled, no VAE round trip)" if self.denoise <= 0.0 else "")
         )

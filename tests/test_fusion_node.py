@@ -152,6 +152,22 @@ def test_the_face_changes_only_inside_the_mask() -> None:
     assert diff[:3, :].mean() < 0.02 and diff[:, :3].mean() < 0.02  # the crop border is the input crop
 
 
+def test_denoise_zero_returns_the_input_crop_without_vae_or_sampler() -> None:
+    """denoise 0 re-generates nothing: before, the crop went through the VAE (a blur) and an empty sampling."""
+    import cv2
+
+    images, fs = astronaut_faceset(1, 1, crop_size=128)
+    crops, _, report, stack = _run(crop_size=128, denoise=0.0)
+    assert stack.calls == [] and stack.progress == 1  # no model, encode, sample or decode; the bar still moves
+    face = fs.faces[0][0]
+    original = cv2.warpAffine(images[0], face.affine, (128, 128), flags=cv2.INTER_LINEAR)
+    assert float(np.abs(crops[0].numpy() - original).max()) < 0.02  # only the context crop's resampling
+    assert "denoise 0: faces not re-sampled" in report.splitlines()[0]
+    assert "1 face(s), 0 with fallbacks, 0 passed through" in report
+    _, _, _, sampled = _run(crop_size=128, denoise=0.01)
+    assert len(sampled.ops("sample")) == 1  # any denoise above 0 samples
+
+
 def test_seeds_are_stable_across_reruns_and_batching() -> None:
     a, _, _, _ = _run(faces_per_frame=3, faces_per_batch=3)
     b, _, _, _ = _run(faces_per_frame=3, faces_per_batch=1)
