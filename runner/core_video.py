@@ -113,12 +113,14 @@ def fuse_file(
 class VideoWorker:
     """Ray actor body: fuses chunks of videos given their whole-video tracks."""
 
-    def __init__(self, spec: CoreSpec) -> None:
+    def __init__(self, spec: CoreSpec, scratch: str | None = None) -> None:
+        from .ray_pool import worker_folder
+
         self.spec = spec
         self.refine = spec.make_refine(threads=max(1, int(spec.num_cpus)))
         self.opts = spec.fuse_options()
         self.pid = os.getpid()
-        self._files = Path(tempfile.mkdtemp(prefix="tokenfuse_vworker_"))
+        self._files = worker_folder("tokenfuse_vworker_", scratch)
         self._videos: dict[str, Path] = {}
 
     def ident(self) -> int:

@@ -97,7 +97,7 @@ def constant_key(name: str, blob: bytes) -> str:
 class RunnerWorker:
     """Ray actor body: a warm EmbeddedComfy; `run` processes one item given as bytes."""
 
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: WorkerSpec, scratch: str | None = None) -> None:
         import os
 
         import torch
@@ -113,9 +113,13 @@ class RunnerWorker:
             from .demo import DEMO_LOADER, DemoModels
 
             extra[DEMO_LOADER] = DemoModels
-        self.engine = EmbeddedComfy(spec.comfyui, cpu=spec.cpu, sdpa=spec.sdpa, extra_nodes=extra)
+        self._root = worker_folder("tokenfuse_worker_", scratch)
+        self.engine = EmbeddedComfy(
+            spec.comfyui, cpu=spec.cpu, sdpa=spec.sdpa, work_dir=self._root / "comfy", extra_nodes=extra
+        )
         self.pid = os.getpid()
-        self._files = Path(tempfile.mkdtemp(prefix="tokenfuse_worker_"))
+        self._files = self._root / "files"
+        self._files.mkdir()
         self._inputs = WorkerFiles(self.engine, self._files)
         self._jobs = 0
 
@@ -189,10 +193,18 @@ class RunnerWorker:
             out.unlink(missing_ok=True)
 
     def cleanup(self) -> None:
-        """Delete this worker's scratch files and its ComfyUI work folder (inputs, outputs, temp previews: the
-        engine's own, under the system temp folder); RayPool.close calls it before killing the actor."""
-        shutil.rmtree(self._files, ignore_errors=True)
+        """Delete this worker's scratch files and its ComfyUI work folder (inputs, outputs, temp previews: all in the
+        worker's folder); RayPool.close calls it before killing the actor (a killed worker's folder goes with the
+        pool's scratch folder)."""
         self.engine.close()
+        shutil.rmtree(self._root, ignore_errors=True)
+
+
+def worker_folder(prefix: str, scratch: str | None) -> Path:
+    """A worker's own temp folder: under the pool's scratch folder when this machine has it (a local cluster: the
+    driver deletes that folder at close, so a worker killed mid-item leaves nothing), else the system temp folder."""
+    base = Path(scratch) if scratch and Path(scratch).is_dir() else None
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
 
 
 def _chunk_node_id(prompt: dict[str, dict[str, Any]]) -> str:
@@ -294,6 +306,9 @@ class RayPool:
         gpus = self.ray.cluster_resources().get("GPU", 0)
         num_gpus = getattr(spec, "num_gpus", 0.0) or (1.0 if gpus >= 1 else 0.0)
         self.spec = spec
+        # every worker's temp files under one folder of the driver's (local cluster: the same machine), removed at
+        # close even for workers that were killed and could not clean up
+        self.scratch = Path(tempfile.mkdtemp(prefix="tokenfuse_ray_")) if self.local else None
         self.actor_cls = self.ray.remote(num_gpus=num_gpus, num_cpus=getattr(spec, "num_cpus", 1.0), max_restarts=0)(
             worker_cls
         )
@@ -305,7 +320,7 @@ class RayPool:
             raise
 
     def _start(self) -> Any:
-        actor = self.actor_cls.remote(self.spec)
+        actor = self.actor_cls.remote(self.spec, str(self.scratch) if self.scratch else None)
         self.actors.append(actor)
         self._idents.append(actor.ident.remote())  # its pid, collected lazily (close waits for it to exit)
         return actor
@@ -352,6 +367,8 @@ class RayPool:
             self.ray.shutdown()
         if self.local:
             _wait_exit(self.pids, deadline)
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:

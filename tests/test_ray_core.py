@@ -35,7 +35,7 @@ from video_clips import audio_packets, cut_clip, read_frames, trim_copy, video_p
 # Lossless x264 (crf 0): "frame for frame equal" is an exact pixel comparison after decoding.
 N = 105  # frames of the clip
 # A VideoWorker writes chunk 0 to this temporary name (video/encode.temp_path) while fusing it.
-PARTS = f"{tempfile.gettempdir()}/tokenfuse_vworker_*/.chunk_0.mp4.*.part"
+PARTS = f"{tempfile.gettempdir()}/tokenfuse_ray_*/tokenfuse_vworker_*/.chunk_0.mp4.*.part"  # RayPool.scratch
 SPEC = CoreSpec(crop_size=128, detect_size=160, crf=0, preset="ultrafast", chunks=3)
 
 
@@ -116,6 +116,7 @@ def test_killed_worker_mid_chunk_is_retried_elsewhere(cluster: Any, clip: Path, 
     finally:
         pool.close()
     assert killed == [True], "chunk 0's worker was killed while writing its chunk"
+    assert pool.scratch is not None and not pool.scratch.exists()  # the killed worker's half-written chunk too
     assert summary.ok == 1 and summary.failed == 1 and summary.exit_code == 1, summary
     failed, ok = rows(tmp_path / "out")
     assert failed["name"] == "broken" and failed["status"] == "failed" and "VideoReadError" in failed["error"]

@@ -39,6 +39,7 @@ def test_two_workers_spread_and_recover(comfyui_path: Path, tmp_path: Path) -> N
             threading.Timer(0.2, lambda: ray.kill(actor, no_restart=True)).start()
 
     pool = None
+    folders: list[str] = []
     try:
         pool = RayPool("local", 2, WorkerSpec(comfyui=str(comfyui_path), cpu=True, sdpa=True, demo=True))
         prompt = fill_defaults(demo_prompt(), pool.node_defs())
@@ -50,9 +51,14 @@ def test_two_workers_spread_and_recover(comfyui_path: Path, tmp_path: Path) -> N
         )
     finally:
         if pool is not None:
+            folders = sorted(p.name for p in pool.scratch.iterdir()) if pool.scratch else []
             pool.close()
         ray.shutdown()
     assert not ray.is_initialized()
+    # every worker (the killed one too, which cannot clean up) kept its files in the pool's scratch folder, and
+    # close() removed it: nothing left in the temp folder (before, a killed worker's ComfyUI folder stayed)
+    assert pool is not None and pool.scratch is not None and not pool.scratch.exists()
+    assert len(folders) == 3 and all(f.startswith("tokenfuse_worker_") for f in folders), folders
     assert summary.exit_code == 0 and summary.ok == 4, summary.failures
     rows = [json.loads(line) for line in (out / "report.jsonl").read_text().splitlines()]
     assert sorted(r["name"] for r in rows) == ["p0", "p1", "p2", "p3"]  # each exactly once
