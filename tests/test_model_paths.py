@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -128,6 +129,39 @@ def test_model_dirs_honour_the_override_for_every_kind(tmp_path: Path, monkeypat
     (tmp_path / "elsewhere.onnx").write_bytes(b"x")
     assert paths.list_models("insightface", (".onnx",)) == ["models/pack/det_1.onnx", "swap.onnx"]
     assert paths.model_path("insightface", "swap.onnx", "swap model") == (tmp_path / "insightface" / "swap.onnx")
+    # links back up (a `models -> .` shortcut) are followed once: before, each level listed every file again (83
+    # entries for 2 files) and two such links never finished (every /object_info walked them)
+    (tmp_path / "insightface" / "again").symlink_to(".")
+    (tmp_path / "insightface" / "models" / "up").symlink_to("..")
+    (tmp_path / "insightface" / "models" / "pack_link").symlink_to("pack")
+    assert paths.list_models("insightface", (".onnx",)) == ["models/pack/det_1.onnx", "swap.onnx"]
+
+
+def test_extra_model_paths_keep_the_default_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """extra_model_paths.yaml naming facerestore_models (ComfyUI loads it before custom nodes) used to hide
+    ComfyUI's models/facerestore_models, where the README says to put GFPGANv1.4.pth."""
+    import types
+
+    fake = types.ModuleType("folder_paths")
+    fake.models_dir = str(tmp_path / "models")  # type: ignore[attr-defined]
+    shared = str(tmp_path / "shared" / "facerestore_models")
+    fake.folder_names_and_paths = {"facerestore_models": ([shared], set())}  # type: ignore[attr-defined]
+
+    def add_model_folder_path(name: str, path: str, is_default: bool = False) -> None:
+        fake.folder_names_and_paths.setdefault(name, ([], set()))[0].append(path)  # type: ignore[attr-defined]
+
+    fake.add_model_folder_path = add_model_folder_path  # type: ignore[attr-defined]
+    fake.get_folder_paths = lambda name: list(fake.folder_names_and_paths[name][0])  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "folder_paths", fake)
+    monkeypatch.setattr(paths, "comfy_available", lambda: True)
+    monkeypatch.delenv(MODELS_ENV, raising=False)
+    default = tmp_path / "models" / "facerestore_models"
+    assert paths.model_dirs("facerestore_models") == [Path(shared), default]  # the yaml's first, then the default
+    assert paths.model_dirs("facerestore_models") == [Path(shared), default]  # registered once
+    assert paths.model_dirs("facedetection") == [tmp_path / "models" / "facedetection"]
+    default.mkdir(parents=True)
+    (default / "GFPGANv1.4.pth").write_bytes(b"x")
+    assert paths.list_models("facerestore_models", (".pth",)) == ["GFPGANv1.4.pth"]
 
 
 def test_nodes_confine_every_model_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,16 +21,20 @@ FACERESTORE_FOLDER: ModelKind = "facerestore_models"
 
 def model_dirs(kind: ModelKind) -> list[Path]:
     """Folders searched for models of `kind`, in order: ComfyUI's models/<kind> (registered with folder_paths on
-    first use, as other face packs do) and its extra_model_paths entries, then $TOKENFUSE_MODELS/<kind> when that
-    variable is set (the only folder outside ComfyUI). Folders that do not exist are listed too (the download
-    target, the error message)."""
+    first use, as other face packs do) and its extra_model_paths entries (those first when the yaml names the kind),
+    then $TOKENFUSE_MODELS/<kind> when that variable is set (the only folder outside ComfyUI). Folders that do not
+    exist are listed too (the download target, the error message)."""
     dirs: list[Path] = []
     if comfy_available():
         try:
             import folder_paths
 
-            if kind not in folder_paths.folder_names_and_paths:
-                folder_paths.add_model_folder_path(kind, os.path.join(folder_paths.models_dir, kind))
+            default = os.path.join(folder_paths.models_dir, kind)
+            known = folder_paths.folder_names_and_paths.get(kind)
+            if known is None or default not in known[0]:
+                # also when extra_model_paths.yaml named the kind first: ComfyUI loads it before custom nodes, and
+                # models/<kind> (where the README says to put the files) must stay searched (after the yaml's)
+                folder_paths.add_model_folder_path(kind, default)
             dirs = [Path(p) for p in folder_paths.get_folder_paths(kind)]
         except ImportError:
             pass
@@ -44,13 +48,22 @@ def model_dirs(kind: ModelKind) -> list[Path]:
 
 def list_models(kind: ModelKind, extensions: tuple[str, ...]) -> list[str]:
     """Names (relative to their folder, "/"-separated) of the files with one of `extensions` in model_dirs(kind) that
-    resolve_model accepts; sorted, without duplicates; [] when there are none."""
+    resolve_model accepts; sorted, without duplicates; [] when there are none. Linked folders are followed once:
+    a link back up (`models -> .`) would list every file again per level, and two of them never end."""
     out: set[str] = set()
     for root in model_dirs(kind):
         if not root.is_dir():
             continue
         real_root = root.resolve()
-        for dirpath, _, files in os.walk(root, followlinks=True):
+        seen = {real_root}
+        for dirpath, dirnames, files in os.walk(root, followlinks=True):
+            kept = []
+            for d in sorted(dirnames):
+                real = (Path(dirpath) / d).resolve()
+                if real not in seen and real.is_relative_to(real_root):
+                    seen.add(real)
+                    kept.append(d)
+            dirnames[:] = kept
             for f in files:
                 if not f.lower().endswith(extensions):
                     continue
