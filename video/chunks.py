@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 
 from .decode import Source, VideoReader, probe
-from .encode import _FORMATS, VideoWriter, mux_options, temp_path
+from .encode import _FORMATS, VideoWriter, copyable_subtitles, mux_options, temp_path
 from .fuse_pass import FuseOptions, Refine, VideoStats, _Fuser
 from .keyframes import REASON_NONE, choose_keyframes
+from .streams import add_copy
 from .track_pass import FaceTracks, Progress
 from .types import Frame
 
@@ -178,7 +179,9 @@ def fuse_chunk(
     out_path = Path(out_path)
     window = range(chunk.start, chunk.stop)
     info = probe(source)
-    with VideoWriter(out_path, tracks.width, tracks.height, info.rate, info.time_base, (), opts.encode) as writer:
+    with VideoWriter(
+        out_path, tracks.width, tracks.height, info.rate, info.time_base, (), opts.encode, sar=info.sar
+    ) as writer:
         fuser = _Fuser(tracks, refine, opts, writer, window)
         last = 0
         for frame in read_frames(source, chunk.first, chunk.last, pts):
@@ -233,11 +236,12 @@ def _video_packets(paths: list[Path]) -> Iterator[Any]:
                     yield packet
 
 
-def _audio_packets(reader: VideoReader) -> Iterator[Any]:
-    """The audio packets of an input opened with keep_audio, in file order (flush packets skipped)."""
-    if not reader.audio:
+def _audio_packets(reader: VideoReader, streams: list[Any]) -> Iterator[Any]:
+    """The packets of an input's audio / subtitle `streams` (opened with keep_audio), in file order (flush packets
+    skipped)."""
+    if not streams:
         return
-    for packet in reader.container.demux(*reader.audio):
+    for packet in reader.container.demux(*streams):
         if packet.dts is not None:
             yield packet
 
@@ -271,11 +275,12 @@ def join_chunks(
                     for key, value in (metadata or {}).items():
                         out.metadata[key] = value
                     ov = out.add_stream_from_template(first.streams.video[0])
-                    amap = {a.index: out.add_stream_from_template(a) for a in inp.audio}
+                    extra = [*inp.audio, *copyable_subtitles(inp.subtitles, fmt, out_path.name)]
+                    amap = {a.index: add_copy(out, a) for a in extra}  # audio MP4 cannot hold: re-encode below
                     last_dts: int | None = None
                     merged = heapq.merge(
                         ((_time(p), 0, p) for p in _video_packets(chunk_paths)),
-                        ((_time(p), 1, p) for p in _audio_packets(inp)),
+                        ((_time(p), 1, p) for p in _audio_packets(inp, extra)),
                         key=lambda x: (x[0], x[1]),
                     )
                     for _, kind, packet in merged:
@@ -289,8 +294,8 @@ def join_chunks(
                             packet.stream = ov
                             stats.video_packets += 1
                         else:
+                            stats.audio_packets += packet.stream.type == "audio"
                             packet.stream = amap[packet.stream.index]
-                            stats.audio_packets += 1
                         out.mux(packet)
             os.replace(tmp, out_path)
             return stats
@@ -307,19 +312,28 @@ def join_chunks(
 def _join_reencode(
     source: Source, chunk_paths: list[Path], out_path: Path, reason: str, metadata: dict[str, str] | None
 ) -> JoinStats:
-    """The fallback join: decode the chunks in order and encode one stream (timestamps kept, audio copied)."""
+    """The fallback join: decode the chunks in order and encode one stream (timestamps kept, audio and subtitles
+    copied; audio the container cannot hold transcoded)."""
     info = probe(chunk_paths[0])
     stats = JoinStats(copied=False, reason=reason)
     with VideoReader(source, keep_audio=True) as inp:
         with VideoWriter(
-            out_path, info.width, info.height, info.rate, info.time_base, inp.audio, metadata=metadata
+            out_path,
+            info.width,
+            info.height,
+            info.rate,
+            info.time_base,
+            inp.audio,
+            subtitle_streams=inp.subtitles,
+            metadata=metadata,
+            sar=info.sar,
         ) as writer:
             for path in chunk_paths:
                 with VideoReader(path) as reader:
                     for frame in reader:
                         writer.write(frame)
                         stats.video_packets += 1
-            writer.mux_audio(list(_audio_packets(inp)))
+            writer.mux_audio(list(_audio_packets(inp, [*inp.audio, *writer.subtitles])))
             writer.finish()
             stats.audio_packets = writer.audio_packets
     return stats

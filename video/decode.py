@@ -82,6 +82,14 @@ def _first_frame(container: Any, stream: Any) -> tuple[int, str]:
     return 0, ""
 
 
+def _upright_sar(stream: Any, rotation: int) -> Fraction | None:
+    """The stream's sample aspect ratio (pixel width / height) for the upright frames; None when square/unknown."""
+    sar = stream.sample_aspect_ratio or stream.codec_context.sample_aspect_ratio
+    if not sar or sar <= 0 or sar == 1:
+        return None
+    return 1 / Fraction(sar) if rotation in (90, 270) else Fraction(sar)
+
+
 def probe(source: Source) -> VideoInfo:
     """Stream facts of the first video stream (decodes one frame: its rotation and a digest of its pixels)."""
     container = _open(source)
@@ -109,6 +117,7 @@ def probe(source: Source) -> VideoInfo:
             codec=v.codec_context.name,
             audio_streams=len(container.streams.audio),
             first_frame=digest,
+            sar=_upright_sar(v, rot),
         )
     finally:
         container.close()

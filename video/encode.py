@@ -3,7 +3,11 @@
 - Every frame's pts is copied, and both `stream.time_base` and `stream.codec_context.time_base` are set to the
   input's: with only one of them set PyAV re-quantises timestamps and variable frame rate is lost.
 - Audio streams are added with `add_stream_from_template` and their packets muxed as they are (no re-encoding,
-  packets without dts skipped: the flush packets; Matroska audio carries dts, its B-frame video does not).
+  packets without dts skipped: the flush packets; Matroska audio carries dts, its B-frame video does not), with
+  their language, title and default flag; audio the container cannot hold is transcoded to AAC (video/streams.py).
+- Frames are converted to YUV with the BT.709 matrix, limited range, and the stream says so (unspecified tags make
+  browsers guess, and an HD input decoded with its own BT.709 tags then shows shifted colours); the input's sample
+  aspect ratio is kept (anamorphic DV / HDV stays unsqueezed).
 - yuv420p needs even width and height: an odd size is padded by one replicated row/column (logged), since libx264
   refuses odd sizes for 4:2:0 and players expect 4:2:0.
 - Subtitle streams are copied packet by packet too when the output container can hold their codec (MP4/MOV:
@@ -23,12 +27,14 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
+from .streams import StreamCopy, add_copy
 from .types import Frame
 
 log = logging.getLogger(__name__)
 
 Preset = Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow"]
 PRESETS: tuple[str, ...] = get_args(Preset)
+BT709, LIMITED = 1, 1  # AVCOL_SPC/PRI/TRC_BT709, AVCOL_RANGE_MPEG: what HD players assume, said explicitly
 _FORMATS = {".mp4": "mp4", ".m4v": "mp4", ".mov": "mov", ".mkv": "matroska"}
 # Subtitle codecs each output container takes as they are (ffmpeg's mp4/mov muxer takes mov_text only).
 _SUBTITLE_CODECS = {
@@ -103,7 +109,8 @@ class VideoWriter:
 
     width/height: the frames' size (odd sizes padded, see module doc). rate: nominal frame rate (x264 rate
     control); time_base: the input video stream's, pts of written frames are in it. audio_streams: input
-    av audio streams whose packets will be passed to `mux_audio`.
+    av audio streams whose packets will be passed to `mux_audio` (subtitle_streams likewise, those the container can
+    hold: `subtitles`). sar: the input's sample aspect ratio (VideoInfo.sar), kept in the output.
 
         with VideoWriter(out, w, h, rate, tb, reader.audio) as writer:
             writer.write(frame); writer.mux_audio(reader.pop_audio())
@@ -121,6 +128,7 @@ class VideoWriter:
         options: EncodeOptions = EncodeOptions(),
         subtitle_streams: list[Any] | tuple[Any, ...] = (),
         metadata: dict[str, str] | None = None,
+        sar: Fraction | None = None,
     ) -> None:
         import av
 
@@ -159,9 +167,14 @@ class VideoWriter:
             self.stream.time_base = self.time_base
             self.stream.codec_context.time_base = self.time_base
             self.stream.options = {"crf": str(int(options.crf)), "preset": options.preset}
-            self._audio_map = {}
-            for a in [*audio_streams, *copyable_subtitles(subtitle_streams, fmt, self.path.name)]:
-                self._audio_map[a.index] = self.container.add_stream_from_template(a)
+            cc = self.stream.codec_context  # the RGB -> YUV matrix `write` uses, said in the stream (players follow it)
+            cc.colorspace, cc.color_range, cc.color_primaries, cc.color_trc = BT709, LIMITED, BT709, BT709
+            if sar is not None and sar > 0 and sar != 1:
+                cc.sample_aspect_ratio = self.stream.sample_aspect_ratio = sar
+            self.subtitles = copyable_subtitles(subtitle_streams, fmt, self.path.name)
+            self._audio_map = {
+                a.index: StreamCopy(self.container, a, self.path.name) for a in [*audio_streams, *self.subtitles]
+            }
         except Exception:
             self._abort()
             raise
@@ -191,7 +204,9 @@ class VideoWriter:
         if self._last_pts is not None and pts <= self._last_pts:
             pts = self._last_pts + 1  # a repeated timestamp would be refused by the muxer
         self._last_pts = pts
-        vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(pad_even(rgb)), format="rgb24")
+        vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(pad_even(rgb)), format="rgb24").reformat(
+            format="yuv420p", dst_colorspace=BT709, dst_color_range=LIMITED
+        )
         vf.pts = pts
         vf.time_base = self.time_base
         for packet in self.stream.encode(vf):
@@ -205,18 +220,18 @@ class VideoWriter:
             out = self._audio_map.get(packet.stream.index)
             if out is None or packet.dts is None:
                 continue
-            kind = packet.stream.type
-            packet.stream = out
-            self.container.mux(packet)
-            if kind == "audio":
+            if packet.stream.type == "audio":
                 self.audio_packets += 1
             else:
                 self.subtitle_packets += 1
+            out.mux(packet)
 
     def finish(self) -> Path:
         """Flush the encoder, close the file and give it its final name. Returns the path."""
         for packet in self.stream.encode(None):
             self.container.mux(packet)
+        for copy in self._audio_map.values():
+            copy.finish()
         self.container.close()
         os.replace(self.tmp, self.path)
         self._done = True
@@ -251,7 +266,7 @@ def remux_copy(source: Any, path: str | os.PathLike[str], frames: int | None = N
     try:
         with av.open(str(tmp), "w", format=fmt, options=opts) as out:
             streams = [source.video, *source.audio, *copyable_subtitles(source.subtitles, fmt, path.name)]
-            mapping = {s.index: out.add_stream_from_template(s) for s in streams}
+            mapping = {s.index: add_copy(out, s) for s in streams}  # audio the container cannot hold: ValueError
             copied = 0
             for packet in source.container.demux(*streams):
                 if packet.size == 0:

@@ -24,7 +24,7 @@ from ..faces.align import template, warp_face
 from ..faces.masks import crop_mask
 from ..faces.paste import BlendOptions, paste_frame
 from ..faces.types import Face
-from .decode import Source, VideoReader
+from .decode import Source, VideoReader, probe
 from .encode import EncodeOptions, VideoWriter, remux_copy
 from .flow import FlowOptions, KeyChange, grey, propagate
 from .keyframes import REASON_NONE, KeyframeOptions, choose_keyframes
@@ -338,10 +338,19 @@ def fuse_video(
                         out_path.unlink(missing_ok=True)
                         raise
                 return stats
+    sar = probe(source).sar
     with VideoReader(source, keep_audio=True) as reader:
         rate = reader.video.average_rate
         with VideoWriter(
-            out_path, tracks.width, tracks.height, rate, reader.time_base, reader.audio, opts.encode, reader.subtitles
+            out_path,
+            tracks.width,
+            tracks.height,
+            rate,
+            reader.time_base,
+            reader.audio,
+            opts.encode,
+            reader.subtitles,
+            sar=sar,
         ) as writer:
             fuser = _Fuser(tracks, refine, opts, writer)
             last = 0

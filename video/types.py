@@ -28,6 +28,7 @@ class VideoInfo:
     codec: str
     audio_streams: int
     first_frame: str = ""  # digest of the first decoded frame's pixels ("" when it did not decode)
+    sar: Fraction | None = None  # sample aspect ratio of the upright frames; None for square or unknown pixels
 
     @property
     def fps(self) -> float:
