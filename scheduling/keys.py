@@ -17,3 +17,6 @@ WRAPPER_KEY = "tokenfuse"  # the key of TokenFuse's ModelPatcher wrappers
 TRACE_KEY = "tokenfuse_trace"  # per compiled model call: the frozen table the traced attn1 patches read
 SHALLOW_KEY = "tokenfuse_shallow"  # per model call the step cache serves from its cache: (depth, output blocks)
 STEP_KEY = "tokenfuse_steps"  # the run's SamplingSteps (scheduling/step_state.py), set by the SAMPLER_SAMPLE wrapper
+NEIGHBOURS_KEY = (
+    "tokenfuse_neighbours"  # per model call: other packs' attn1 replaces / later attn1 patches (patches.py)
+)

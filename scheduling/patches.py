@@ -37,7 +37,16 @@ import torch
 from . import calibrate
 from .adaptive import LaggedComplexity, adapt_ratio
 from .downsample import kernel_for_ratio, pool_keeping, pool_tokens
-from .keys import DISABLED_KEY, PLAN_KEY, SHALLOW_KEY, STEP_KEY, TRACE_KEY, TRACED_UNMERGE_KEY, UNMERGE_KEY
+from .keys import (
+    DISABLED_KEY,
+    NEIGHBOURS_KEY,
+    PLAN_KEY,
+    SHALLOW_KEY,
+    STEP_KEY,
+    TRACE_KEY,
+    TRACED_UNMERGE_KEY,
+    UNMERGE_KEY,
+)
 from .merge import bipartite_soft_matching_2d
 from .reducers import LRU, REDUCERS, ReduceState, kv_targets, tome_parts
 from .schedule import MAX_RATIO, Schedule
@@ -166,43 +175,96 @@ EAGER = "eager"
 LEARN = "learn"  # trace_table's answer while a row is learnt: run the model call eagerly
 
 
+class Neighbours(NamedTuple):
+    """Other nodes' attention patches in a model call that reduced K/V would break (set per model call by the
+    DIFFUSION_MODEL wrapper: extra_options, which the attention patches get, lacks ComfyUI's patch lists).
+
+    replaced: blocks with an attn1 *replace* (PerturbedAttentionGuidance, SelfAttentionGuidance on the middle block):
+    ComfyUI hands the replace the K/V our attn1_patch returned, and it expects the block's own (PAG returns V as the
+    output; SAG reshapes the N x N map). followed: another attn1_patch runs after ours (HyperTile tiles K/V as a grid):
+    top-K's selected K/V are no grid, so top-K leaves those calls alone (pooled K/V stay a grid; after tome's merge
+    HyperTile and ComfyUI's TomePatchModel see no grid of q and leave the call alone)."""
+
+    replaced: frozenset[Any]
+    followed: bool
+
+
+def neighbours_of(options: dict[str, Any], ours: Callable[..., Any]) -> Neighbours | None:
+    """The Neighbours of a model call's transformer_options; None when there are none (the common case)."""
+    replaced = (options.get("patches_replace") or {}).get("attn1") or {}
+    chain = (options.get("patches") or {}).get("attn1_patch") or []
+    followed = any(p is ours for p in chain) and chain[-1] is not ours
+    if not replaced and not followed:
+        return None
+    return Neighbours(frozenset(replaced), followed)
+
+
+def stands_aside(nb: Neighbours, options: dict[str, Any], strategy: str) -> bool:
+    """Whether this attention call must keep the block's own K/V (see Neighbours)."""
+    if nb.followed and strategy == "topk":
+        return True
+    block = options.get("block")
+    if not nb.replaced or block is None:
+        return False
+    return (block[0], block[1], options.get("block_index", 0)) in nb.replaced or tuple(block) in nb.replaced
+
+
 def _call_with(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return fn(*args, **kwargs)
 
 
 def traced_call_wrapper(
-    decide: Callable[[tuple[int, ...], dict[str, Any]], Any], after: Callable[[dict[str, Any]], None]
+    decide: Callable[[tuple[int, ...], dict[str, Any]], Any],
+    after: Callable[[dict[str, Any]], None],
+    ours: Callable[..., Any] | None = None,
 ) -> Callable[..., Any]:
     """The DIFFUSION_MODEL wrapper the U-Net patches and the DiT override share under torch.compile.
 
     Per compiled model call, eagerly (one graph break before the model): decide(latent shape, transformer_options)
     gives what the traced patches read from transformer_options[TRACE_KEY], LEARN to run the whole call eagerly
     (traced, its graph breaks would compile fragments and use up dynamo's recompile limits), or None for nothing;
-    after(transformer_options) runs eagerly once the call is done. Not compiling, it only calls the model.
+    after(transformer_options) runs eagerly once the call is done. Not compiling, it only calls the model. ours: the
+    attn1 patch as registered (U-Net): the call's Neighbours of it go to the patches in NEIGHBOURS_KEY.
     """
     decide_eager, after_eager, call_eager = (eager_under_compile(f) for f in (decide, after, _call_with))
 
     def diffusion_model_wrapper(executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if not torch.compiler.is_compiling() or not args or not isinstance(args[0], torch.Tensor):
+        compiling = torch.compiler.is_compiling()
+        if (not compiling and ours is None) or not args or not isinstance(args[0], torch.Tensor):
             return executor(*args, **kwargs)
         where, opts = _transformer_options(args, kwargs)
         if opts is None:
             return executor(*args, **kwargs)
-        value = decide_eager(tuple(args[0].shape), opts)
+        extra: dict[str, Any] = {}
+        if ours is not None and (nb := neighbours_of(opts, ours)) is not None:
+            extra[NEIGHBOURS_KEY] = nb
+        if not compiling:
+            if extra:
+                args, kwargs = _with_options(where, {**opts, **extra}, args, kwargs)
+            return executor(*args, **kwargs)
+        value = decide_eager(tuple(args[0].shape), {**opts, **extra})
         if value is LEARN:
+            if extra:
+                args, kwargs = _with_options(where, {**opts, **extra}, args, kwargs)
             out = call_eager(executor, args, kwargs)
         else:
-            if value is not None:
-                opts = {**opts, TRACE_KEY: value}
-                if isinstance(where, int):
-                    args = (*args[:where], opts, *args[where + 1 :])
-                else:
-                    kwargs = {**kwargs, "transformer_options": opts}
+            if value is not None or extra:
+                opts = {**opts, **extra} if value is None else {**opts, **extra, TRACE_KEY: value}
+                args, kwargs = _with_options(where, opts, args, kwargs)
             out = executor(*args, **kwargs)
         after_eager(opts)
         return out
 
     return diffusion_model_wrapper
+
+
+def _with_options(
+    where: int | str, opts: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """(args, kwargs) of a DIFFUSION_MODEL call with its transformer_options (found at `where`) replaced by opts."""
+    if isinstance(where, int):
+        return (*args[:where], opts, *args[where + 1 :]), kwargs
+    return args, {**kwargs, "transformer_options": opts}
 
 
 def _transformer_options(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int | str, dict[str, Any] | None]:
@@ -305,6 +367,38 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
             rows.clear()  # a new plan: its ids may be reused later, never serve an old plan's row
         current[:] = [shape, options.get("sigmas"), options.get("sample_sigmas"), plan, rows.get_or(key, _Row), info]
 
+    def elsewhere(n: torch.Tensor, options: dict[str, Any]) -> bool:
+        """A call to leave alone whatever the table says: tiles of another patch (HyperTile: a batch of tiles, whose
+        token count can equal a coarser level's), or a block whose neighbours need its own K/V (Neighbours)."""
+        shape = options.get("original_shape")
+        if shape is not None and len(shape) > 0 and n.shape[0] != shape[0]:
+            warn_once(
+                "tiles",
+                "TokenFuse: attention calls with a batch of %d for a latent batch of %d (another node tiles them, e.g. "
+                "HyperTile) are left unreduced",
+                n.shape[0],
+                shape[0],
+            )
+            return True
+        nb = options.get(NEIGHBOURS_KEY)
+        if nb is not None and stands_aside(nb, options, schedule.strategy):
+            if nb.followed and schedule.strategy == "topk":
+                warn_once(
+                    "followed",
+                    "TokenFuse: another attn1 patch runs after TokenFuse (e.g. HyperTile) and needs the keys/values "
+                    "as a grid: strategy topk leaves attention unreduced (todo keeps a grid; or apply that node "
+                    "before TokenSchedulerController)",
+                )
+            else:
+                warn_once(
+                    "replaced",
+                    "TokenFuse: attention of blocks another node replaces (e.g. PAG, SAG: %s) left unreduced: the "
+                    "replacement needs the block's own keys/values",
+                    sorted(nb.replaced, key=str),
+                )
+            return True
+        return False
+
     def entry_for(n: torch.Tensor, tidx: Any, options: dict[str, Any]) -> _Call | None:
         """Build (once) what a call with n's token count at transformer index tidx does in the current row."""
         grid = infer_grid(n.shape[1], options.get("original_shape"))
@@ -378,6 +472,11 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
             or extra_options.get("sample_sigmas") is not current[2]
         ):
             repick(extra_options)
+        shape = current[0]
+        if ((shape is not None and n.shape[0] != shape[0]) or NEIGHBOURS_KEY in extra_options) and elsewhere(
+            n, extra_options
+        ):
+            return n, ctx, val
         n_tok = n.shape[1]
         tidx = extra_options.get("transformer_index")
         row: _Row = current[4]
@@ -542,6 +641,8 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
                 return n, ctx, val
             out: tuple[torch.Tensor, Any, Any] = attn1_eager(n, ctx, val, extra_options)  # no wrapper: a graph break
             return out
+        if elsewhere(n, extra_options):
+            return n, ctx, val
         # The table's action, traced, or run eagerly where dynamo left a frame eager: either way the wrapper replays
         # the telemetry of a settled call, so this path never records it.
         action = table.get((n.shape[1], extra_options.get("transformer_index")), EAGER) if n.ndim == 3 else None
@@ -575,4 +676,4 @@ def build_unet_hooks(schedule: Schedule, telemetry: RunTelemetry) -> UnetHooks:
         out: torch.Tensor = output_eager(n, extra_options)
         return out
 
-    return UnetHooks(attn1_traced, attn1_output_traced, traced_call_wrapper(trace_table, after_call))
+    return UnetHooks(attn1_traced, attn1_output_traced, traced_call_wrapper(trace_table, after_call, attn1_traced))

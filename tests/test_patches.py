@@ -115,6 +115,35 @@ def test_each_strategy_reduces_and_restores_token_count(strategy: str, ratio: fl
     assert tel.summary()["reduced_calls"] == 1
 
 
+@pytest.mark.parametrize("strategy", ["tome", "todo", "topk"])
+def test_tiles_and_blocks_other_nodes_need_whole_stay_alone(strategy: str) -> None:
+    """HyperTile's tiles (a bigger batch, a coarser level's token count), a block with an attn1 replace (PAG / SAG:
+    they get the K/V we return and need the block's own), and top-K before another attn1 patch (HyperTile tiles K/V
+    as a grid): identity, the same objects. Found by review: each crashed sampling."""
+    from tokenfuse.scheduling.patches import NEIGHBOURS_KEY, Neighbours, neighbours_of
+
+    f, _ = build_unet_patches(Schedule(strategy=strategy, ratios={8: 0.5, 16: 0.5}, protect_blocks=0), RunTelemetry())
+    tile = tokens(8, 8, 8)  # 4 tiles of a 16x16 latent (batch 2): the token count of /16
+    assert all(a is tile for a in f(tile, tile, tile, extra_options((16, 16))))
+    n = tokens(2, 16, 16)
+    opts = extra_options((16, 16)) | {NEIGHBOURS_KEY: Neighbours(frozenset({("input", 1, 0)}), False)}
+    assert all(a is n for a in f(n, n, n, opts))  # the replaced block
+    other = extra_options((16, 16)) | {NEIGHBOURS_KEY: Neighbours(frozenset({("middle", 0, 0)}), False)}
+    assert f(n, n, n, other)[1].shape[1] < 256  # another block is reduced
+    followed = extra_options((16, 16)) | {NEIGHBOURS_KEY: Neighbours(frozenset(), True)}
+    kept = f(n, n, n, followed)
+    assert all(a is n for a in kept) if strategy == "topk" else kept[1].shape[1] < 256
+
+    def ours(*a: object) -> None: ...
+
+    def theirs(*a: object) -> None: ...
+
+    assert neighbours_of({"patches": {"attn1_patch": [theirs, ours]}}, ours) is None
+    assert neighbours_of({"patches": {"attn1_patch": [ours, theirs]}}, ours) == Neighbours(frozenset(), True)
+    pag = {"patches_replace": {"attn1": {("middle", 0, 0): theirs}}}
+    assert neighbours_of(pag, ours) == Neighbours(frozenset({("middle", 0, 0)}), False)
+
+
 def test_cross_attention_context_is_left_alone() -> None:
     """disable_self_attn blocks pass text context as ctx: K/V strategies skip it, tome merges queries only."""
     n, text = tokens(2, 8, 8), torch.randn(2, 77, 32)

@@ -177,3 +177,41 @@ def test_adaptive_ratio_lags_a_step_and_runs_repeat(comfy, random_model) -> None
     assert torch.equal(first, second), "the second run adapted differently"
     assert adapted[0] == fixed[0], (adapted, fixed)  # the first step: the base ratio
     assert adapted != fixed, f"no step adapted: {adapted} vs {fixed}"
+
+
+@pytest.mark.parametrize("other", ["PerturbedAttentionGuidance", "SelfAttentionGuidance", "HyperTile"])
+@pytest.mark.parametrize("strategy", ["preset", "tome", "topk"])
+@pytest.mark.parametrize("ours_first", [True, False])
+def test_nodes_that_need_the_blocks_own_attention(comfy, random_model, caplog, other, strategy, ours_first) -> None:
+    """PAG / SAG replace the middle block's attention and expect its own K/V (lowvram_4gb reduces /64: PAG's output
+    had half the tokens, SAG's map could not be reshaped: both crashed); HyperTile's tiles have the token count of a
+    coarser level (tome merged the tiles, top-K's K/V could not be tiled: both crashed). Those calls stay unreduced,
+    the others are reduced, in either order of the nodes, and sampling gives finite samples."""
+    import importlib
+
+    model = random_model("sd15")
+    if other == "HyperTile":
+        node = importlib.import_module("comfy_extras.nodes_hypertile").HyperTile
+        apply = lambda m: node.execute(m, 64, 1, 0, False)[0]  # noqa: E731 - tiles of /8 at 128 px
+    elif other == "PerturbedAttentionGuidance":
+        node = importlib.import_module("comfy_extras.nodes_pag").PerturbedAttentionGuidance
+        apply = lambda m: node.execute(m, 3.0)[0]  # noqa: E731
+    else:
+        node = importlib.import_module("comfy_extras.nodes_sag").SelfAttentionGuidance
+        apply = lambda m: node.execute(m, 0.5, 2.0)[0]  # noqa: E731
+    schedule = schedule_from_widgets("lowvram_4gb", strategy, 0.0, "sd15")
+    schedule_of = lambda m: schedule_model(m, schedule, patcher.detect_family(m))  # noqa: E731
+    if ours_first:
+        ours, telemetry = schedule_of(model)
+        both = apply(ours)
+    else:
+        both, telemetry = schedule_of(apply(model))
+    with caplog.at_level(logging.WARNING):
+        ksample(comfy, both, "sd15", steps=2)
+    said = " ".join(r.getMessage() for r in caplog.records)
+    if other == "HyperTile" and strategy == "topk" and ours_first:  # top-K's K/V are no grid to tile: all alone
+        assert telemetry.summary()["reduced_calls"] == 0 and "strategy topk leaves attention unreduced" in said
+        return
+    assert telemetry.summary()["reduced_calls"] > 0
+    if other != "HyperTile":
+        assert "('middle', 0" in said and "left unreduced" in said, said
