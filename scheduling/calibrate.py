@@ -4,7 +4,8 @@ Why a measurement and not a cost model: whether K/V pooling pays depends on the 
 memory-efficient / math, sub-quadratic on CPU), the dtype, the device's matmul rate and its per-op launch cost; a
 cost model needs all of these per device and we can validate it only on the CPU here. A short calibration on the
 first sampling run measures the answer where it is asked, once per (device, dtype, batch, tokens, channels, heads,
-kernel), and is cached for the process (later runs, other models with the same shapes).
+kernel), and is kept for later runs and processes on this machine (scheduling/calibration_store.py: the decision
+changes the samples, so one workflow must not decide differently from run to run on timing noise).
 
 What is timed, on synthetic projections of the call's real `n` [B, N, C] (the patch does not own the attention):
 - part A, the projections: q, k, v = n W (full) vs q = n W, kv = reduce(n), k, v = kv W (reduced; the pooling and
@@ -30,6 +31,8 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+from . import calibration_store
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +163,11 @@ def check_level(
     got = _CACHE.get(full_key)
     if got is not None:
         return got
+    stored = calibration_store.load(full_key, n.device)
+    if stored is not None:  # decided by an earlier process on this machine: the same decision, the same samples
+        check = _from_record(stored, earlier=True)
+        _CACHE[full_key] = check
+        return check
     t0 = time.perf_counter()
     try:
         full, reduced, host = (measure_fn or measure)(n, reduce, heads, dim_head)
@@ -176,8 +184,16 @@ def check_level(
     else:
         kept, reason = True, f"{full / reduced:.2f}x attention on {n.device.type}"
     check = LevelCheck(level, n.shape[1], kept, full * 1e3, reduced * 1e3, reason)
+    winner = calibration_store.save(full_key, n.device, check._asdict())
+    check = _from_record(winner, earlier=winner.get("reason") != reason or winner.get("full_ms") != check.full_ms)
     _CACHE[full_key] = check
     log.debug(
         "TokenFuse: calibrated /%d %s: %s (%.1f ms)", level, tuple(n.shape), reason, (time.perf_counter() - t0) * 1e3
     )
     return check
+
+
+def _from_record(record: dict[str, Any], earlier: bool) -> LevelCheck:
+    """A LevelCheck from its stored fields; `earlier`: decided by another process (the reason says so)."""
+    check = LevelCheck(*(record[f] for f in LevelCheck._fields))
+    return check._replace(reason=f"{check.reason} (calibrated earlier)") if earlier else check

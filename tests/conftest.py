@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SHARED_ASSETS = REPO.parent / "shared" / "assets"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# device-aware calibrations a test run stores (scheduling/calibration_store.py; servers the tests start inherit it)
+os.environ.setdefault("TOKENFUSE_CALIBRATION_DIR", tempfile.mkdtemp(prefix="tokenfuse_test_calibration_"))
 
 
 def _load_pack() -> None:

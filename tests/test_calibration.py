@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import tokenfuse.scheduling.calibrate as calibrate
+import tokenfuse.scheduling.calibration_store as calibration_store
 import torch
 from tokenfuse.scheduling.downsample import pool_tokens
 from tokenfuse.scheduling.patches import build_unet_patches
@@ -14,10 +15,41 @@ SAMPLE_SIGMAS = torch.linspace(14.6, 0.0, 11)
 
 
 @pytest.fixture(autouse=True)
-def measured(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Undo the suite's pin (tests/conftest.py): these tests measure and decide."""
+def measured(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Undo the suite's pin (tests/conftest.py): these tests measure and decide (stored in their own folder)."""
     monkeypatch.setattr(calibrate, "PINNED", None)
+    monkeypatch.setenv(calibration_store.ENV, str(tmp_path / "calibration"))
     calibrate.clear_cache()
+
+
+def test_a_decision_is_kept_across_processes_and_the_first_one_wins(tmp_path) -> None:
+    """The keep / drop decision changes the samples: a later process (a new run, another Ray worker) must adopt the
+    stored one instead of re-timing (on a loaded machine the demo flipped /16 between kept and dropped run to run)."""
+    n = torch.zeros(2, 64, 8)
+    first = calibrate.check_level(n, pool2, 8, 2, 4, ("a",), fake_measure(10e-3, 5e-3))
+    assert first.kept and "earlier" not in first.reason
+    calibrate.clear_cache()  # a new process: nothing in memory
+    calls: list = []
+    again = calibrate.check_level(n, pool2, 8, 2, 4, ("a",), fake_measure(10e-3, 9.9e-3, calls=calls))
+    assert again.kept and calls == [] and again.reason == f"{first.reason} (calibrated earlier)"
+    # two processes measuring at once: the one that stores first wins, the other adopts its answer
+    calibration_store.save(
+        (str(n.device), n.dtype, (2, 64, 8), 2, 4, 16, "b"),
+        n.device,
+        first._replace(level=16, kept=False, reason="theirs")._asdict(),
+    )
+    mine = calibrate.check_level(n, pool2, 16, 2, 4, ("b",), fake_measure(10e-3, 5e-3))
+    assert not mine.kept and mine.reason == "theirs (calibrated earlier)"
+    files = list((tmp_path / "calibration").iterdir())
+    assert len(files) == 2 and all(f.suffix == ".json" for f in files)  # no temp file left
+
+
+def test_an_unwritable_store_keeps_decisions_in_the_process(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv(calibration_store.ENV, str(tmp_path / "file" / "calibration"))
+    n = torch.zeros(2, 64, 8)
+    check = calibrate.check_level(n, pool2, 8, 2, 4, ("a",), fake_measure(10e-3, 5e-3))
+    assert check.kept and calibrate.check_level(n, pool2, 8, 2, 4, ("a",), fake_measure(1.0, 1.0)) is check
 
 
 def fake_measure(full: float, reduced: float, host: float = 0.0, calls: list | None = None):
