@@ -31,7 +31,8 @@ STRUCTURE_SIGMA = 1 / 64
 @dataclass(frozen=True)
 class ArtifactThresholds:
     """black_mean: mean below this is black. min_std: std below this is near-constant. max_clipped: fraction of
-    pixels with a channel at 0 or 1 above this is blown. min_neighbour_corr: correlation of horizontally/vertically
+    pixels with a channel at 0 or 1 above this is blown (given a reference crop, only when also more than
+    clipped_over_reference above the reference's own fraction). min_neighbour_corr: correlation of horizontally/vertically
     adjacent pixels below this is noise (real photos sit above 0.8). min_identity: ArcFace cosine similarity floor
     (not calibrated here: no ArcFace weights offline). max_identity_distance_dlib: ceiling on the L2 distance of dlib's
     128-d descriptors, input face vs output: the worst of the trained face model's 20 held-out good outputs (guide 512)
@@ -44,6 +45,7 @@ class ArtifactThresholds:
     black_mean: float = 0.04
     min_std: float = 0.02
     max_clipped: float = 0.4
+    clipped_over_reference: float = 0.25
     min_neighbour_corr: float = 0.5
     min_identity: float = 0.35
     max_identity_distance_dlib: float = 0.76
@@ -190,7 +192,8 @@ def check_crop(
     identity_similarity: the output's identity vs the reference face, when embeddings are known: an IdentityScore
     (its embedder picks the threshold), or a plain float = ArcFace cosine similarity (the pack's embedder).
     reference: optional [H, W, 3] crop the sampler started from (same alignment): checked with structure_similarity
-    against thresholds.min_structure.
+    against thresholds.min_structure; and "black" / "blown" only count when the reference is not so itself (an
+    overexposed or warm-lit photo clips 40 % of its own face pixels, a night shot is dark: their refines are fine).
     """
     t = thresholds or ArtifactThresholds()
     identity = (
@@ -216,12 +219,16 @@ def check_crop(
     mean, std = float(px.mean()), float(px.std(axis=0).max())
     clipped = float(((px <= 0.005) | (px >= 0.995)).any(axis=1).mean())
     corr = _neighbour_corr(x.mean(axis=2), sel)
+    ref_mean, ref_clipped = 1.0, 0.0
+    if reference is not None and np.shape(reference) == crop.shape:
+        ref_px = np.asarray(reference, dtype=np.float32)[sel]
+        ref_mean, ref_clipped = float(ref_px.mean()), float(((ref_px <= 0.005) | (ref_px >= 0.995)).any(axis=1).mean())
     reasons = []
-    if mean < t.black_mean:
+    if mean < t.black_mean and ref_mean >= t.black_mean:
         reasons.append(f"black (mean {mean:.3f})")
     if std < t.min_std:
         reasons.append(f"near-constant (std {std:.4f})")
-    if clipped > t.max_clipped:
+    if clipped > t.max_clipped and clipped > ref_clipped + t.clipped_over_reference:
         reasons.append(f"blown ({clipped:.0%} pixels clipped)")
     if std >= t.min_std and corr < t.min_neighbour_corr:
         reasons.append(f"noise (neighbour correlation {corr:.2f})")
