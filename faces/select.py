@@ -66,27 +66,32 @@ def similarity(face: Face, reference: np.ndarray) -> float:
     return float(np.dot(face.embedding, reference))
 
 
+def pick_indices(n: int, indices: Sequence[int]) -> list[int]:
+    """Positions (0..n-1, in the order written) that `indices` name among n sorted faces or tracks: negative ones
+    count from the end, each face once (0 and -1 of one face), out-of-range ones left out with a warning."""
+    missing = [i for i in indices if not -n <= i < n]
+    if missing:
+        valid = f"valid: 0..{n - 1} or -{n}..-1" if n else "no face passed the filters"
+        log.warning(
+            "TokenFuse: face index %s out of range: %d face(s) found after the size/score/identity filters (%s)",
+            ", ".join(map(str, missing[:8])),
+            n,
+            valid,
+        )
+    named = [i % n for i in indices if -n <= i < n]
+    positions = list(dict.fromkeys(named))
+    if len(positions) < len(named):
+        log.warning("TokenFuse: face indices %s name a face more than once; each face is kept once", tuple(indices))
+    return positions
+
+
 def select_faces(faces: Sequence[Face], sel: Selection) -> list[Face]:
     kept = [f for f in faces if min(f.width, f.height) >= sel.min_size and f.score >= sel.score_threshold]
     if sel.reference is not None:
         kept = [f for f in kept if similarity(f, sel.reference) >= sel.similarity_threshold]
     kept.sort(key=_KEYS[sel.order])
     if sel.indices is not None:
-        n = len(kept)
-        missing = [i for i in sel.indices if not -n <= i < n]
-        if missing:
-            valid = f"valid: 0..{n - 1} or -{n}..-1" if n else "no face passed the filters"
-            log.warning(
-                "TokenFuse: face index %s out of range: %d face(s) found after the size/score/identity filters (%s)",
-                ", ".join(map(str, missing[:8])),
-                n,
-                valid,
-            )
-        named = [i % n for i in sel.indices if -n <= i < n]
-        positions = list(dict.fromkeys(named))  # 0 and -1 of one face: once
-        if len(positions) < len(named):
-            log.warning("TokenFuse: face indices %s name a face more than once; each face is kept once", sel.indices)
-        kept = [kept[i] for i in positions]
+        kept = [kept[i] for i in pick_indices(len(kept), sel.indices)]
     if sel.max_faces > 0:
         kept = kept[: sel.max_faces]
     return kept

@@ -100,11 +100,12 @@ class FaceDetect:
                     "FLOAT",
                     {
                         "default": 1.0,
-                        "min": 0.5,
+                        "min": 1.0,
                         "max": 4.0,
                         "step": 0.05,
-                        "tooltip": "Zoom out around the face: 1.0 = FFHQ framing, 1.5 adds hair "
-                        "and neck context at the cost of face resolution.",
+                        "tooltip": "Zoom out around the face: 1.0 = FFHQ framing (the tightest: the face "
+                        "mask needs the whole face in the crop), 1.5 adds hair and neck context at the cost of face "
+                        "resolution.",
                     },
                 ),
                 "detect_size": (

@@ -126,6 +126,21 @@ def test_selection_orders_and_filters(t1) -> None:
         detect(image, indices="0,x")
 
 
+def test_a_batch_selects_faces_as_one_image_does(t1, astronaut, caplog: pytest.LogCaptureFixture) -> None:
+    """A batch of similar frames goes through the tracks (frame smoothing); its selection had none of the photo
+    path's rules: "0,-1" kept one face twice per frame (refined twice), "2,0" came back sorted, and an out-of-range
+    index gave no warning. Also FaceDetect's crop_factor stops at 1.0: below, the face mask was cut flat by the crop."""
+    centre_x = lambda fs: [[round((f.bbox[0] + f.bbox[2]) / 2) for f in fr] for fr in fs.faces]  # noqa: E731
+    one, two = _tensor(t1), _tensor(t1, t1)
+    assert centre_x(detect(two, indices="2,0")[0]) == 2 * centre_x(detect(one, indices="2,0")[0])
+    assert [len(fr) for fr in detect(_tensor(astronaut, astronaut), indices="0,-1")[0].faces] == [1, 1]
+    with caplog.at_level(logging.WARNING):
+        assert detect(_tensor(astronaut, astronaut), indices="5")[0].count == 0
+    assert "face index 5 out of range" in caplog.text
+    with pytest.raises(ValueError, match="crop_factor"):
+        detect(one, crop_factor=0.5)
+
+
 def test_reference_selection_needs_embeddings(astronaut) -> None:
     image = _tensor(astronaut)
     ref = detect(image)[0]

@@ -26,7 +26,7 @@ from ..faces.select import Selection
 from ..faces.types import Face
 from .scenes import CutDetector
 from .smooth import jitter, raw_affines, scale_affine, smooth_track
-from .tracks import FaceObs, LinkOptions, Track, link_tracks, rank_tracks, select_tracks
+from .tracks import FaceObs, LinkOptions, Track, link_tracks, selection_order
 
 
 @dataclass(frozen=True)
@@ -109,9 +109,9 @@ def link_batch(
     """
     n = len(per_frame)
     tracks = link_tracks(per_frame, starts, opts.link)
-    kept = select_tracks(tracks, sel)
+    kept = selection_order(tracks, sel)
     smoothed = [smooth_track(tr, opts.sigma_frames, crop_factor) for tr in kept]
-    rank = {tr.id: i for i, tr in enumerate(rank_tracks(smoothed, sel.order))}
+    rank = {tr.id: i for i, tr in enumerate(smoothed)}  # a frame's faces in FaceDetect's order (the indices' order)
     frames: list[list[tuple[int, Face]]] = [[] for _ in range(n)]
     filled = 0
     for tr in smoothed:

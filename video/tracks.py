@@ -15,7 +15,7 @@ import numpy as np
 
 from ..faces.detect import Detector, detect_frame
 from ..faces.embed import ArcFaceEmbedder
-from ..faces.select import Selection
+from ..faces.select import Selection, pick_indices
 
 
 @dataclass(frozen=True, eq=False)
@@ -246,6 +246,12 @@ def select_tracks(tracks: Sequence[Track], sel: Selection) -> list[Track]:
     identity (tracks without embeddings never match a reference), then order, indices and max_faces within
     each scene. Returns the kept tracks by start frame.
     """
+    return sorted(selection_order(tracks, sel), key=lambda tr: (tr.start, tr.id))
+
+
+def selection_order(tracks: Sequence[Track], sel: Selection) -> list[Track]:
+    """select_tracks' kept tracks in selection order: scene by scene, within a scene as FaceDetect returns faces
+    (the sort order, or the order the indices are written in, each track once; out-of-range indices warned)."""
     by_scene: dict[int, list[Track]] = {}
     for tr in tracks:
         box = tr.median_box()
@@ -260,10 +266,8 @@ def select_tracks(tracks: Sequence[Track], sel: Selection) -> list[Track]:
     for scene in by_scene.values():
         scene = rank_tracks(scene, sel.order)
         if sel.indices is not None:
-            n = len(scene)
-            scene = [scene[i] for i in sel.indices if -n <= i < n]
+            scene = [scene[i] for i in pick_indices(len(scene), sel.indices)]
         if sel.max_faces > 0:
             scene = scene[: sel.max_faces]
         kept.extend(scene)
-    kept.sort(key=lambda tr: (tr.start, tr.id))
     return kept
