@@ -30,16 +30,17 @@ STRUCTURE_SIGMA = 1 / 64
 
 @dataclass(frozen=True)
 class ArtifactThresholds:
-    """black_mean: mean below this is black. min_std: std below this is near-constant. max_clipped: fraction of
-    pixels with a channel at 0 or 1 above this is blown (given a reference crop, only when also more than
-    clipped_over_reference above the reference's own fraction). min_neighbour_corr: correlation of horizontally/vertically
-    adjacent pixels below this is noise (real photos sit above 0.8). min_identity: ArcFace cosine similarity floor
-    (not calibrated here: no ArcFace weights offline). max_identity_distance_dlib: ceiling on the L2 distance of dlib's
-    128-d descriptors, input face vs output: the worst of the trained face model's 20 held-out good outputs (guide 512)
-    is 0.731, so 0.76 keeps false positives at 0 (dlib's own "same person" cut, 0.6, flags real outputs). It only
-    catches far identities: other held-out people pasted into an output score 0.41-0.80 (docs/notes/identity_check.md).
-    min_structure: floor on structure_similarity(sampled crop, output) inside the face; None (default) = off: a refine
-    of a blurry, low-resolution face legitimately redraws it as much as another face differs (STRUCTURE_FLOOR).
+    """black_mean: mean below this is black. min_std: std below this is near-constant. max_clipped: fraction of pixels
+    with a channel at 0 or 1 above this is blown (given a reference crop, only when also more than
+    clipped_over_reference above the reference's own fraction). min_neighbour_corr: correlation of
+    horizontally/vertically adjacent pixels below this is noise (real photos sit above 0.8). min_identity: ArcFace
+    cosine similarity floor (not calibrated here: no ArcFace weights offline). max_identity_distance_dlib: ceiling
+    on the L2 distance of dlib's 128-d descriptors, input face vs output: the worst of the trained face model's 20
+    held-out good outputs (guide 512) is 0.731, so 0.76 keeps false positives at 0 (dlib's own "same person" cut,
+    0.6, flags real outputs). It only catches far identities: other held-out people pasted into an output score
+    0.41-0.80 (docs/notes/identity_check.md). min_structure: floor on structure_similarity(sampled crop, output)
+    inside the face; None (default) = off: a refine of a blurry, low-resolution face legitimately redraws it as much
+    as another face differs (STRUCTURE_FLOOR).
     """
 
     black_mean: float = 0.04
