@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
+
+log = logging.getLogger(__name__)
 
 
 def as_rgb_float(image: torch.Tensor) -> np.ndarray:
@@ -27,6 +31,21 @@ def as_rgb_float(image: torch.Tensor) -> np.ndarray:
     else:
         raise ValueError(f"IMAGE has {c} channels: expected 1 (gray), 3 (RGB) or 4 (RGBA)")
     return np.ascontiguousarray(rgb, dtype=np.float32)
+
+
+def warn_out_of_range(frames: np.ndarray, node: str) -> None:
+    """One warning when an IMAGE holds values outside [0, 1] (an HDR load, an exposure node): faces are refined and
+    pasted in [0, 1], so inside them those values come out clipped (a darker or flatter patch) while the rest of the
+    frame keeps them."""
+    low, high = float(np.nanmin(frames)), float(np.nanmax(frames))
+    if low < -1e-3 or high > 1.0 + 1e-3:
+        log.warning(
+            "%s: IMAGE values span %.3g..%.3g, outside 0..1 (HDR or an exposure node?): faces are refined and pasted "
+            "in 0..1, so they come out clipped; tone-map the image into 0..1 first",
+            node,
+            low,
+            high,
+        )
 
 
 def to_uint8(frame: np.ndarray) -> np.ndarray:

@@ -153,17 +153,20 @@ class GFPGANEnhance:
                     original = np.asarray(face.crop, dtype=np.float32)
                 else:
                     original = align_crop(frames[b], face.affine, face.crop_size)
-                crop = original.copy()
+                crop, restored = original.copy(), False
                 if restorer is not None:
                     try:
                         crop = mix_visibility(restore_crop(restorer, original, fidelity), original, visibility)
+                        restored = True
                     except recoverable as exc:  # one bad face never sinks the batch
                         if not (isinstance(exc, FloatingPointError) or env.is_oom(exc)):
                             raise
                         failed.append(f"frame {b} face {len(restored_faces)}: {type(exc).__name__}")
                         log.warning("GFPGANEnhance: %s; that face passes through unrestored (%s)", failed[-1], exc)
                 crops.append(crop)
-                restored_faces.append(face.with_crop(crop))
+                # a face not restored keeps what it had (its crop or none): a resampled copy of the frame's own face
+                # would soften it in Blend (two interpolations) while the report says "unchanged"
+                restored_faces.append(face.with_crop(crop) if restored else face)
                 pbar.update(1)  # cancel point
             out_faces.append(tuple(restored_faces))
         seconds = time.perf_counter() - t0

@@ -439,7 +439,7 @@ class Blend:
         import numpy as np
         import torch
 
-        from ..faces.images import as_rgb_float
+        from ..faces.images import as_rgb_float, warn_out_of_range
         from ..faces.paste import BlendOptions, paste_frame
 
         frames = as_rgb_float(image)
@@ -449,6 +449,7 @@ class Blend:
         if with_crop == 0:
             log.warning("%s", BLEND_PASSTHROUGH)
             return (image,)
+        warn_out_of_range(frames, "Blend")
         opts = BlendOptions(strength=strength, color_transfer=color_transfer, seamless=seamless)
         bar = env.progress_bar(b)
         out_frames = []

@@ -260,7 +260,7 @@ class ScheduledFusion:
         import numpy as np
         import torch
 
-        from ..faces.images import as_rgb_float
+        from ..faces.images import as_rgb_float, warn_out_of_range
         from ..faces.types import FaceSet
         from ..fusion.fallback import FaceReport, format_report
         from ..fusion.run import run_fusion, unsampled
@@ -272,6 +272,8 @@ class ScheduledFusion:
             raise ValueError("image must be an IMAGE [B, H, W, C]: connect a LoadImage / VAE Decode output.")
         frames = as_rgb_float(image)  # gray repeated, alpha dropped: FaceDetect and Blend take them too
         faces.check_image(int(image.shape[1]), int(image.shape[2]), int(image.shape[0]))
+        if faces.count:
+            warn_out_of_range(frames, "ScheduledFusion")
         if faces.count == 0:
             log.warning(
                 "ScheduledFusion: no faces in %d frame(s); nothing to refine (Blend returns the image as is).",

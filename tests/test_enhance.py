@@ -145,12 +145,16 @@ def test_visibility_mix() -> None:
 
 
 def test_node_visibility_zero_is_identity(astronaut: torch.Tensor, aligned: np.ndarray) -> None:
-    """No crop on the face: it is aligned from the IMAGE; visibility 0 returns exactly that crop (model not run)."""
+    """No crop on the face: it is aligned from the IMAGE for the preview; visibility 0 (model not run) leaves the FACES
+    as they came (no crop: Blend keeps the frame exactly; a resampled copy softened the face by up to 19/255)."""
     faces = FaceSet(image_size=(512, 512), faces=((_face(),),))
     crops, out_faces, report = GFPGANEnhance().enhance(astronaut, faces, "not-needed.pth", 0.0, 0.5)
-    np.testing.assert_array_equal(out_faces.faces[0][0].crop, aligned)
+    assert out_faces.faces[0][0] is faces.faces[0][0] and out_faces.faces[0][0].crop is None
     np.testing.assert_array_equal(crops[0].numpy(), aligned)
     assert "visibility 0" in report
+    with_crop = FaceSet(image_size=(512, 512), faces=((_face().with_crop(aligned * 0.5),),))
+    kept = GFPGANEnhance().enhance(astronaut, with_crop, "not-needed.pth", 0.0, 0.5)[1]
+    np.testing.assert_array_equal(kept.faces[0][0].crop, aligned * 0.5)  # an earlier node's crop stays
 
 
 def test_rgba_and_gray_images_are_taken_like_facedetect_and_blend_take_them(
@@ -315,7 +319,8 @@ def test_out_of_memory_on_one_face_passes_it_through(
     faces = FaceSet(image_size=(512, 512), faces=((_face(), _face()),))
     crops, out_faces, report = GFPGANEnhance().enhance(astronaut, faces, "cf", 1.0, 0.25)
     first, second = (f.crop for f in out_faces.faces[0])
-    np.testing.assert_array_equal(first, aligned)
+    assert first is None  # passed through: the face as it came (Blend keeps the frame there)
+    np.testing.assert_array_equal(crops[0].numpy(), aligned)
     np.testing.assert_allclose(second, 0.25, atol=1e-5)
     assert crops.shape == (2, 512, 512, 3)
     assert "1 passed through unrestored (frame 0 face 0: MemoryError)" in report

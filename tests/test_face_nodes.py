@@ -223,6 +223,18 @@ def test_blend_roundtrip_batch_and_several_faces(t1, astronaut) -> None:
     assert torch.equal(dark[outside], image[outside]) and not torch.equal(dark, image)
 
 
+def test_blend_says_when_an_hdr_image_is_clipped_in_the_faces(astronaut, caplog: pytest.LogCaptureFixture) -> None:
+    """Values above 1 (an HDR load, an exposure node) are clipped inside the pasted faces: said once, not silent."""
+    image = _tensor(astronaut)
+    faces = with_aligned_crops(image, detect(image)[0])
+    with caplog.at_level(logging.WARNING):
+        blend(image, faces)
+    assert "outside 0..1" not in caplog.text
+    with caplog.at_level(logging.WARNING):
+        out = blend(image * 2.0, faces)
+    assert "Blend: IMAGE values span 0..2, outside 0..1" in caplog.text and out.shape == image.shape
+
+
 def test_faces_from_another_image_is_an_error(astronaut, t1) -> None:
     faces = detect(_tensor(astronaut))[0]
     with pytest.raises(ValueError, match="connect the same image"):
