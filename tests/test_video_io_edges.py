@@ -198,6 +198,42 @@ def test_truncated_input_is_processed_up_to_the_cut_and_reported(tmp_path: Path,
     assert f"input truncated, {ft.frame_count} of 30 announced frames" in stats.summary()
 
 
+def test_an_undecodable_start_is_not_called_truncated(tmp_path: Path, carphone, caplog) -> None:
+    """A bad cut (the opening key frame and the packets after it missing) decodes from the next key frame on: the file
+    is whole, so the report must not call it truncated; a read after a seek (the chunked route) counts from the seek
+    point and says nothing about truncation either (both warned "truncated" before)."""
+    full = tmp_path / "full.mp4"
+    with av.open(str(full), "w") as c:
+        v = c.add_stream("libx264", rate=10)
+        v.width, v.height, v.pix_fmt = 176, 144, "yuv420p"
+        v.options = {"preset": "ultrafast", "x264-params": "keyint=10:min-keyint=10:scenecut=0:bframes=0"}
+        for i, f in enumerate(carphone):
+            vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(f), format="rgb24")
+            vf.pts = i
+            for p in v.encode(vf):
+                c.mux(p)
+        for p in v.encode(None):
+            c.mux(p)
+    cut = tmp_path / "cut.mp4"
+    with av.open(str(full)) as i, av.open(str(cut), "w") as o:
+        ov = o.add_stream_from_template(i.streams.video[0])
+        for k, p in enumerate(q for q in i.demux(i.streams.video[0]) if q.dts is not None):
+            if k >= 3:  # the opening key frame and two more: undecodable until the key frame at 10
+                p.stream = ov
+                o.mux(p)
+    with caplog.at_level(logging.WARNING), VideoReader(cut) as r:
+        decoded = sum(1 for _ in r)
+        assert not r.truncated and r.undecodable == 7 and decoded == 20
+    assert "truncated" not in caplog.text and "7 of its 27 frames could not be decoded" in caplog.text
+    caplog.clear()
+    with VideoReader(full) as r:
+        pts = [f.pts for f in r]
+    with caplog.at_level(logging.WARNING), VideoReader(full) as r:
+        r.seek(pts[20])
+        assert sum(1 for _ in r) == 10 and not r.truncated and r.undecodable == 0
+    assert caplog.text == ""
+
+
 def test_corrupt_middle_stops_with_the_file_and_frame_named(tmp_path: Path, carphone, detect) -> None:
     """Bytes garbled in the middle: FaceTrack's pass stops with an error naming the file and the frame (no output
     that silently lacks the rest)."""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 from pathlib import Path
 
@@ -125,11 +126,13 @@ class InMemoryVideo:
 
     def __init__(self, frames: list) -> None:
         self.frames = frames
+        self.saves = 0
 
     def get_stream_source(self) -> str:
         raise ValueError("Could not determine output format")
 
     def save_to(self, path: str) -> None:
+        self.saves += 1
         encode_clip(Path(path), self.frames)
 
 
@@ -145,5 +148,10 @@ def test_a_video_made_in_memory_is_encoded_once_and_tracked(tmp_path: Path, monk
     assert path == str(tmp_path / "tokenfuse_input_1.mp4") and Path(path).is_file()
     tracks, preview, report = FaceTrack().track(video=video, **TRACK_ARGS)
     assert tracks.frame_count == 12 and len(tracks.tracks) == 1, report
+    # FaceTrack and VideoFaceFusion read the same VIDEO: one encode (was one per node, and the files stayed)
+    assert stream_source(video) == path and video.saves == 1
+    del video
+    gc.collect()
+    assert not Path(path).exists()  # gone with the VIDEO object (ComfyUI dropping its cached outputs)
     with pytest.raises(TypeError, match="save it with Save Video"):
         stream_source(type("NoSave", (), {"get_stream_source": InMemoryVideo.get_stream_source})())

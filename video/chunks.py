@@ -139,7 +139,7 @@ def read_frames(source: Source, first: int, last: int, pts: list[int | None]) ->
     index = {p: i for i, p in enumerate(pts)} if all(p is not None for p in pts) else None
     if index is not None and len(index) == len(pts) and first > 0:
         with VideoReader(source) as reader:
-            reader.container.seek(int(pts[first]), stream=reader.video, backward=True, any_frame=False)  # type: ignore[arg-type]
+            reader.seek(int(pts[first]))  # type: ignore[arg-type]
             frames = iter(reader)
             for f in frames:
                 i = index.get(f.pts)

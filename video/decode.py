@@ -156,6 +156,8 @@ class VideoReader:
                 )
         self.time_base = Fraction(self.video.time_base or Fraction(1, 90000))
         self.frames_read = 0
+        self.packets_read = 0  # video packets with data: what the file holds, decodable or not
+        self._seeked = False
         self._audio_queue: list[Any] = []
 
     def __enter__(self) -> VideoReader:
@@ -171,11 +173,24 @@ class VideoReader:
     def expected_frames(self) -> int | None:
         return int(self.video.frames) or None
 
+    def seek(self, pts: int) -> None:
+        """Go to the key frame at or before `pts` (the video stream's time base): the counts no longer start at the
+        first frame, so `truncated` says nothing after it."""
+        self.container.seek(pts, stream=self.video, backward=True, any_frame=False)
+        self._seeked = True
+
     @property
     def truncated(self) -> bool:
-        """True when fewer frames decoded than the header announced (call after the iteration ended)."""
+        """True when the file held fewer video packets than its header announced: it ends early (call after the
+        iteration ended; False after a seek)."""
         n = self.expected_frames
-        return n is not None and self.frames_read < n
+        return not self._seeked and n is not None and self.packets_read < n
+
+    @property
+    def undecodable(self) -> int:
+        """Video packets the file holds that gave no frame (a stream that starts without its key frame, a damaged
+        stretch); 0 after a seek."""
+        return 0 if self._seeked else max(0, self.packets_read - self.frames_read)
 
     def pop_audio(self) -> list[Any]:
         """The audio and subtitle packets demuxed so far and not yet taken (av.Packet of an input stream)."""
@@ -191,6 +206,7 @@ class VideoReader:
                     if packet.dts is not None:  # flush packets carry no data
                         self._audio_queue.append(packet)
                     continue
+                self.packets_read += packet.size > 0
                 for vf in packet.decode():
                     rgb = upright(vf.to_ndarray(format="rgb24"), rotation_of(getattr(vf, "rotation", 0)))
                     yield Frame(self.frames_read, rgb, vf.pts, self.time_base)
@@ -203,6 +219,15 @@ class VideoReader:
             log.warning(
                 "video %s ended after %d of %d frames: the file is truncated; the frames that decoded are used",
                 self.name,
-                self.frames_read,
+                self.packets_read,
                 self.expected_frames,
+            )
+        elif self.undecodable:
+            log.warning(
+                "video %s: %d of its %d frames could not be decoded (the stream starts without a key frame, or a "
+                "stretch is damaged); the %d that decoded are used",
+                self.name,
+                self.undecodable,
+                self.packets_read,
+                self.frames_read,
             )

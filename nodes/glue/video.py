@@ -5,12 +5,14 @@ Every helper works outside ComfyUI too (files wrapped in `VideoPath`), which is 
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import io
 import logging
 import os
 import tempfile
 import uuid
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,14 +48,41 @@ def stream_source(video: Any) -> str | io.BytesIO:
                 raise TypeError(
                     f"this VIDEO cannot be read ({exc}); save it with Save Video and load it again"
                 ) from exc
-            path = output_path("tokenfuse_input")
-            video.save_to(path)  # the .mp4 name picks the container its buffer path could not
-            log.debug("VIDEO has no file (e.g. from Create Video): encoded once to %s to stream it", path)
-            return path
+            return _encoded(video)
         return source
     raise TypeError(
         f"video must be a VIDEO (connect the core Load Video node), got {type(video).__name__}",
     )
+
+
+_ENCODED: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()  # in-memory VIDEO -> its .mp4
+
+
+def _encoded(video: Any) -> str:
+    """An in-memory VIDEO's temp .mp4, encoded on first use only (FaceTrack and VideoFaceFusion read the same VIDEO:
+    one encode, not two) and deleted when the VIDEO object goes (ComfyUI drops its cached outputs) or at exit."""
+    try:
+        path = _ENCODED.get(video)
+    except TypeError:  # not weak-referenceable: encode per call, deleted at exit
+        path = None
+    if path is not None and os.path.isfile(path):
+        return path
+    path = output_path("tokenfuse_input")
+    video.save_to(path)  # the .mp4 name picks the container its buffer path could not
+    log.debug("VIDEO has no file (e.g. from Create Video): encoded once to %s to stream it", path)
+    try:
+        _ENCODED[video] = path
+        weakref.finalize(video, _remove, path)
+    except TypeError:
+        atexit.register(_remove, path)
+    return path
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def output_path(prefix: str = "tokenfuse_video") -> str:
