@@ -61,10 +61,15 @@ class FaceSet:
     image_size: (H, W) of every frame in the batch; nodes check it against the IMAGE they get, so a FACES from
     another image gives a clear error instead of a silent misplacement.
     faces: one tuple of Face per batch image (possibly empty).
+    independent_frames: the frames are unrelated photos, not one batch (the service runs concurrent requests as one
+    IMAGE batch): ScheduledFusion then numbers faces per frame for their seeds (seed + k, k counted from 0 on every
+    frame), so a photo gets the same seeds alone or batched. FaceDetect never sets it: in a ComfyUI batch face k of
+    the whole batch (frame-major) uses seed + k.
     """
 
     image_size: tuple[int, int]
     faces: tuple[tuple[Face, ...], ...] = field(default_factory=tuple)
+    independent_frames: bool = False
 
     @property
     def batch_size(self) -> int:

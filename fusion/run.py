@@ -126,8 +126,9 @@ class FusionSettings:
 class _Job:
     frame: int
     index: int
-    number: int  # frame-major face number: the seed offset
+    number: int  # frame-major face number (the key of its report and output)
     face: Face
+    seed_offset: int  # face_seed(seed, seed_offset): `number`, or `index` when the frames are independent photos
 
 
 @dataclass
@@ -200,7 +201,7 @@ def _run_batch(
     if s.use_plan and attempt.scheduling:
         landmarks = np.stack([p[3] for p in preps])
         plan = crop_plan(masks, floor=s.plan_floor, protect_threshold=s.protect_threshold, landmarks=landmarks)
-    seeds = [face_seed(s.seed, j.number) for j in jobs]
+    seeds = [face_seed(s.seed, j.seed_offset) for j in jobs]
     pixels = torch.from_numpy(crops)
     latent = backend.encode(pixels, attempt.tiled_vae)
     mask_t = torch.from_numpy(masks)[:, None]
@@ -308,6 +309,8 @@ def run_fusion(images: np.ndarray, faces: FaceSet, settings: FusionSettings, bac
     images: [B, H, W, 3] float32 in [0, 1] (checked against faces.image_size and batch size).
     Returns the FaceSet with processed crops attached (Face.with_crop), the crops in frame-major order, and one
     FaceReport per face. Faces that fail after all fallbacks keep crop unchanged (None) and report "passthrough".
+    Face k (frame-major) is sampled with seed + k; with faces.independent_frames, face k of its frame (the service's
+    batches of unrelated photos: each gets the seeds it would get alone).
     """
     b, h, w = int(images.shape[0]), int(images.shape[1]), int(images.shape[2])
     faces.check_image(h, w, b)
@@ -316,11 +319,11 @@ def run_fusion(images: np.ndarray, faces: FaceSet, settings: FusionSettings, bac
     for fi, frame_faces in enumerate(faces.faces):
         frame_jobs = []
         for k, face in enumerate(frame_faces):
-            frame_jobs.append(_Job(fi, k, number, face))
+            frame_jobs.append(_Job(fi, k, number, face, k if faces.independent_frames else number))
             number += 1
         jobs_per_frame.append(frame_jobs)
     reports = {
-        j.number: FaceReport(frame=j.frame, index=j.index, seed=face_seed(settings.seed, j.number))
+        j.number: FaceReport(frame=j.frame, index=j.index, seed=face_seed(settings.seed, j.seed_offset))
         for fj in jobs_per_frame
         for j in fj
     }
@@ -359,5 +362,5 @@ def run_fusion(images: np.ndarray, faces: FaceSet, settings: FusionSettings, bac
                     warp_to_crop(image, j.face.affine, j.face.crop_size, interpolation="linear", border="reflect")
                 )
         new_frames.append(tuple(row))
-    out_set = FaceSet(image_size=faces.image_size, faces=tuple(new_frames))
+    out_set = replace(faces, faces=tuple(new_frames))  # keeps independent_frames for the nodes downstream
     return FusionResult(out_set, crops, [reports[n] for n in sorted(reports)])

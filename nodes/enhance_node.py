@@ -118,6 +118,8 @@ class GFPGANEnhance:
         self, image: Any, faces: Any, model_name: str, visibility: float, fidelity: float
     ) -> tuple[Any, Any, str]:
         """image: [B, H, W, 3] float 0..1. Returns (crops [N, S, S, 3], FaceSet with restored crops, report)."""
+        from dataclasses import replace
+
         import numpy as np
         import torch
 
@@ -186,7 +188,7 @@ class GFPGANEnhance:
             if failed:
                 report += f"; {len(failed)} passed through unrestored ({', '.join(failed)})"
         log.info(report)
-        return crops_t, FaceSet(image_size=faces.image_size, faces=tuple(out_faces)), report
+        return crops_t, replace(faces, faces=tuple(out_faces)), report
 
 
 def _oom_types() -> tuple[type[BaseException], ...]:

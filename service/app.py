@@ -78,9 +78,9 @@ class FusionReplica:
         from tokenfuse.runner.demo import DEMO_LOADER, DemoModels, demo_prompt, fill_defaults
         from tokenfuse.runner.embedded import EmbeddedComfy
         from tokenfuse.runner.items import item_slot
-        from tokenfuse.service.batch_node import BATCH_LOADER, LoadBatch
+        from tokenfuse.service.batch_node import BATCH_LOADER, FRAMES_APART, FramesApart, LoadBatch, insert_frames_apart
 
-        extra = {BATCH_LOADER: LoadBatch, **({DEMO_LOADER: DemoModels} if cfg.demo else {})}
+        extra = {BATCH_LOADER: LoadBatch, FRAMES_APART: FramesApart, **({DEMO_LOADER: DemoModels} if cfg.demo else {})}
         self.engine = EmbeddedComfy(cfg.comfyui, cpu=cfg.cpu, sdpa=cfg.sdpa, extra_nodes=extra)
         defs = self.engine.node_defs()
         if cfg.demo:
@@ -90,6 +90,7 @@ class FusionReplica:
         apply_sets(prompt, list(cfg.sets))
         self.slot = item_slot(prompt, set())
         prompt[self.slot] = {"class_type": BATCH_LOADER, "inputs": {"files": ""}, "_meta": {"title": "batch"}}
+        insert_frames_apart(prompt)  # a photo's seeds do not depend on the others batched with it
         self.prompt = prompt
         if cfg.video_workflow:
             self.video_prompt = load_prompt(Path(cfg.video_workflow), defs)

@@ -1,13 +1,19 @@
-"""Runner-only node (never in the pack's NODE_CLASS_MAPPINGS) that the service puts in place of the workflow's
-LoadImage: several staged photos of one size as one IMAGE batch [B, H, W, 3], so the pack's nodes handle the
-photos of concurrent requests in one execution (FaceDetect per frame, ScheduledFusion batching faces across
-frames up to faces_per_batch in one sampler call)."""
+"""Runner-only nodes (never in the pack's NODE_CLASS_MAPPINGS) that the service puts into the photo workflow.
+
+LoadBatch replaces the workflow's LoadImage: several staged photos of one size as one IMAGE batch [B, H, W, 3], so
+the pack's nodes handle the photos of concurrent requests in one execution. FramesApart goes in front of every
+ScheduledFusion's faces input: the batch's frames are unrelated photos, so each one's faces are seeded as if it ran
+alone (FaceSet.independent_frames); without it a photo's result would depend on who else was in its batch.
+"""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 BATCH_LOADER = "TokenFuseServiceLoadBatch"
+FRAMES_APART = "TokenFuseServiceFramesApart"
+FUSION_CLASS = "TokenFuseScheduledFusion"
 
 
 class LoadBatch:
@@ -36,3 +42,33 @@ class LoadBatch:
             raise ValueError("a batch needs photos of one size (the service groups them by size)")
         image = torch.from_numpy(np.stack(frames))
         return image, torch.zeros(image.shape[:3])
+
+
+class FramesApart:
+    RETURN_TYPES = ("FACES",)
+    FUNCTION = "mark"
+    CATEGORY = "TokenFuse/service"
+    DESCRIPTION = "Service-only: the FACES of a batch of unrelated photos (each seeded as if alone)."
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict[str, Any]:
+        return {"required": {"faces": ("FACES", {"tooltip": "FaceDetect on the service's photo batch"})}}
+
+    def mark(self, faces: Any) -> tuple[Any]:
+        return (replace(faces, independent_frames=True),)
+
+
+def insert_frames_apart(prompt: dict[str, dict[str, Any]]) -> int:
+    """Route every ScheduledFusion's linked `faces` input through a FramesApart node (in place); returns how many.
+
+    The new nodes take ids no node of the prompt has ("<fusion id>_apart")."""
+    inserted = 0
+    for nid, node in list(prompt.items()):
+        link = node["inputs"].get("faces")
+        if node["class_type"] != FUSION_CLASS or not isinstance(link, list):
+            continue
+        apart = f"{nid}_apart"
+        prompt[apart] = {"class_type": FRAMES_APART, "inputs": {"faces": link}, "_meta": {"title": "frames apart"}}
+        node["inputs"]["faces"] = [apart, 0]
+        inserted += 1
+    return inserted

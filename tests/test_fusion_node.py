@@ -570,3 +570,25 @@ def test_comfy_objects_are_checked_before_sampling(model: Any, vae: Any, cond: A
 
     with pytest.raises(TypeError, match=f"input '{name}' expects"):
         _check_comfy_inputs(model, vae, cond, cond)
+
+
+def test_independent_frames_seed_each_frame_as_if_alone() -> None:
+    """FaceSet.independent_frames (the service's batch of unrelated photos): face k of every frame uses seed + k, so a
+    photo's faces get the seeds and the crops they get alone; the flag survives into the FACES output."""
+    images, fs = astronaut_faceset(2, 2, crop_size=128)
+    stack = FakeStack()
+    args = dict(zip(("model", "vae", "positive", "negative"), LINKS, strict=True))
+    crops, out, report = ScheduledFusion(stack.backend()).fuse(
+        **args, image=torch.from_numpy(images), faces=replace(fs, independent_frames=True), seed=100, steps=4,
+        cfg=5.0, sampler_name="euler", scheduler="normal", denoise=0.4, guide_size=128, max_size=1024,
+        crop_factor=1.0, feather=0.04, faces_per_batch=2, fallback="auto",
+    )  # fmt: skip
+    assert [c["seeds"] for c in stack.ops("sample")] == [[100, 101], [100, 101]]
+    assert "frame 1 face 1: ok, seed 101" in report and out.independent_frames
+    alone, _, _, _ = _run(frames=1, faces_per_frame=2)
+    assert torch.equal(crops[2:], alone)  # frame 1 of the batch == the same photo alone
+    _, default, _, batch_stack = _run(frames=2, faces_per_frame=2)  # a ComfyUI batch: frame-major, unchanged
+    assert [c["seeds"] for c in batch_stack.ops("sample")] == [
+        [100, 101],
+        [102, 103],
+    ] and not default.independent_frames
