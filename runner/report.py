@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 _SUMMARY = re.compile(r"(\d+) face\(s\), (\d+) with fallbacks, (\d+) passed through")
+_SECONDS = re.compile(r", (\d+(?:\.\d+)?) s, peak ")  # a per-face line's time (fusion/fallback.py FaceReport.line)
 _FACE = re.compile(r"^frame (\d+) face (\d+): (\w+),.*fallbacks: (.*?)(?: \| warnings: (.*))?$")
 
 
@@ -41,6 +42,26 @@ def summarize_texts(texts: dict[str, str]) -> dict[str, Any]:
             if f and f[4] != "none":
                 details.append(f"frame {f[1]} face {f[2]}: {f[3]}: {f[4]}")
     return {"faces": faces, "faces_with_fallbacks": fallbacks, "faces_passed_through": passed, "fallbacks": details}
+
+
+def frame_report(text: str, frame: int, as_frame: int | None = None) -> str:
+    """The part of a pack report about one frame of a batch: its per-face lines ("frame N face M: ...", renumbered
+    as frame `as_frame` when given) and, when the report has a summary line, one recounted over those lines. The
+    service answers each photo of a batch with its own frame as frame 0, the report it would get alone; and
+    summarize_texts counts fallbacks and pass-throughs from the summary line only."""
+    lines = text.splitlines()
+    prefix = f"frame {frame} face "
+    own = [line for line in lines if line.startswith(prefix)]
+    if as_frame is not None:
+        own = [f"frame {as_frame} face {line[len(prefix) :]}" for line in own]
+    if not any(_SUMMARY.search(line) for line in lines):
+        return "\n".join(own)
+    faces = [f for f in (_FACE.match(line.strip()) for line in own) if f]
+    with_fallbacks = sum(1 for f in faces if f[4] != "none")
+    passed = sum(1 for f in faces if f[3] == "passthrough")
+    seconds = sum(float(t) for line in own for t in _SECONDS.findall(line)[:1])
+    summary = f"{len(faces)} face(s), {with_fallbacks} with fallbacks, {passed} passed through, {seconds:.2f} s total"
+    return "\n".join([*own, summary])
 
 
 class ReportWriter:

@@ -237,7 +237,7 @@ class FusionReplica:
             engine.close()
 
     def _run_group(self, names: list[str]) -> list[dict[str, Any]]:
-        from tokenfuse.runner.report import summarize_texts
+        from tokenfuse.runner.report import frame_report, summarize_texts
 
         prompt = copy.deepcopy(self.prompt)
         prompt[self.slot]["inputs"]["files"] = "\n".join(names)
@@ -251,19 +251,13 @@ class FusionReplica:
         outs = [o for o in result.outputs]
         out: list[dict[str, Any]] = []
         for frame in range(len(names)):
-            texts = {k: _frame_lines(v, frame) for k, v in result.texts.items()}
+            texts = {k: frame_report(v, frame, as_frame=0) for k, v in result.texts.items()}
             row = {"status": "ok", "time_s": elapsed, "batch_size": len(names), **summarize_texts(texts)}
-            row["faces"] = sum(1 for v in texts.values() for line in v.splitlines() if line.startswith("frame "))
             row["report"] = texts
             if frame < len(outs):
                 row["image_png_base64"] = base64.b64encode(outs[frame].read()).decode()
             out.append(row)
         return out
-
-
-def _frame_lines(text: str, frame: int) -> str:
-    """The lines of a pack report that belong to `frame` (per-face lines start with "frame N face M")."""
-    return "\n".join(line for line in text.splitlines() if line.startswith(f"frame {frame} face "))
 
 
 def build_app(config: ServiceConfig, replicas: int, max_queued: int, retry_after_s: float, num_gpus: float) -> Any:
