@@ -133,20 +133,33 @@ def _parse_value(text: str) -> Any:
 
 def apply_sets(prompt: dict[str, dict[str, Any]], sets: list[str]) -> None:
     """--set NODE.INPUT=VALUE: NODE is a node id, a title or a class_type (every node of it)."""
+    apply_sets_to([prompt], sets)
+
+
+def apply_sets_to(prompts: list[dict[str, dict[str, Any]]], sets: list[str]) -> None:
+    """Each --set on every prompt that has a node it names; WorkflowError when none has one. `serve` has one --set
+    list for its photo and video workflows, which rarely share every node (a --set naming a node of one of them
+    must not stop the service from starting)."""
     for s in sets:
         target, sep, value = s.partition("=")
         node, dot, name = target.rpartition(".")
         if not sep or not dot or not node or not name:
             raise WorkflowError(f"--set {s!r}: expected NODE.INPUT=VALUE")
-        hits = [
-            nid
-            for nid, n in prompt.items()
-            if node in (nid, n["class_type"]) or node.lower() == str((n.get("_meta") or {}).get("title", "")).lower()
-        ]
+        hits = [(prompt, nid) for prompt in prompts for nid in _set_targets(prompt, node)]
         if not hits:
-            raise WorkflowError(f"--set {s!r}: no node with id, title or class {node!r}")
-        for nid in hits:
+            where = " in any of the workflows" if len(prompts) > 1 else ""
+            raise WorkflowError(f"--set {s!r}: no node with id, title or class {node!r}{where}")
+        for prompt, nid in hits:
             prompt[nid]["inputs"][name] = _parse_value(value)
+
+
+def _set_targets(prompt: dict[str, dict[str, Any]], node: str) -> list[str]:
+    """The ids of the nodes a --set's NODE names in `prompt`: its id, its class_type, or its title (any case)."""
+    return [
+        nid
+        for nid, n in prompt.items()
+        if node in (nid, n["class_type"]) or node.lower() == str((n.get("_meta") or {}).get("title", "")).lower()
+    ]
 
 
 def load_prompt(path: Path, defs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -74,7 +74,7 @@ class FusionReplica:
         self._start_comfy(cfg)
 
     def _start_comfy(self, cfg: ServiceConfig) -> None:
-        from tokenfuse.runner.cli import apply_sets, load_prompt
+        from tokenfuse.runner.cli import apply_sets_to, load_prompt
         from tokenfuse.runner.demo import DEMO_LOADER, DemoModels, demo_prompt, fill_defaults
         from tokenfuse.runner.embedded import EmbeddedComfy
         from tokenfuse.runner.items import item_slot
@@ -87,14 +87,15 @@ class FusionReplica:
             prompt = fill_defaults(demo_prompt(), defs)
         else:
             prompt = load_prompt(Path(str(cfg.workflow)), defs)
-        apply_sets(prompt, list(cfg.sets))
+        if cfg.video_workflow:
+            self.video_prompt = load_prompt(Path(cfg.video_workflow), defs)
+        # one --set list for both workflows: each --set goes where its node is (an error only when in neither)
+        apply_sets_to([p for p in (prompt, self.video_prompt) if p is not None], list(cfg.sets))
         self.slot = item_slot(prompt, set())
         prompt[self.slot] = {"class_type": BATCH_LOADER, "inputs": {"files": ""}, "_meta": {"title": "batch"}}
         insert_frames_apart(prompt)  # a photo's seeds do not depend on the others batched with it
         self.prompt = prompt
-        if cfg.video_workflow:
-            self.video_prompt = load_prompt(Path(cfg.video_workflow), defs)
-            apply_sets(self.video_prompt, list(cfg.sets))
+        if self.video_prompt is not None:
             self.video_slot = item_slot(self.video_prompt, set(), "video")
 
     async def __call__(self, request: Any) -> Any:

@@ -1,13 +1,29 @@
 """The service's replica logic without a server: its photo prompt (batch loader, per-photo seeds), per-request report
-rows. No ComfyUI (tests/integration/test_service.py runs the real service)."""
+rows, --set over the photo and video workflows. No ComfyUI; the tests of FusionReplica itself skip without Ray
+(tests/integration/test_service.py runs the real service)."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pytest
 from tokenfuse.faces.types import FaceSet
 from tokenfuse.fusion.fallback import FaceReport, format_report
+from tokenfuse.runner.cli import apply_sets, apply_sets_to
+from tokenfuse.runner.convert import WorkflowError
 from tokenfuse.runner.demo import demo_prompt
 from tokenfuse.runner.report import frame_report, summarize_texts
 from tokenfuse.service.batch_node import FRAMES_APART, FramesApart, insert_frames_apart
+
+
+def _app() -> Any:
+    pytest.importorskip("ray", reason="Ray is optional: pip install -r requirements-scale.txt")
+    from tokenfuse.service import app
+
+    return app
 
 
 def test_every_fusion_gets_the_batch_faces_as_independent_photos() -> None:
@@ -49,3 +65,57 @@ def test_a_frame_report_counts_its_own_fallbacks_and_pass_throughs() -> None:
     own = frame_report(text, 1, as_frame=0).splitlines()
     assert own[0].startswith("frame 0 face 0: passthrough") and own[-1].endswith("1.50 s total")
     assert frame_report("no summary here\nframe 0 face 0: x", 0) == "frame 0 face 0: x"
+
+
+VIDEO = {
+    "1": {"class_type": "LoadVideo", "inputs": {"file": "clip.mp4"}, "_meta": {"title": "video"}},
+    "2": {
+        "class_type": "TokenFuseVideoFaceFusion",
+        "inputs": {"steps": 20, "video": ["1", 0]},
+        "_meta": {"title": "vf"},
+    },
+}
+
+
+def test_each_set_goes_to_the_workflows_that_have_its_node() -> None:
+    """serve has one --set list for the photo and the video workflow: a --set naming a node of one of them applies
+    there; only a --set that names no node of either is an error."""
+    photo, video = demo_prompt(), json.loads(json.dumps(VIDEO))
+    apply_sets_to([photo, video], ["fuse.steps=8", "vf.steps=3", "TokenFuseFaceDetect.max_faces=2"])
+    assert photo["6"]["inputs"]["steps"] == 8 and video["2"]["inputs"]["steps"] == 3
+    assert photo["3"]["inputs"]["max_faces"] == 2 and "max_faces" not in video["2"]["inputs"]
+    with pytest.raises(WorkflowError, match="no node with id, title or class 'ghost' in any of the workflows"):
+        apply_sets_to([photo, video], ["ghost.steps=1"])
+    with pytest.raises(WorkflowError, match="no node with id, title or class 'vf'$"):
+        apply_sets(photo, ["vf.steps=3"])  # `run` has one workflow: unchanged
+
+
+class _FakeEngine:
+    """EmbeddedComfy's start-up surface: no ComfyUI, no node definitions (API prompts need none)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.work = Path(".")
+
+    def node_defs(self) -> dict[str, dict[str, Any]]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def test_replica_starts_with_a_set_of_only_one_workflow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`serve --video-workflow V --set fuse.steps=8` (fuse: the photo graph's node) used to fail the replica's start:
+    the --set was applied to the video workflow too, which has no `fuse`."""
+    app = _app()
+    import tokenfuse.runner.embedded as embedded
+
+    monkeypatch.setattr(embedded, "EmbeddedComfy", _FakeEngine)
+    (tmp_path / "video.json").write_text(json.dumps(VIDEO))
+    config = app.ServiceConfig(sets=("fuse.steps=8", "vf.steps=3"), video_workflow=str(tmp_path / "video.json"))
+    replica = app.FusionReplica.__new__(app.FusionReplica)
+    replica._start(asdict(config))
+    assert replica.prompt["6"]["inputs"]["steps"] == 8 and replica.video_prompt["2"]["inputs"]["steps"] == 3
+    assert replica.prompt["6"]["inputs"]["faces"] == ["6_apart", 0]  # and the photos stay independent
+    bad = app.ServiceConfig(sets=("ghost.steps=1",), video_workflow=str(tmp_path / "video.json"))
+    with pytest.raises(WorkflowError, match="ghost"):
+        app.FusionReplica.__new__(app.FusionReplica)._start(asdict(bad))
