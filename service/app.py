@@ -20,6 +20,7 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -112,11 +113,11 @@ class FusionReplica:
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit_mb * 2**20:
             return too_big  # before reading the body
-        body = await request.body()
+        body = await read_body(request.stream(), int(limit_mb * 2**20))
+        if body is None:
+            return too_big
         if not body:
             return JSONResponse({"error": "empty body: POST the file's bytes"}, status_code=400)
-        if len(body) > limit_mb * 2**20:
-            return too_big
         if video:
             return await self._video(body)
         if self.core is not None:
@@ -259,6 +260,20 @@ class FusionReplica:
                 row["image_png_base64"] = base64.b64encode(outs[frame].read()).decode()
             out.append(row)
         return out
+
+
+async def read_body(chunks: AsyncIterator[bytes], limit: int) -> bytes | None:
+    """The request body, or None as soon as it passes `limit` bytes (the rest is never read). A chunked upload
+    declares no Content-Length to refuse up front: counting as the chunks arrive is what bounds the memory one
+    client can make the replica (and Serve's proxy, which forwards the body as the replica reads it) hold."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def build_app(config: ServiceConfig, replicas: int, max_queued: int, retry_after_s: float, num_gpus: float) -> Any:

@@ -4,9 +4,14 @@ rows, --set over the photo and video workflows. No ComfyUI; the tests of FusionR
 
 from __future__ import annotations
 
+import asyncio
 import json
+import struct
+import zlib
+from collections.abc import AsyncIterator
 from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -119,3 +124,69 @@ def test_replica_starts_with_a_set_of_only_one_workflow(tmp_path: Path, monkeypa
     bad = app.ServiceConfig(sets=("ghost.steps=1",), video_workflow=str(tmp_path / "video.json"))
     with pytest.raises(WorkflowError, match="ghost"):
         app.FusionReplica.__new__(app.FusionReplica)._start(asdict(bad))
+
+
+class _Request:
+    """The part of Starlette's Request the replica reads; the body arrives in chunks with no Content-Length (a chunked
+    upload), and the test sees how many chunks were pulled."""
+
+    def __init__(self, chunks: list[bytes], path: str = "/", method: str = "POST") -> None:
+        self.url = SimpleNamespace(path=path)
+        self.method = method
+        self.headers: dict[str, str] = {}
+        self.chunks = chunks
+        self.pulled = 0
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        for chunk in self.chunks:
+            self.pulled += 1
+            yield chunk
+
+    async def body(self) -> bytes:
+        return b"".join([chunk async for chunk in self.stream()])
+
+
+def _replica(app: Any, **config: Any) -> Any:
+    """A FusionReplica without ComfyUI: the config only; fuse() answers the bodies it gets (and records them)."""
+    replica = app.FusionReplica.__new__(app.FusionReplica)
+    replica.cfg = app.ServiceConfig(**config)
+    replica.core = None
+    replica.fused = []
+
+    async def fuse(body: Any) -> dict[str, Any]:
+        replica.fused.append(body)
+        return {"status": "ok"}
+
+    replica.fuse = fuse
+    return replica
+
+
+def _call(replica: Any, request: _Request) -> tuple[int, dict[str, Any]]:
+    response = asyncio.run(replica(request))
+    return response.status_code, json.loads(response.body)
+
+
+def test_a_chunked_upload_over_the_limit_is_refused_as_it_arrives() -> None:
+    """No Content-Length: the body is counted as it is read and refused with 413 once it passes --max-image-mb,
+    without reading the rest (it was read whole into memory first, then measured)."""
+    app = _app()
+    replica = _replica(app, max_image_mb=1.0)
+    request = _Request([b"x" * 2**19] * 600)  # 300 MB announced by nobody
+    status, answer = _call(replica, request)
+    assert status == 413 and "1 MB limit" in answer["error"] and request.pulled == 3 and not replica.fused
+    photo = _png(64, 48)
+    assert _call(replica, _Request([photo[:100], photo[100:]]))[0] == 200 and replica.fused == [photo]
+
+
+def _png(width: int, height: int) -> bytes:
+    """A PNG's signature, header declaring width x height, and an empty image data chunk: what the service reads
+    before decoding (no pixels)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", b"")
+    )

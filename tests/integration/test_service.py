@@ -6,6 +6,7 @@ shutting down cleanly. Skips without Ray or ComfyUI."""
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import signal
@@ -46,6 +47,20 @@ def post(url: str, body: bytes, timeout: float = 300) -> tuple[int, dict, dict]:
         except json.JSONDecodeError:
             data = {"text": text.decode(errors="replace")}
         return e.code, dict(e.headers), data
+
+
+def post_chunked(url: str, chunks: list[bytes]) -> tuple[int, dict]:
+    """POST with Transfer-Encoding: chunked (no Content-Length); the server may answer before the body is sent."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=300)
+    try:
+        conn.request("POST", "/", body=iter(chunks), encode_chunked=True)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the answer came first and the server closed: read it below
+    with conn.getresponse() as r:
+        status, data = r.status, json.loads(r.read())
+    conn.close()
+    return status, data
 
 
 def test_service(comfyui_path: Path, tmp_path: Path) -> None:
@@ -112,6 +127,8 @@ def test_service(comfyui_path: Path, tmp_path: Path) -> None:
         # from its header, before decoding: it once took 115 s and 7 GB of the replica)
         status, _, big = post(url, b"x" * (3 * 2**20))
         assert status == 413 and "2 MB limit" in big["error"], (status, big)
+        status, chunked = post_chunked(url, [b"x" * 2**16] * 4096)  # 256 MB, no Content-Length: refused as it arrives
+        assert status == 413 and "2 MB limit" in chunked["error"], (status, chunked)
         ok, bomb = cv2.imencode(".png", np.zeros((9000, 9000, 3), np.uint8))
         t0 = time.monotonic()
         status, _, huge = post(url, bomb.tobytes())
