@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("tokenfuse.service")
+UNREADABLE = "not a decodable image"
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,9 @@ class FusionReplica:
             return await self._video(body)
         if self.core is not None:
             return JSONResponse({"error": "this service runs the video engine only: POST videos to /video"}, 400)
+        refused = self._refusal(body)
+        if refused is not None:
+            return JSONResponse({"error": refused[1]}, status_code=refused[0])
         result = await self.fuse(body)
         status = result.pop("http_status", 200 if result["status"] == "ok" else 400)
         return JSONResponse(result, status_code=status)
@@ -188,14 +192,10 @@ class FusionReplica:
 
         results: list[dict[str, Any] | None] = [None] * len(bodies)
         groups: dict[tuple[int, ...], list[tuple[int, str]]] = {}
-        for i, body in enumerate(bodies):
-            refused = self._too_many_pixels(body)
-            if refused:
-                results[i] = {"status": "failed", "error": refused, "http_status": 413}
-                continue
+        for i, body in enumerate(bodies):  # headers checked by __call__ (_refusal)
             img = cv2.imdecode(np.frombuffer(body, np.uint8), cv2.IMREAD_COLOR)
-            if img is None:
-                results[i] = {"status": "failed", "error": "not a decodable image"}
+            if img is None or img.shape[0] * img.shape[1] > self.cfg.max_megapixels * 1e6:  # header != content
+                results[i] = {"status": "failed", "error": UNREADABLE}
                 continue
             path = self.engine.work / "input" / f"req_{time.monotonic_ns()}_{i}.png"
             cv2.imwrite(str(path), img)
@@ -215,10 +215,12 @@ class FusionReplica:
         self.batches += 1
         return [r if r is not None else {"status": "failed", "error": "lost"} for r in results]
 
-    def _too_many_pixels(self, body: bytes) -> str:
-        """An error when the photo's header declares more pixels than max_megapixels ("" otherwise, and for
-        what the header reader cannot parse: the decoder says so then). A small PNG can declare 9000 x 9000 (a
-        236 KB file took 115 s and 7 GB on one CPU replica, every other request waiting)."""
+    def _refusal(self, body: bytes) -> tuple[int, str] | None:
+        """(HTTP status, error) for a photo refused before it joins a batch, from its header alone; None to go on.
+
+        The size must be readable before decoding: a small PNG can declare 9000 x 9000 (a 236 KB file took 115 s and
+        7 GB on one CPU replica, every other request waiting), and a format Pillow cannot read but OpenCV decodes
+        (Radiance .hdr: 4 MB declaring 10000 x 10000) would otherwise be decoded whole, unchecked."""
         import io
 
         from PIL import Image
@@ -226,11 +228,11 @@ class FusionReplica:
         try:
             with Image.open(io.BytesIO(body)) as im:  # reads the header only
                 w, h = im.size
-        except Exception:  # noqa: BLE001 - not an image PIL knows: cv2 decides below
-            return ""
+        except Exception:  # noqa: BLE001 - not an image whose size Pillow can read: never decoded
+            return 400, f"{UNREADABLE}: its size cannot be read before decoding (PNG, JPEG, WebP, BMP, TIFF can)"
         if w * h > self.cfg.max_megapixels * 1e6:
-            return f"{w}x{h} is over this service's {self.cfg.max_megapixels:g} megapixel limit"
-        return ""
+            return 413, f"{w}x{h} is over this service's {self.cfg.max_megapixels:g} megapixel limit"
+        return None
 
     def __del__(self) -> None:
         """Ray Serve calls it when the replica shuts down: the embedded ComfyUI's work folder goes too."""

@@ -190,3 +190,17 @@ def _png(width: int, height: int) -> bytes:
         + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
         + chunk(b"IDAT", b"")
     )
+
+
+def test_a_photo_is_refused_from_its_header_before_it_joins_a_batch() -> None:
+    """Over --max-megapixels: 413; a format whose size Pillow cannot read (Radiance .hdr, which OpenCV decodes:
+    4 MB declaring 10000 x 10000 was decoded whole) or no image: 400. None of them reaches the batch."""
+    app = _app()
+    replica = _replica(app, max_megapixels=20.0)
+    status, answer = _call(replica, _Request([_png(9000, 9000)]))
+    assert status == 413 and answer["error"] == "9000x9000 is over this service's 20 megapixel limit"
+    hdr = b"#?RADIANCE\nFORMAT=32-bit_rle_rgbe\n\n-Y 10000 +X 10000\n" + bytes([2, 2, 39, 16]) * 8
+    for body in (hdr, b"not an image"):
+        status, answer = _call(replica, _Request([body]))
+        assert status == 400 and answer["error"].startswith("not a decodable image"), answer
+    assert not replica.fused

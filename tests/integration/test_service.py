@@ -103,7 +103,7 @@ def test_service(comfyui_path: Path, tmp_path: Path) -> None:
             answers = list(pool.map(lambda b: post(url, b), [photo, photo, b"not an image"]))
         (s1, _, r1), (s2, _, r2), (s3, _, r3) = answers
         assert (s1, s2, s3) == (200, 200, 400), answers
-        assert r1["faces"] == 1 and r1["fallbacks"] == [] and r3["error"] == "not a decodable image"
+        assert r1["faces"] == 1 and r1["fallbacks"] == [] and r3["error"].startswith("not a decodable image")
         assert max(r1["batch_size"], r2["batch_size"]) == 2, (r1["batch_size"], r2["batch_size"])
         fused = cv2.imdecode(np.frombuffer(base64.b64decode(r1["image_png_base64"]), np.uint8), cv2.IMREAD_COLOR)
         assert fused.shape == data.astronaut().shape
