@@ -20,13 +20,25 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 log = logging.getLogger("tokenfuse.service")
 UNREADABLE = "not a decodable image"
+GONE = "the client disconnected before its answer"
+_T = TypeVar("_T")
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One request inside the replica: its body, and `gone`, set (on Serve's event loop) when its client disconnected
+    and Serve cancelled it; the ComfyUI thread reads it to skip or stop work nobody will receive."""
+
+    body: bytes
+    gone: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True)
@@ -55,12 +67,21 @@ class FusionReplica:
         # ComfyUI calls asyncio.run() internally, which cannot run on Serve's event loop: all ComfyUI work (start-up
         # and every batch) runs on one dedicated thread, which also serialises executions.
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokenfuse-comfy")
+        self._init_state()
         self._pool.submit(self._start, config).result()
         self.fuse.set_max_batch_size(self.cfg.max_batch)
         self.fuse.set_batch_wait_timeout_s(self.cfg.batch_wait_s)
+
+    def _init_state(self) -> None:
+        """Counters for /health, and what runs now: the requests of the execution on the ComfyUI thread and since
+        when (under `_lock`: Serve's event loop reads them when a client leaves, the ComfyUI thread writes them)."""
         self.served = 0
         self.batches = 0
         self.videos = 0
+        self.interrupted = 0
+        self._lock = threading.Lock()
+        self._running: list[Ticket] = []
+        self._busy_since: float | None = None
 
     def _start(self, config: dict[str, Any]) -> None:
         cfg = ServiceConfig(**config)
@@ -105,7 +126,7 @@ class FusionReplica:
 
         path = request.url.path.rstrip("/")
         if request.method == "GET" and path.endswith("health"):
-            return JSONResponse({"status": "ok", "served": self.served, "batches": self.batches, "videos": self.videos})
+            return JSONResponse(self._health())
         if request.method != "POST":
             return JSONResponse({"error": "POST an image file to /, a video file to /video, or GET /health"}, 405)
         video = path.endswith("/video")
@@ -119,32 +140,74 @@ class FusionReplica:
             return too_big
         if not body:
             return JSONResponse({"error": "empty body: POST the file's bytes"}, status_code=400)
+        ticket = Ticket(body)
         if video:
-            return await self._video(body)
+            return await self._until_gone(ticket, self._video(ticket))
         if self.core is not None:
             return JSONResponse({"error": "this service runs the video engine only: POST videos to /video"}, 400)
         refused = self._refusal(body)
         if refused is not None:
             return JSONResponse({"error": refused[1]}, status_code=refused[0])
-        result = await self.fuse(body)
+        result = await self._until_gone(ticket, self.fuse(ticket))
         status = result.pop("http_status", 200 if result["status"] == "ok" else 400)
         return JSONResponse(result, status_code=status)
 
-    async def _video(self, body: bytes) -> Any:
+    def _health(self) -> dict[str, Any]:
+        """GET /health: counters, and busy_s, how long the current execution has been running (0 when idle), so a
+        replica stuck on one long request shows; interrupted: executions stopped because every client left."""
+        since = self._busy_since
+        busy = 0.0 if since is None else round(time.monotonic() - since, 1)
+        counts = {"served": self.served, "batches": self.batches, "videos": self.videos}
+        return {"status": "ok", **counts, "busy_s": busy, "interrupted": self.interrupted}
+
+    async def _until_gone(self, ticket: Ticket, work: Awaitable[_T]) -> _T:
+        """Await a request's work; when Serve cancels it (its client disconnected), the request is abandoned."""
+        try:
+            return await work
+        except asyncio.CancelledError:
+            self._abandon(ticket)
+            raise
+
+    def _abandon(self, ticket: Ticket) -> None:
+        """A client left: its request is dropped if it has not started, and the running execution is interrupted
+        once none of its clients is left (nobody would get its answer; the next requests would wait for it)."""
+        ticket.gone.set()
+        with self._lock:
+            if ticket not in self._running or not all(t.gone.is_set() for t in self._running):
+                return
+            self.interrupted += 1
+            log.info("TokenFuse service: every client of the running execution left; interrupting it")
+            if self.engine is not None:  # the video core has no engine: its progress callback stops it
+                self.engine.interrupt()
+
+    @contextmanager
+    def _executing(self, tickets: list[Ticket]) -> Iterator[None]:
+        """Marks `tickets` as the running execution (for _abandon and /health's busy_s) while the block runs."""
+        with self._lock:
+            self._running, self._busy_since = tickets, time.monotonic()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running, self._busy_since = [], None
+
+    async def _video(self, ticket: Ticket) -> Any:
         import json
 
         from starlette.responses import JSONResponse, Response
 
         # One video at a time per replica, on the ComfyUI thread (videos are not batched across requests: the
         # fuse pass already batches a video's face crops, faces_per_batch).
-        status, report, mp4 = await asyncio.get_running_loop().run_in_executor(self._pool, self._video_sync, body)
+        status, report, mp4 = await asyncio.get_running_loop().run_in_executor(self._pool, self._video_sync, ticket)
         if status != 200:
             return JSONResponse(report, status_code=status)
         headers = {"X-TokenFuse-Report": json.dumps(report, sort_keys=True, default=str)}
         return Response(mp4, media_type="video/mp4", headers=headers)
 
-    def _video_sync(self, body: bytes) -> tuple[int, dict[str, Any], bytes]:
+    def _video_sync(self, ticket: Ticket) -> tuple[int, dict[str, Any], bytes]:
         """(HTTP status, report, MP4 bytes): the same streaming path as the runner's video items."""
+        if ticket.gone.is_set():  # its client left while it waited for the ComfyUI thread
+            return 400, {"status": "failed", "error": GONE}, b""
         import tempfile
 
         from tokenfuse.runner.items import Item
@@ -152,7 +215,7 @@ class FusionReplica:
 
         with tempfile.TemporaryDirectory(prefix="tokenfuse_req_") as tmp:
             path = Path(tmp) / "request.mp4"
-            path.write_bytes(body)
+            path.write_bytes(ticket.body)
             try:
                 info = probe(path)
             except VideoReadError:
@@ -162,8 +225,14 @@ class FusionReplica:
                 from tokenfuse.runner.core_video import fuse_file
 
                 out = Path(tmp) / "fused.mp4"
+
+                def stop_when_gone(done: int, total: int) -> None:
+                    if ticket.gone.is_set():
+                        raise RuntimeError(GONE)
+
                 try:
-                    report = {"status": "ok", **fuse_file(path, out, self.core, self.refine)}
+                    with self._executing([ticket]):
+                        report = {"status": "ok", **fuse_file(path, out, self.core, self.refine, stop_when_gone)}
                 except Exception as e:  # noqa: BLE001 - a bad request fails alone; the replica goes on
                     return 400, {"status": "failed", "error": f"{type(e).__name__}: {e}"}, b""
                 return 200, {**report, "width": info.width, "height": info.height}, out.read_bytes()
@@ -171,9 +240,10 @@ class FusionReplica:
                 return 400, {"status": "failed", "error": "no video workflow: start serve with --video-workflow"}, b""
             from tokenfuse.runner.run import process_item
 
-            row, files = process_item(
-                self.engine, self.video_prompt, self.video_slot, {}, Item(path, "request", "video")
-            )
+            with self._executing([ticket]):
+                row, files = process_item(
+                    self.engine, self.video_prompt, self.video_slot, {}, Item(path, "request", "video")
+                )
             videos = [data for name, data in files if Path(name).suffix.lower() in (".mp4", ".mov", ".mkv", ".webm")]
             if row["status"] != "ok" or not videos:
                 row.setdefault("error", "the workflow saved no video (it needs a SaveVideo node)")
@@ -183,17 +253,20 @@ class FusionReplica:
     from ray import serve as _serve  # noqa: E402 - decorator needs Ray; this module is imported only when serving
 
     @_serve.batch(max_batch_size=4, batch_wait_timeout_s=0.05)
-    async def fuse(self, bodies: list[bytes]) -> list[dict[str, Any]]:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._fuse_sync, bodies)
+    async def fuse(self, tickets: list[Ticket]) -> list[dict[str, Any]]:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._fuse_sync, tickets)
 
-    def _fuse_sync(self, bodies: list[bytes]) -> list[dict[str, Any]]:
+    def _fuse_sync(self, tickets: list[Ticket]) -> list[dict[str, Any]]:
         import cv2
         import numpy as np
 
-        results: list[dict[str, Any] | None] = [None] * len(bodies)
+        results: list[dict[str, Any] | None] = [None] * len(tickets)
         groups: dict[tuple[int, ...], list[tuple[int, str]]] = {}
-        for i, body in enumerate(bodies):  # headers checked by __call__ (_refusal)
-            img = cv2.imdecode(np.frombuffer(body, np.uint8), cv2.IMREAD_COLOR)
+        for i, ticket in enumerate(tickets):  # headers checked by __call__ (_refusal)
+            if ticket.gone.is_set():  # its client left before the batch ran: not decoded, not run
+                results[i] = {"status": "failed", "error": GONE}
+                continue
+            img = cv2.imdecode(np.frombuffer(ticket.body, np.uint8), cv2.IMREAD_COLOR)
             if img is None or img.shape[0] * img.shape[1] > self.cfg.max_megapixels * 1e6:  # header != content
                 results[i] = {"status": "failed", "error": UNREADABLE}
                 continue
@@ -202,8 +275,13 @@ class FusionReplica:
             groups.setdefault(img.shape, []).append((i, path.name))
         try:
             for members in groups.values():  # on the one ComfyUI thread: one execution at a time per replica
-                for i, res in zip([m[0] for m in members], self._run_group([m[1] for m in members]), strict=True):
-                    results[i] = res
+                live = [m for m in members if not tickets[m[0]].gone.is_set()]  # a group waits for the one before
+                for i, _ in members:
+                    results[i] = {"status": "failed", "error": GONE}
+                if live:
+                    answers = self._run_group([m[1] for m in live], [tickets[m[0]] for m in live])
+                    for (i, _), res in zip(live, answers, strict=True):
+                        results[i] = res
         finally:  # nothing of a request stays on the replica's disk once answered
             for members in groups.values():
                 for _, name in members:
@@ -211,7 +289,7 @@ class FusionReplica:
             self.engine.clear_outputs()
             for preview in (self.engine.work / "temp").glob("*.png"):  # the nodes' UI previews
                 preview.unlink(missing_ok=True)
-        self.served += len(bodies)
+        self.served += len(tickets)
         self.batches += 1
         return [r if r is not None else {"status": "failed", "error": "lost"} for r in results]
 
@@ -240,13 +318,14 @@ class FusionReplica:
         if engine is not None:
             engine.close()
 
-    def _run_group(self, names: list[str]) -> list[dict[str, Any]]:
+    def _run_group(self, names: list[str], tickets: list[Ticket]) -> list[dict[str, Any]]:
         from tokenfuse.runner.report import frame_report, summarize_texts
 
         prompt = copy.deepcopy(self.prompt)
         prompt[self.slot]["inputs"]["files"] = "\n".join(names)
         t0 = time.perf_counter()
-        result = self.engine.execute(prompt)
+        with self._executing(tickets):
+            result = self.engine.execute(prompt)
         elapsed = round(time.perf_counter() - t0, 3)
         if not result.ok:
             return [{"status": "failed", "error": result.error, "time_s": elapsed, "batch_size": len(names)}] * len(

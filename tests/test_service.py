@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
+import threading
 import zlib
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +22,7 @@ from tokenfuse.fusion.fallback import FaceReport, format_report
 from tokenfuse.runner.cli import apply_sets, apply_sets_to
 from tokenfuse.runner.convert import WorkflowError
 from tokenfuse.runner.demo import demo_prompt
+from tokenfuse.runner.engine import ExecResult
 from tokenfuse.runner.report import frame_report, summarize_texts
 from tokenfuse.service.batch_node import FRAMES_APART, FramesApart, insert_frames_apart
 
@@ -151,10 +154,12 @@ def _replica(app: Any, **config: Any) -> Any:
     replica = app.FusionReplica.__new__(app.FusionReplica)
     replica.cfg = app.ServiceConfig(**config)
     replica.core = None
+    replica.engine = None
+    replica._init_state()
     replica.fused = []
 
-    async def fuse(body: Any) -> dict[str, Any]:
-        replica.fused.append(body)
+    async def fuse(ticket: Any) -> dict[str, Any]:
+        replica.fused.append(ticket.body)
         return {"status": "ok"}
 
     replica.fuse = fuse
@@ -204,3 +209,99 @@ def test_a_photo_is_refused_from_its_header_before_it_joins_a_batch() -> None:
         status, answer = _call(replica, _Request([body]))
         assert status == 400 and answer["error"].startswith("not a decodable image"), answer
     assert not replica.fused
+
+
+class _BlockingEngine:
+    """EmbeddedComfy's execution surface: execute() runs until interrupt() (or 30 s), like a long sampling."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        for sub in ("input", "output", "temp"):
+            (work / sub).mkdir(exist_ok=True)
+        self.started = threading.Event()
+        self.interrupt_called = threading.Event()
+        self.runs: list[list[str]] = []
+
+    def execute(self, prompt: dict[str, Any]) -> ExecResult:
+        self.runs.append(prompt["1"]["inputs"]["files"].splitlines())
+        self.started.set()
+        stopped = self.interrupt_called.wait(30)
+        return ExecResult(ok=False, error="interrupted", interrupted=stopped)
+
+    def interrupt(self) -> None:
+        self.interrupt_called.set()
+
+    def clear_outputs(self) -> None:
+        pass
+
+
+def _comfy_replica(app: Any, tmp_path: Path) -> Any:
+    """A replica whose ComfyUI is _BlockingEngine, with the real fuse path on its own ComfyUI thread (no batching)."""
+    replica = _replica(app)
+    replica.engine = _BlockingEngine(tmp_path)
+    replica.prompt, replica.slot = {"1": {"class_type": "batch", "inputs": {"files": ""}}}, "1"
+    replica._pool = ThreadPoolExecutor(1)
+
+    async def fuse(ticket: Any) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        return (await loop.run_in_executor(replica._pool, replica._fuse_sync, [ticket]))[0]
+
+    replica.fuse = fuse
+    return replica
+
+
+def test_a_disconnect_interrupts_the_execution_nobody_waits_for(tmp_path: Path) -> None:
+    """Serve cancels a request whose client left: the execution running only for it is interrupted (it ran to the
+    end before, every later request waiting behind it), and /health shows how long the execution has been busy."""
+    app = _app()
+    replica = _comfy_replica(app, tmp_path)
+    engine = replica.engine
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        task = asyncio.create_task(replica(_Request([_photo()])))
+        assert await asyncio.to_thread(engine.started.wait, 30)
+        await asyncio.sleep(0.2)
+        busy = json.loads((await replica(_Request([], path="/health", method="GET"))).body)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await asyncio.to_thread(engine.interrupt_called.wait, 5), "the abandoned execution ran on"
+        await asyncio.to_thread(replica._pool.submit(lambda: None).result, 30)
+        idle = json.loads((await replica(_Request([], path="/health", method="GET"))).body)
+        return busy, idle
+
+    busy, idle = asyncio.run(scenario())
+    assert busy["status"] == "ok" and busy["busy_s"] >= 0.2 and busy["interrupted"] == 0, busy
+    assert idle["busy_s"] == 0.0 and idle["interrupted"] == 1, idle
+    replica._pool.shutdown()
+
+
+def test_a_batch_runs_only_for_the_clients_still_there(tmp_path: Path) -> None:
+    """A request whose client left before its batch ran is dropped from it; a running batch is interrupted only
+    when the last of its clients has left."""
+    app = _app()
+    replica = _comfy_replica(app, tmp_path)
+    engine = replica.engine
+    stay, leave = app.Ticket(_photo()), app.Ticket(_photo())
+    leave.gone.set()
+    engine.interrupt_called.set()  # execute() returns at once
+    answers = replica._fuse_sync([leave, stay])
+    assert len(engine.runs) == 1 and len(engine.runs[0]) == 1 and answers[0]["error"] == app.GONE
+    left = [app.Ticket(b""), app.Ticket(b"")]
+    for t in left:
+        t.gone.set()
+    assert [a["error"] for a in replica._fuse_sync(left)] == [app.GONE] * 2 and len(engine.runs) == 1
+    engine.interrupt_called.clear()
+    first, second = app.Ticket(b""), app.Ticket(b"")
+    with replica._executing([first, second]):
+        replica._abandon(first)
+        assert not engine.interrupt_called.is_set()  # the other client still waits for its photo
+        replica._abandon(second)
+        assert engine.interrupt_called.is_set() and replica.interrupted == 1
+
+
+def _photo() -> bytes:
+    import cv2
+    import numpy as np
+
+    return cv2.imencode(".png", np.full((32, 32, 3), 128, np.uint8))[1].tobytes()
