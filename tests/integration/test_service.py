@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,6 +48,13 @@ def post(url: str, body: bytes, timeout: float = 300) -> tuple[int, dict, dict]:
         except json.JSONDecodeError:
             data = {"text": text.decode(errors="replace")}
         return e.code, dict(e.headers), data
+
+
+def _decode(png_base64: str) -> Any:
+    import cv2
+    import numpy as np
+
+    return cv2.imdecode(np.frombuffer(base64.b64decode(png_base64), np.uint8), cv2.IMREAD_COLOR)
 
 
 def post_chunked(url: str, chunks: list[bytes]) -> tuple[int, dict]:
@@ -120,8 +128,15 @@ def test_service(comfyui_path: Path, tmp_path: Path) -> None:
         # after the flood the service still serves: a new request is answered 200, the health stays ok
         status, _, after = post(url, photo)
         assert status == 200 and after["faces"] == 1, (status, after)
+        # a photo's result does not depend on the others batched with it (frame 1 of the batch used seed + 1)
+        pixels = [_decode(r["image_png_base64"]) for r in (r1, r2, after)]  # the PNGs' metadata names the batch
+        assert np.array_equal(pixels[0], pixels[1]) and np.array_equal(pixels[1], pixels[2])
+        assert "frame 0 face 0: ok, seed 0," in r1["report"]["6"] and r2["report"]["6"].startswith(
+            "frame 0 face 0: ok, seed 0,"
+        )
         with urllib.request.urlopen(f"{url}/health", timeout=30) as r:
             health = json.loads(r.read())
+        assert health["busy_s"] == 0.0 and health["interrupted"] == 0, health
         assert health["status"] == "ok" and health["served"] >= 2 + codes.count(200) + 1, (health, codes)
         # limits: a body over --max-image-mb (413 before reading it), a small PNG declaring 9000 x 9000 pixels (413
         # from its header, before decoding: it once took 115 s and 7 GB of the replica)
