@@ -193,7 +193,7 @@ class StepCacheState:
         )
         if self.threshold > 0:
             text += f", threshold {self.threshold:g}: {self.refreshed} refreshed"
-        return text + (f"; off: {self.fallback})" if self.fallback else ")")
+        return text + (f"; full from a call on: {self.fallback})" if self.fallback else ")")
 
 
 def _in_window(state: StepCacheState, sigma: float) -> bool:
@@ -246,7 +246,7 @@ def build_step_cache(
         state.fallback = reason
         if reason not in warned:
             warned.add(reason)
-            log.info("TokenFuse step cache: every step full (%s)", reason)
+            log.info("TokenFuse step cache: every U-Net call full from here on in this run (%s)", reason)
 
     def step_cache_output_patch(
         h: torch.Tensor, hsp: torch.Tensor, transformer_options: dict[str, Any]
@@ -300,6 +300,8 @@ def build_step_cache(
             reason = "video/codebook U-Net"
         elif opts.get("sample_sigmas") is None or opts.get("sigmas") is None:
             reason = "no sample_sigmas in transformer_options"
+        elif state.fallback:  # sticky for the run: e.g. a ControlNet on the cond only (the uncond has none) or one
+            reason = state.fallback  # whose window ends: the log and the summary say the run was full from there
         if reason:
             stand_aside(reason)
             state.full_calls += 1

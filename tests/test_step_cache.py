@@ -119,7 +119,7 @@ def run(unet, hooks, xs, sigmas, opts_extra=None, control=None, forward=None):
             "cond_or_uncond": [0],
             **(opts_extra or {}),
         }
-        args = (x, sigmas[i : i + 1] * 10, None, None, control, opts)
+        args = (x, sigmas[i : i + 1] * 10, None, None, control[i] if isinstance(control, list) else control, opts)
         if forward is not None:
             outs.append(forward(*args))
         else:
@@ -307,6 +307,15 @@ def test_stands_aside_for_controlnet_disabled_flag_and_too_deep() -> None:
         got = run(unet, hooks, xs, sig, control={"input": []})
         assert hooks.state.cached_calls == 0 and "ControlNet" in hooks.state.summary()
         assert all(torch.equal(a, b) for a, b in zip(got, ref, strict=True))
+        # a ControlNet whose window ends (end_percent < 1), or on the cond only (the uncond calls have none): after the
+        # first call with control the run stays full; the log and summary said "every step full" while later calls
+        # were cached (review)
+        hooks = hooks_for(interval=2)
+        run(unet, hooks, xs, sig, control=[{"input": []}] * 3 + [None] * 7)
+        assert hooks.state.cached_calls == 0 and "full from a call on: a ControlNet" in hooks.state.summary()
+        hooks = hooks_for(interval=2)
+        run(unet, hooks, xs, sig, control=[None] * 5 + [{"input": []}] * 5)  # start_percent > 0: cached before it
+        assert 0 < hooks.state.cached_calls and hooks.state.full_calls >= 5
         hooks = hooks_for(depth=4)  # as deep as the model: nothing left to cache
         run(unet, hooks, xs, sig)
         assert hooks.state.cached_calls == 0 and "cache_depth 4" in hooks.state.fallback
