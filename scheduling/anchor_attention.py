@@ -219,4 +219,5 @@ def build_anchor_patch(store: AnchorStore) -> AttnPatch:
         new_val = new_ctx if val is ctx else torch.cat([val, extra], dim=1)
         return n, new_ctx, new_val
 
+    attn1_patch.tokenfuse_any_kv = True  # type: ignore[attr-defined]  # joins any K/V: top-K before it may stay
     return attn1_patch

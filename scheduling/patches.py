@@ -193,7 +193,8 @@ def neighbours_of(options: dict[str, Any], ours: Callable[..., Any]) -> Neighbou
     """The Neighbours of a model call's transformer_options; None when there are none (the common case)."""
     replaced = (options.get("patches_replace") or {}).get("attn1") or {}
     chain = (options.get("patches") or {}).get("attn1_patch") or []
-    followed = any(p is ours for p in chain) and chain[-1] is not ours
+    mine = next((i for i, p in enumerate(chain) if p is ours), None)
+    followed = mine is not None and any(not getattr(p, "tokenfuse_any_kv", False) for p in chain[mine + 1 :])
     if not replaced and not followed:
         return None
     return Neighbours(frozenset(replaced), followed)

@@ -140,6 +140,8 @@ def test_tiles_and_blocks_other_nodes_need_whole_stay_alone(strategy: str) -> No
 
     assert neighbours_of({"patches": {"attn1_patch": [theirs, ours]}}, ours) is None
     assert neighbours_of({"patches": {"attn1_patch": [ours, theirs]}}, ours) == Neighbours(frozenset(), True)
+    theirs.tokenfuse_any_kv = True  # type: ignore[attr-defined]  # e.g. the video's anchor attention: joins any K/V
+    assert neighbours_of({"patches": {"attn1_patch": [ours, theirs]}}, ours) is None
     pag = {"patches_replace": {"attn1": {("middle", 0, 0): theirs}}}
     assert neighbours_of(pag, ours) == Neighbours(frozenset({("middle", 0, 0)}), False)
 
