@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .embedded import REPORT_SLOTS, _error_message, _validation_message
-from .engine import EngineUnavailable, ExecResult, OutputFile, Progress
+from .engine import PARTIAL_INVALID, EngineUnavailable, ExecResult, OutputFile, Progress, missing_saves, output_entries
 from .server_ws import PromptEvents, WebsocketUnavailable, watch_prompt, websocket_available
 
 log = logging.getLogger("tokenfuse.runner")
@@ -119,9 +119,15 @@ class ServerComfy:
         def submit() -> str:
             self._running = prompt_id  # before the request: a Ctrl-C during it must know what to delete
             try:
-                self._post_json("/prompt", {"prompt": prompt, "client_id": self.client_id, "prompt_id": prompt_id})
+                answer = self._post_json(
+                    "/prompt", {"prompt": prompt, "client_id": self.client_id, "prompt_id": prompt_id}
+                )
             except ServerError as e:
                 raise _Refused(_refusal(e)) from e
+            node_errors = answer.get("node_errors") if isinstance(answer, dict) else None
+            if node_errors:  # queued with only the outputs that validated: take it back, the item fails
+                self._cancel(prompt_id)
+                raise _Refused(_validation_message(PARTIAL_INVALID, node_errors))
             if self._stop:  # interrupted while queueing: the deletion may have come before the prompt
                 self.interrupt()
             return prompt_id
@@ -195,15 +201,16 @@ class ServerComfy:
             text = "interrupted" if interrupted else _error_message(errors)
             return ExecResult(ok=False, error=text, interrupted=interrupted, peak_memory_mib=peak, memory_kind=kind)
         ui = {**(events.ui if events is not None else {}), **entry.get("outputs", {})}
+        saved = output_entries(ui)
+        unsaved = missing_saves(prompt, saved)
+        if unsaved:
+            return ExecResult(ok=False, error=unsaved, peak_memory_mib=peak, memory_kind=kind)
         files = []
-        for node_out in ui.values():
-            for entries in node_out.values():
-                for e in entries if isinstance(entries, list) else []:
-                    if isinstance(e, dict) and e.get("type") == "output" and "filename" in e:
-                        query = urllib.parse.urlencode(
-                            {"filename": e["filename"], "subfolder": e.get("subfolder", ""), "type": "output"}
-                        )
-                        files.append(OutputFile(e["filename"], e.get("subfolder", ""), _reader(self, f"/view?{query}")))
+        for e in (e for entries in saved.values() for e in entries):
+            query = urllib.parse.urlencode(
+                {"filename": e["filename"], "subfolder": e.get("subfolder", ""), "type": "output"}
+            )
+            files.append(OutputFile(e["filename"], e.get("subfolder", ""), _reader(self, f"/view?{query}")))
         texts = {
             nid: "\n".join(str(v) for v in ui[nid]["text"])
             for nid, node in prompt.items()
@@ -215,9 +222,11 @@ class ServerComfy:
         """Stop the prompt this client runs now: delete it from the queue (when still pending) and interrupt it
         (when running); prompts of other clients go on."""
         self._stop = True
-        prompt_id = self._running
-        if prompt_id is None:
-            return
+        if self._running is not None:
+            self._cancel(self._running)
+
+    def _cancel(self, prompt_id: str) -> None:
+        """Delete `prompt_id` from the queue (when still pending) and interrupt it (when running)."""
         try:
             self._post_json("/queue", {"delete": [prompt_id]})
             self._post_json("/interrupt", {"prompt_id": prompt_id})

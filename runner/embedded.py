@@ -21,7 +21,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from .convert import node_info
-from .engine import ExecResult, OutputFile, Progress
+from .engine import PARTIAL_INVALID, ExecResult, OutputFile, Progress, missing_saves, output_entries
 
 log = logging.getLogger("tokenfuse.runner")
 PACK_DIR = Path(__file__).absolute().parents[1]
@@ -140,8 +140,9 @@ class EmbeddedComfy:
 
         prompt_id = str(uuid.uuid4())
         valid, error, outputs, node_errors = asyncio.run(self._execution.validate_prompt(prompt_id, prompt, None))
-        if not valid:
-            return ExecResult(ok=False, error=_validation_message(error, node_errors))
+        refused = validation_error(valid, error, node_errors)
+        if refused:
+            return ExecResult(ok=False, error=refused)
         if progress is not None:
             comfy.utils.set_progress_bar_global_hook(lambda value, total, *a, **k: progress(int(value), int(total)))
         cuda = torch.cuda.is_available() and mm.get_torch_device().type == "cuda"
@@ -158,13 +159,14 @@ class EmbeddedComfy:
         if interrupted or errors or not self.executor.success:
             text = "interrupted" if interrupted else _error_message(errors)
             return ExecResult(ok=False, error=text, interrupted=interrupted, peak_memory_mib=peak, memory_kind=kind)
+        saved = output_entries(self.executor.history_result["outputs"])
+        unsaved = missing_saves(prompt, saved)
+        if unsaved:
+            return ExecResult(ok=False, error=unsaved, peak_memory_mib=peak, memory_kind=kind)
         files: list[OutputFile] = []
-        for node_out in self.executor.history_result["outputs"].values():
-            for entries in node_out.values():
-                for e in entries if isinstance(entries, list) else []:
-                    if isinstance(e, dict) and e.get("type") == "output" and "filename" in e:
-                        local = self.work / "output" / e.get("subfolder", "") / e["filename"]
-                        files.append(OutputFile(e["filename"], e.get("subfolder", ""), local.read_bytes, local))
+        for e in (e for entries in saved.values() for e in entries):
+            local = self.work / "output" / e.get("subfolder", "") / e["filename"]
+            files.append(OutputFile(e["filename"], e.get("subfolder", ""), local.read_bytes, local))
         texts: dict[str, str] = {}
         for nid, node in prompt.items():
             slot = REPORT_SLOTS.get(node["class_type"])
@@ -193,6 +195,15 @@ def _peak_memory(cuda: bool) -> tuple[float | None, str]:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process peak RSS (cumulative)"
     except ImportError:  # Windows
         return None, ""
+
+
+def validation_error(valid: bool, error: Any, node_errors: dict[str, Any]) -> str:
+    """The error of validate_prompt's answer ("" when the prompt may run). Its `valid` is True as soon as one output
+    validates, and ComfyUI would then run only those: any node error fails the item instead, so a workflow whose
+    save node is invalid never reports ok with no outputs (which `--resume` would skip forever)."""
+    if valid and not node_errors:
+        return ""
+    return _validation_message(error or PARTIAL_INVALID, node_errors)
 
 
 def _validation_message(error: Any, node_errors: dict[str, Any]) -> str:

@@ -14,6 +14,11 @@ from typing import Any, Protocol
 Progress = Callable[[int, int], None]
 """progress(value, total) of the node running now (sampler steps, faces...)."""
 
+# ComfyUI's core nodes that write files to its output folder. An item whose prompt has one that filed nothing is
+# failed, not ok with no outputs: `--resume` would otherwise skip it forever.
+SAVE_NODES = frozenset({"SaveImage", "SaveVideo", "SaveWEBM", "SaveAnimatedWEBP", "SaveAnimatedPNG", "SaveAudio"})
+PARTIAL_INVALID = "Some outputs failed validation"
+
 
 @dataclass
 class OutputFile:
@@ -53,3 +58,26 @@ class Engine(Protocol):
     def interrupt(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+def output_entries(ui: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """node id -> the files it saved (`type: output` entries of ComfyUI's UI outputs, e.g. history's `outputs`);
+    previews (`type: temp`) are not outputs."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for nid, node_out in ui.items():
+        for entries in node_out.values() if isinstance(node_out, dict) else []:
+            for e in entries if isinstance(entries, list) else []:
+                if isinstance(e, dict) and e.get("type") == "output" and "filename" in e:
+                    found.setdefault(str(nid), []).append(e)
+    return found
+
+
+def missing_saves(prompt: dict[str, dict[str, Any]], saved: dict[str, list[dict[str, Any]]]) -> str:
+    """The error of an item whose save nodes (SAVE_NODES) did not all file something ("" when they did): ComfyUI
+    runs the outputs that validate and skips the others, so "success" alone does not mean the result was saved."""
+    missing = [
+        f"node {nid} ({n['class_type']})"
+        for nid, n in prompt.items()
+        if n["class_type"] in SAVE_NODES and not saved.get(nid)
+    ]
+    return f"{', '.join(missing)} saved no file" if missing else ""

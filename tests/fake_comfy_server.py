@@ -3,7 +3,9 @@
 It speaks the parts of ComfyUI 0.3.64's HTTP and websocket API the runner uses, with ComfyUI's message shapes (see
 runner/server_ws.py): /system_stats, /object_info, /upload/image, /prompt (400 with `error` + `node_errors` for a
 LoadImage file that was never uploaded), /queue (GET, POST delete), /interrupt (global or by prompt_id), /history,
-/view and /ws?clientId=. One prompt runs at a time, in queue order, like ComfyUI's worker. Per node class:
+/view and /ws?clientId=. A SaveImage with an input "__invalid__" fails validation alone: 200, the prompt queued
+without it, its error in `node_errors` (what ComfyUI does when another output validates). One prompt runs at a time,
+in queue order, like ComfyUI's worker. Per node class:
 - LoadImage decodes the uploaded file with PIL (a broken file -> execution_error naming the node, as ComfyUI does);
 - a node with a `steps` input (KSampler, ScheduledFusion) sends `progress` 1..steps, `step_s` apart, and stops with
   execution_interrupted when interrupted; while it "samples" it broadcasts the pack's tokenfuse.stats events, the
@@ -125,6 +127,18 @@ class FakeComfy:
                     "dependent_outputs": [k for k, n in prompt.items() if n["class_type"] == "SaveImage"],
                     "class_type": "LoadImage",
                 }
+        invalid = {nid for nid, node in prompt.items() if "__invalid__" in node["inputs"].values()}
+        for nid in invalid:  # ComfyUI's value_not_in_list on a widget; a SaveImage alone fails only its own output
+            node_errors[nid] = {
+                "errors": [{"type": "value_not_in_list", "message": "Value not in list", "details": "__invalid__"}],
+                "dependent_outputs": [nid],
+                "class_type": prompt[nid]["class_type"],
+            }
+        saves = {nid for nid, node in prompt.items() if node["class_type"] == "SaveImage"}
+        if node_errors and saves - invalid and not node_errors.keys() - saves:  # queued with the valid outputs only
+            prompt = {nid: node for nid, node in prompt.items() if nid not in invalid}
+            self.pending.append((prompt_id, prompt, str(body.get("client_id", ""))))
+            return web.json_response({"prompt_id": prompt_id, "number": len(self.history), "node_errors": node_errors})
         if node_errors:
             error = {"type": "prompt_outputs_failed_validation", "message": "Prompt outputs failed validation"}
             return web.json_response(

@@ -275,6 +275,34 @@ def _run_main(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
     )
 
 
+def test_node_errors_fail_an_item_even_when_one_output_validates() -> None:
+    """validate_prompt says valid when one output validates (ComfyUI then runs only that one): a node error in the
+    answer fails the item anyway, worded as a validation error; and a save node that filed nothing fails it too."""
+    from tokenfuse.runner.embedded import validation_error
+    from tokenfuse.runner.engine import missing_saves, output_entries
+
+    bad = {"9": {"class_type": "SaveImage", "errors": [{"message": "Value not in list", "details": "x"}]}}
+    assert validation_error(True, None, {}) == ""
+    assert (
+        validation_error(True, None, bad) == "Some outputs failed validation; node 9 (SaveImage): Value not in list: x"
+    )
+    assert validation_error(False, {"message": "Prompt outputs failed validation"}, bad).startswith("Prompt outputs")
+    prompt = {
+        "1": {"class_type": "LoadImage", "inputs": {}},
+        "8": {"class_type": "SaveImage", "inputs": {}},
+        "9": {"class_type": "SaveImage", "inputs": {}},
+        "10": {"class_type": "PreviewImage", "inputs": {}},
+    }
+    ui = {
+        "8": {"images": [{"filename": "a_00001_.png", "subfolder": "", "type": "output"}]},
+        "10": {"images": [{"filename": "p.png", "subfolder": "", "type": "temp"}]},
+    }
+    saved = output_entries(ui)
+    assert list(saved) == ["8"]
+    assert missing_saves(prompt, saved) == "node 9 (SaveImage) saved no file"
+    assert missing_saves({k: v for k, v in prompt.items() if k != "9"}, saved) == ""
+
+
 def test_entry_point_without_comfyui(tmp_path: Path) -> None:
     """`python <pack folder> run` works whatever the folder is called; no ComfyUI -> exit 2 and how to fix it."""
     res = _run_main("run", "--help")

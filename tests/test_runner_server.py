@@ -116,6 +116,25 @@ def test_node_error_and_validation_error(photos: list[Path], tmp_path: Path) -> 
     assert rows[0]["error"].startswith("node 1 (LoadImage): PIL.UnidentifiedImageError: cannot identify image file")
 
 
+def test_a_partly_invalid_prompt_fails_the_item(photos: list[Path], tmp_path: Path) -> None:
+    """One SaveImage validates, the other does not: ComfyUI answers /prompt 200 with `node_errors` and queues only
+    the valid output. The runner used to report that item ok with one file; now it takes the prompt back (deleted
+    from the queue, interrupted), fails the item with the node's error, and --resume redoes it."""
+    prompt = _prompt(steps=50)
+    prompt["4"] = {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "__invalid__"}}
+    with fake_comfy(tmp_path / "server") as fake:
+        engine = ServerComfy(fake.url)
+        summary = run_items(engine, prompt, "1", {}, expand(photos[:1]), tmp_path / "out", progress=False)
+        again = run_items(engine, prompt, "1", {}, expand(photos[:1]), tmp_path / "out", True, False)
+        deleted = [body["delete"][0] for path, body in fake.requests if path == "/queue"]
+    assert summary.exit_code == 1 and summary.failed == 1 and summary.ok == 0, summary
+    (row, redo) = [json.loads(line) for line in (tmp_path / "out" / "report.jsonl").read_text().splitlines()]
+    assert row["status"] == "failed" and "outputs" not in row, row
+    assert row["error"] == "Some outputs failed validation; node 4 (SaveImage): Value not in list: __invalid__"
+    assert len(deleted) == 2 and ("/interrupt", {"prompt_id": deleted[0]}) in fake.requests
+    assert again.failed == 1 and again.skipped == 0 and redo["status"] == "failed"
+
+
 def test_polling_fallback_without_websocket(photos: list[Path], tmp_path: Path) -> None:
     """websocket=False (what a Python without aiohttp gets): same outputs and faces from /history, no per-step
     progress, peak memory unknown and said so."""

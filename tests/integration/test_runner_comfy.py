@@ -209,6 +209,37 @@ def test_cli_usage_errors(comfyui_path: Path, tmp_path: Path) -> None:
     assert res.returncode == 2 and "bind all but one with --input" in res.stderr, res.stderr[-2000:]
 
 
+def _plain_workflow(path: Path, **saves: str) -> Path:
+    """An API prompt without models: LoadImage -> SaveImage per `saves` (node id -> filename_prefix) of the photo,
+    through ImageInvert for ids that start with "i"; an ImageScale whose method is "nope" for ids that start with
+    "bad" (a node error that fails only that output's validation)."""
+    prompt: dict[str, Any] = {"1": {"class_type": "LoadImage", "inputs": {"image": "x.png"}}}
+    for nid, prefix in saves.items():
+        source: list[Any] = ["1", 0]
+        if nid.startswith(("i", "bad")):
+            kind = "ImageInvert" if nid.startswith("i") else "ImageScale"
+            inputs: dict[str, Any] = {"image": ["1", 0]}
+            if kind == "ImageScale":
+                inputs.update(upscale_method="nope", width=8, height=8, crop="disabled")
+            prompt[f"{nid}_src"] = {"class_type": kind, "inputs": inputs}
+            source = [f"{nid}_src", 0]
+        prompt[nid] = {"class_type": "SaveImage", "inputs": {"images": source, "filename_prefix": prefix}}
+    path.write_text(json.dumps(prompt))
+    return path
+
+
+def test_cli_an_invalid_save_node_fails_the_item(comfyui_path: Path, photos: SimpleNamespace, tmp_path: Path) -> None:
+    """ComfyUI's validate_prompt calls a prompt valid when one output validates and runs only that one: the item
+    used to be reported ok (exit 0, the invalid branch's file missing) and --resume skipped it for good."""
+    wf = _plain_workflow(tmp_path / "wf.json", good="fused", bad="small")
+    out = tmp_path / "out"
+    res = _cli([str(wf), str(photos.astronaut), "-o", str(out), "--cpu", "--quiet"], tmp_path, timeout=300)
+    assert res.returncode == 1, res.stderr[-3000:]
+    (row,) = [json.loads(line) for line in (out / "report.jsonl").read_text().splitlines()]
+    assert row["status"] == "failed" and row["error"].startswith("Some outputs failed validation; node bad_src"), row
+    assert "upscale_method" in row["error"] and not list(out.glob("*/*.png"))
+
+
 def test_cli_ctrl_c_stops_cleanly(comfyui_path: Path, photos: SimpleNamespace, tmp_path: Path) -> None:
     """SIGINT during sampling: ComfyUI's interrupt stops the item, the report says interrupted, exit 130; the
     item is not marked done (so --resume redoes it)."""
