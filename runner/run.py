@@ -13,10 +13,10 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, TextIO
 
-from .engine import Engine, EngineUnavailable
+from .engine import Engine, EngineUnavailable, OutputFile
 from .items import Item, loaders
 from .report import ReportWriter, done_keys, summarize_texts
 
@@ -84,14 +84,41 @@ def bind(prompt: dict[str, dict[str, Any]], names: dict[str, str]) -> dict[str, 
 
 
 def save_outputs(files: list[tuple[str, bytes]], folder: Path) -> list[str]:
-    """Write an item's output files into its folder; returns their paths."""
+    """Write an item's output files into its folder; returns their paths. A file keeps the subfolder its save node
+    put it in (`left/img_00001_.png`, `right/img_00001_.png`: two save nodes' files share names), and a path taken
+    by an earlier file of the item gets `_2`, `_3`, ...: no output overwrites another."""
     folder.mkdir(parents=True, exist_ok=True)
-    written = []
+    written: list[str] = []
     for filename, data in files:
-        dst = folder / Path(filename).name
+        dst = _free_path(folder / _relative_inside(filename), set(written))
+        dst.parent.mkdir(parents=True, exist_ok=True)
         dst.write_bytes(data)
         written.append(str(dst))
     return written
+
+
+def output_name(out: OutputFile) -> str:
+    """An output's path relative to ComfyUI's output folder (`subfolder/filename`), as the item's files carry it."""
+    sub = out.subfolder.replace("\\", "/").strip("/")
+    return f"{sub}/{out.filename}" if sub else out.filename
+
+
+def _relative_inside(name: str) -> Path:
+    """`name` as a relative path that stays inside the item's folder: a server's subfolder is not trusted, so one
+    that is absolute, names a drive or climbs out (`..`) is dropped and the file name alone is kept."""
+    path = PurePosixPath(name.replace("\\", "/"))
+    if not path.parts or path.is_absolute() or ".." in path.parts or ":" in path.parts[0]:
+        return Path(path.name or "output")
+    return Path(*path.parts)
+
+
+def _free_path(dst: Path, taken: set[str]) -> Path:
+    """`dst`, or `<stem>_2<suffix>`, `_3`, ... when an earlier file of the same item took it."""
+    candidate, n = dst, 1
+    while str(candidate) in taken:
+        n += 1
+        candidate = dst.with_name(f"{dst.stem}_{n}{dst.suffix}")
+    return candidate
 
 
 def process_item(
@@ -116,7 +143,7 @@ def process_item(
         row["peak_memory_mib"] = None if result.peak_memory_mib is None else round(result.peak_memory_mib, 1)
         row["memory_kind"] = result.memory_kind
         if result.ok:
-            files = [(out.filename, out.read()) for out in result.outputs]
+            files = [(output_name(out), out.read()) for out in result.outputs]
             row.update(summarize_texts(result.texts))
             row["reports"] = result.texts
             row["status"] = "ok"

@@ -11,7 +11,8 @@ in queue order, like ComfyUI's worker. Per node class:
   execution_interrupted when interrupted; while it "samples" it broadcasts the pack's tokenfuse.stats events, the
   last one with a summary line whose peak text comes from the pack's own formatter (nodes/model_patching.py);
 - TokenFuseScheduledFusion returns its report as UI text, made by the pack's fusion/fallback.format_report;
-- SaveImage writes the loaded image as a PNG into the output folder and reports it like ComfyUI.
+- SaveImage writes the loaded image as a PNG into the output folder (a `sub/` prefix: its subfolder) and reports it
+  like ComfyUI.
 Everything sent is also kept in `sent` (type, data), and every /interrupt and /queue body in `requests`.
 """
 
@@ -272,10 +273,11 @@ class FakeComfy:
             if kind == "TokenFuseScheduledFusion":
                 ui = {"text": [_fusion_report(self.faces, self.fallbacks)]}
             elif kind == "SaveImage" and image is not None:
-                name = f"{inputs.get('filename_prefix', 'ComfyUI')}_{len(self.history):05d}_.png"
-                (self.root / "output").mkdir(parents=True, exist_ok=True)
-                image.save(self.root / "output" / name)
-                ui = {"images": [{"filename": name, "subfolder": "", "type": "output"}]}
+                sub, _, stem = str(inputs.get("filename_prefix", "ComfyUI")).rpartition("/")  # as ComfyUI splits it
+                name = f"{stem}_{len(self.history):05d}_.png"
+                (self.root / "output" / sub).mkdir(parents=True, exist_ok=True)
+                image.save(self.root / "output" / sub / name)
+                ui = {"images": [{"filename": name, "subfolder": sub, "type": "output"}]}
             if ui:
                 outputs[nid] = ui
                 await self.send(

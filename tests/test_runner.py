@@ -22,7 +22,7 @@ from tokenfuse.runner.cli import apply_sets
 from tokenfuse.runner.convert import WorkflowError, is_api_prompt, node_info, ui_to_api, widget_layout
 from tokenfuse.runner.items import expand, item_slot, resolve
 from tokenfuse.runner.report import ReportWriter, done_keys, summarize_texts
-from tokenfuse.runner.run import Summary
+from tokenfuse.runner.run import Summary, save_outputs
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
@@ -301,6 +301,32 @@ def test_node_errors_fail_an_item_even_when_one_output_validates() -> None:
     assert list(saved) == ["8"]
     assert missing_saves(prompt, saved) == "node 9 (SaveImage) saved no file"
     assert missing_saves({k: v for k, v in prompt.items() if k != "9"}, saved) == ""
+
+
+def test_outputs_keep_their_subfolder_and_never_overwrite_each_other(tmp_path: Path) -> None:
+    """Files of several save nodes: each keeps its subfolder; the same path twice gets _2; a subfolder that would
+    leave the item's folder (a server's answer is not trusted) is dropped."""
+    files = [
+        ("left/img_00001_.png", b"L"),
+        ("right/img_00001_.png", b"R"),
+        ("img_00001_.png", b"A"),
+        ("img_00001_.png", b"B"),
+        ("../../escape.png", b"E"),
+        ("/etc/abs.png", b"F"),
+        ("win\\sub\\w.png", b"W"),
+    ]
+    written = save_outputs(files, tmp_path / "item")
+    rel = [str(Path(w).relative_to(tmp_path / "item")) for w in written]
+    assert rel == [
+        "left/img_00001_.png",
+        "right/img_00001_.png",
+        "img_00001_.png",
+        "img_00001__2.png",
+        "escape.png",
+        "abs.png",
+        "win/sub/w.png",
+    ]
+    assert [Path(w).read_bytes() for w in written] == [data for _, data in files]
 
 
 def test_entry_point_without_comfyui(tmp_path: Path) -> None:

@@ -135,6 +135,23 @@ def test_a_partly_invalid_prompt_fails_the_item(photos: list[Path], tmp_path: Pa
     assert again.failed == 1 and again.skipped == 0 and redo["status"] == "failed"
 
 
+def test_two_save_nodes_with_the_same_file_name_keep_both_files(photos: list[Path], tmp_path: Path) -> None:
+    """SaveImage `left/img` and `right/img` both save img_<n>_.png: the runner used to drop the subfolder, so the
+    second file overwrote the first and the report listed one path twice."""
+    prompt = _prompt(steps=1)
+    prompt["3"]["inputs"]["filename_prefix"] = "left/img"
+    prompt["4"] = {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "right/img"}}
+    with fake_comfy(tmp_path / "server") as fake:
+        summary = run_items(
+            ServerComfy(fake.url), prompt, "1", {}, expand(photos[:1]), tmp_path / "out", progress=False
+        )
+    assert summary.exit_code == 0, summary.failures
+    (row,) = [json.loads(line) for line in (tmp_path / "out" / "report.jsonl").read_text().splitlines()]
+    folder = tmp_path / "out" / "astronaut"
+    assert row["outputs"] == [str(folder / "left" / "img_00000_.png"), str(folder / "right" / "img_00000_.png")]
+    assert all(Path(out).is_file() for out in row["outputs"])
+
+
 def test_polling_fallback_without_websocket(photos: list[Path], tmp_path: Path) -> None:
     """websocket=False (what a Python without aiohttp gets): same outputs and faces from /history, no per-step
     progress, peak memory unknown and said so."""

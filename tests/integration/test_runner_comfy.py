@@ -240,6 +240,23 @@ def test_cli_an_invalid_save_node_fails_the_item(comfyui_path: Path, photos: Sim
     assert "upscale_method" in row["error"] and not list(out.glob("*/*.png"))
 
 
+def test_cli_two_save_nodes_keep_their_subfolders(comfyui_path: Path, photos: SimpleNamespace, tmp_path: Path) -> None:
+    """Two SaveImage nodes, `left/img` and `right/img` (inverted): ComfyUI names both files img_00001_.png in their
+    subfolders; the runner used to file both as <item>/img_00001_.png, the second overwriting the first."""
+    wf = _plain_workflow(tmp_path / "wf.json", left="left/img", iright="right/img")
+    out = tmp_path / "out"
+    res = _cli([str(wf), str(photos.astronaut), "-o", str(out), "--cpu", "--quiet"], tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (row,) = [json.loads(line) for line in (out / "report.jsonl").read_text().splitlines()]
+    folder = out / "astronaut"
+    left, right = folder / "left" / "img_00001_.png", folder / "right" / "img_00001_.png"
+    assert sorted(row["outputs"]) == [str(left), str(right)]  # in ComfyUI's execution order
+    from PIL import Image
+
+    left, right = (np.asarray(Image.open(p).convert("RGB")).astype(int) for p in (left, right))
+    assert np.abs(left + right - 255).max() <= 1  # 8-bit rounding of 1 - x
+
+
 def test_cli_ctrl_c_stops_cleanly(comfyui_path: Path, photos: SimpleNamespace, tmp_path: Path) -> None:
     """SIGINT during sampling: ComfyUI's interrupt stops the item, the report says interrupted, exit 130; the
     item is not marked done (so --resume redoes it)."""
