@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
+import shutil
 import signal
 import sys
 import time
@@ -22,6 +24,7 @@ from .report import ReportWriter, done_keys, summarize_texts
 
 log = logging.getLogger("tokenfuse.runner")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+REPLACED = ".replaced"  # <output>/.replaced/<item name>/: an item folder's files from before a redo (set_aside)
 
 
 @dataclass
@@ -92,9 +95,24 @@ def save_outputs(files: list[tuple[str, bytes]], folder: Path) -> list[str]:
     for filename, data in files:
         dst = _free_path(folder / _relative_inside(filename), set(written))
         dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.write_bytes(data)
+        part = dst.with_name(dst.name + ".part")  # a kill mid-write leaves a .part, never a truncated output
+        part.write_bytes(data)
+        os.replace(part, dst)
         written.append(str(dst))
     return written
+
+
+def set_aside(folder: Path, trash: Path) -> Path | None:
+    """Move what an earlier attempt left in an item's folder (a run killed mid-item, a run before this one) to
+    `trash` before the item's new outputs are filed, so the folder holds one attempt's files only; returns where
+    they went (None when there was nothing). Moved, not deleted: the folder may hold files the user put there. Only
+    the latest set is kept per item."""
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return None
+    shutil.rmtree(trash, ignore_errors=True)
+    trash.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(folder, trash)
+    return trash
 
 
 def output_name(out: OutputFile) -> str:
@@ -203,6 +221,9 @@ class RunLog:
         """File an item's outputs (when ok), write its row, count and show it; True when the run must stop."""
         self.bar.item(index, item.name)
         if row["status"] == "ok":
+            moved = set_aside(self.output / item.name, self.output / REPLACED / item.name)
+            if moved is not None:
+                log.info("%s: the files of an earlier attempt were moved to %s", item.name, moved)
             row["outputs"] = save_outputs(files, self.output / item.name)
         self.writer.write(row)
         return account(self.summary, self.bar, row)

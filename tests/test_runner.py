@@ -22,7 +22,7 @@ from tokenfuse.runner.cli import apply_sets
 from tokenfuse.runner.convert import WorkflowError, is_api_prompt, node_info, ui_to_api, widget_layout
 from tokenfuse.runner.items import expand, item_slot, resolve
 from tokenfuse.runner.report import ReportWriter, done_keys, summarize_texts
-from tokenfuse.runner.run import Summary, save_outputs
+from tokenfuse.runner.run import RunLog, Summary, save_outputs
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
@@ -327,6 +327,46 @@ def test_outputs_keep_their_subfolder_and_never_overwrite_each_other(tmp_path: P
         "win/sub/w.png",
     ]
     assert [Path(w).read_bytes() for w in written] == [data for _, data in files]
+
+
+def test_a_kill_mid_write_leaves_no_truncated_output_and_a_redo_starts_clean(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kill -9 while an output is written: the file used to stay truncated under its real name, and the redo
+    (--resume) filed its outputs next to it. Now a write goes to .part and is renamed when complete, and a redo
+    moves the item folder's earlier files to <output>/.replaced/<item>/ first."""
+    from tokenfuse.runner.items import Item
+
+    item = Item(path=tmp_path / "p2.png", name="p2", kind="image")
+    files = [("img_00001_.png", b"first"), ("img_00002_.png", b"x" * 1000)]
+
+    class Killed(BaseException):
+        pass
+
+    real = Path.write_bytes
+
+    def die_halfway(self: Path, data: bytes) -> int:  # what kill -9 leaves: half of the bytes, then nothing
+        if self.name.startswith("img_00002_"):
+            real(self, data[: len(data) // 2])
+            raise Killed
+        return real(self, data)
+
+    run = RunLog(tmp_path / "out", 1, progress=False)
+    monkeypatch.setattr(Path, "write_bytes", die_halfway)
+    with pytest.raises(Killed):
+        run.finish(1, item, {"item": item.key, "name": "p2", "status": "ok", "time_s": 0.1}, files)
+    monkeypatch.undo()
+    folder = tmp_path / "out" / "p2"
+    assert sorted(p.name for p in folder.iterdir()) == ["img_00001_.png", "img_00002_.png.part"]
+
+    redo = RunLog(tmp_path / "out", 1, resume=True, progress=False)
+    redo.finish(
+        1, item, {"item": item.key, "name": "p2", "status": "ok", "time_s": 0.1}, [("img_00003_.png", b"redone")]
+    )
+    redo.end()
+    assert [p.name for p in folder.iterdir()] == ["img_00003_.png"]
+    kept = tmp_path / "out" / ".replaced" / "p2"
+    assert sorted(p.name for p in kept.iterdir()) == ["img_00001_.png", "img_00002_.png.part"]
 
 
 def test_entry_point_without_comfyui(tmp_path: Path) -> None:
