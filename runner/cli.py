@@ -23,6 +23,7 @@ from typing import Any
 from .convert import WorkflowError, is_api_prompt, ui_to_api
 from .core_cli import add_core_arguments, cmd_run_core
 from .items import Item, expand, item_slot, resolve
+from .report import item_names
 from .run import EXIT_USAGE, run_items
 
 log = logging.getLogger("tokenfuse.runner")
@@ -228,7 +229,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             if not path.is_file():
                 raise WorkflowError(f"--input file not found: {path} (for node {nid})")
         slot = item_slot(prompt, set(constants), slot_key)
-        items: list[Item] = expand(sources)
+        known = item_names(Path(args.output) / "report.jsonl") if args.resume else None
+        items: list[Item] = expand(sources, known)
         if not items:
             raise WorkflowError("no items: give images, videos, folders or list files")
         kind = {"LoadVideo": "video"}.get(prompt[slot]["class_type"], "image")

@@ -19,6 +19,7 @@ from ..scheduling.vocabulary import Preset
 from .convert import WorkflowError
 from .core_refine import RefineName
 from .items import expand
+from .report import item_names
 
 if TYPE_CHECKING:
     from .core_video import CoreSpec
@@ -107,13 +108,13 @@ def cmd_run_core(args: argparse.Namespace) -> int:
         raise WorkflowError("--engine core: give videos, folders of videos or list files")
     if args.workflow and str(args.workflow).lower().endswith(".json"):
         raise WorkflowError("--engine core runs no workflow: drop the .json (or use --engine comfyui)")
-    items = expand(sources)
+    output = Path(args.output)
+    items = expand(sources, item_names(output / "report.jsonl") if args.resume else None)
     if not items:
         raise WorkflowError("no items: give videos, folders or list files")
     wrong = [i for i in items if i.kind != "video"]
     if wrong:
         raise WorkflowError(f"--engine core takes videos; {wrong[0].path} is an image (use a photo workflow)")
-    output = Path(args.output)
     if not args.ray:
         summary = run_videos_local(items, output, spec, args.resume, not args.quiet)
     else:

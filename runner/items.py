@@ -44,10 +44,13 @@ def kind_of(path: Path) -> ItemKind | None:
     return "image" if ext in IMAGE_EXTS else "video" if ext in VIDEO_EXTS else None
 
 
-def expand(sources: list[str | Path]) -> list[Item]:
+def expand(sources: list[str | Path], known: dict[str, str] | None = None) -> list[Item]:
     """Images and videos as given, folders as their sorted images/videos (not recursive), list files (.txt) as one
     path per line (relative to the list; blank lines and # comments skipped). Missing paths raise WorkflowError;
-    unknown extensions inside a folder are skipped, given explicitly they raise."""
+    unknown extensions inside a folder are skipped, given explicitly they raise.
+
+    known: item key -> output name from an earlier run's report (`--resume`): those items keep their names, and no
+    other item gets one of them (a stem added since would otherwise take a finished item's folder)."""
     paths: list[Path] = []
     for src in sources:
         p = Path(src).expanduser()
@@ -66,6 +69,8 @@ def expand(sources: list[str | Path]) -> list[Item]:
         else:
             paths.append(p)
     items: list[Item] = []
+    known = known or {}
+    reserved = {name.casefold() for name in known.values()}
     taken: set[str] = set()  # case-folded: a.png and A.png share a folder on macOS and Windows
     for p in paths:
         if not p.is_file():
@@ -75,10 +80,12 @@ def expand(sources: list[str | Path]) -> list[Item]:
             raise WorkflowError(
                 f"not an image or video file: {p} (images: {sorted(IMAGE_EXTS)}, videos: {sorted(VIDEO_EXTS)})"
             )
-        name, n = p.stem, 1
-        while name.casefold() in taken:  # a repeated stem gets _2, _3, ...: never a name another item already has
-            n += 1
-            name = f"{p.stem}_{n}"
+        name = known.get(str(p.resolve()), "")
+        if not name or name.casefold() in taken:
+            name, n = p.stem, 1
+            while name.casefold() in taken | reserved:  # a repeated stem gets _2, _3, ...: never another's name
+                n += 1
+                name = f"{p.stem}_{n}"
         taken.add(name.casefold())
         items.append(Item(path=p.resolve(), name=name, kind=kind))
     return items

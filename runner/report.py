@@ -28,6 +28,22 @@ def done_keys(path: Path) -> set[str]:
     return keys
 
 
+def item_names(path: Path) -> dict[str, str]:
+    """item key -> the output name the report at `path` gave it (its last row; absent -> empty). `--resume` keeps
+    these names: an item added since (a.jpg next to a finished a.png) must not take `a` and overwrite a's files."""
+    if not path.is_file():
+        return {}
+    names: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("item"), str) and isinstance(row.get("name"), str):
+            names[row["item"]] = row["name"]
+    return names
+
+
 def summarize_texts(texts: dict[str, str]) -> dict[str, Any]:
     """faces / fallbacks / passthrough counts and the per-face fallback lines from the pack's report strings
     (ScheduledFusion's `report` output; faces/fallback.py format_report)."""

@@ -21,7 +21,7 @@ from tokenfuse import NODE_CLASS_MAPPINGS
 from tokenfuse.runner.cli import apply_sets
 from tokenfuse.runner.convert import WorkflowError, is_api_prompt, node_info, ui_to_api, widget_layout
 from tokenfuse.runner.items import expand, item_slot, resolve
-from tokenfuse.runner.report import ReportWriter, done_keys, summarize_texts
+from tokenfuse.runner.report import ReportWriter, done_keys, item_names, summarize_texts
 from tokenfuse.runner.run import RunLog, Summary, save_outputs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -229,6 +229,25 @@ def test_item_names_never_collide_with_a_real_stem_or_by_case(tmp_path: Path) ->
     names = [i.name for i in expand([tmp_path / "d1", tmp_path / "d2", tmp_path / "d3"])]
     assert len({n.casefold() for n in names}) == len(names) == 5, names
     assert names[:2] == ["a", "a_2"]  # a file's own stem first, when free
+
+
+def test_resume_keeps_the_names_the_report_gave(tmp_path: Path) -> None:
+    """--resume after a.jpg was added next to a finished a.png: sorted first, a.jpg used to get the name `a` and
+    overwrite a.png's outputs. Items the report knows keep their names; new ones get names it does not use."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.png").write_bytes(b"x")
+    (first,) = expand([tmp_path / "d"])
+    writer = ReportWriter(tmp_path / "report.jsonl", append=False)
+    writer.write({"item": first.key, "name": first.name, "status": "ok"})
+    writer.write({"item": str(tmp_path / "gone.png"), "name": "A_2", "status": "failed"})
+    writer.close()
+    (tmp_path / "d" / "a.jpg").write_bytes(b"x")
+    (tmp_path / "d" / "a_2.png").write_bytes(b"x")
+    known = item_names(tmp_path / "report.jsonl")
+    items = expand([tmp_path / "d"], known)
+    assert [(i.path.name, i.name) for i in items] == [("a.jpg", "a_3"), ("a.png", "a"), ("a_2.png", "a_2_2")]
+    assert [i.name for i in expand([tmp_path / "d"])] == ["a", "a_2", "a_2_2"]  # without --resume: fresh names
+    assert item_names(tmp_path / "missing.jsonl") == {}
 
 
 def test_list_files_with_a_bom_or_not_utf8(tmp_path: Path) -> None:

@@ -221,6 +221,27 @@ def test_ctrl_c_in_server_mode(photos: list[Path], tmp_path: Path) -> None:
     assert fake.history[running]["status"]["status_str"] == "error"
 
 
+def test_resume_after_a_same_stem_file_was_added_keeps_the_finished_outputs(photos: list[Path], tmp_path: Path) -> None:
+    """`run wf.json in/ --resume` after a.jpg was added next to the finished a.png: a.jpg used to get the name `a`
+    and overwrite a.png's outputs; it gets a name the report does not use, and a.png is skipped."""
+    (tmp_path / "wf.json").write_text(json.dumps(_prompt(steps=1)))
+    folder, out = tmp_path / "in", tmp_path / "out"
+    folder.mkdir()
+    (folder / "a.png").write_bytes(photos[0].read_bytes())
+    cmd = [sys.executable, str(REPO), "run", str(tmp_path / "wf.json"), str(folder), "-o", str(out), "--quiet"]
+    with fake_comfy(tmp_path / "server") as fake:
+        first = subprocess.run([*cmd, "--server", fake.url], capture_output=True, text=True, timeout=120)
+        (done,) = json.loads((out / "report.jsonl").read_text())["outputs"]
+        before = Path(done).read_bytes()
+        Image.open(photos[1]).save(folder / "a.jpg", quality=95)
+        again = subprocess.run([*cmd, "--server", fake.url, "--resume"], capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0 and again.returncode == 0, again.stderr[-3000:]
+    assert "1 ok, 0 failed, 1 skipped" in again.stderr, again.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "report.jsonl").read_text().splitlines()]
+    assert [(Path(r["item"]).name, r["name"]) for r in rows] == [("a.png", "a"), ("a.jpg", "a_2")]
+    assert Path(done).read_bytes() == before and [Path(p).parent.name for p in rows[1]["outputs"]] == ["a_2"]
+
+
 def test_a_server_that_went_away_stops_the_run_resumably(photos: list[Path], tmp_path: Path) -> None:
     """The ComfyUI server stops answering mid-run: every remaining item used to fail within milliseconds ("did not
     answer"), burning a long list. The run stops at the first such item instead, reported interrupted (exit 130),
