@@ -132,15 +132,24 @@ def _parse_value(text: str) -> Any:
         return text
 
 
-def apply_sets(prompt: dict[str, dict[str, Any]], sets: list[str]) -> None:
-    """--set NODE.INPUT=VALUE: NODE is a node id, a title or a class_type (every node of it)."""
-    apply_sets_to([prompt], sets)
+def apply_sets(
+    prompt: dict[str, dict[str, Any]], sets: list[str], defs: dict[str, dict[str, Any]] | None = None
+) -> None:
+    """--set NODE.INPUT=VALUE: NODE is a node id, a title or a class_type (every node of it).
+
+    defs: the engine's node definitions (/object_info). With them INPUT must be one of the node's inputs and a
+    value must fit the input's type, range and choices, so a typo stops the run before any item (WorkflowError,
+    exit 2) instead of being ignored (exit 0) or failing every item (exit 1). Nodes of a class the definitions do
+    not know are left to ComfyUI's validation."""
+    apply_sets_to([prompt], sets, defs)
 
 
-def apply_sets_to(prompts: list[dict[str, dict[str, Any]]], sets: list[str]) -> None:
-    """Each --set on every prompt that has a node it names; WorkflowError when none has one. `serve` has one --set
-    list for its photo and video workflows, which rarely share every node (a --set naming a node of one of them
-    must not stop the service from starting)."""
+def apply_sets_to(
+    prompts: list[dict[str, dict[str, Any]]], sets: list[str], defs: dict[str, dict[str, Any]] | None = None
+) -> None:
+    """Each --set on every prompt that has a node it names (checked against defs as in apply_sets); WorkflowError
+    when none has one. `serve` has one --set list for its photo and video workflows, which rarely share every node
+    (a --set naming a node of one of them must not stop the service from starting)."""
     for s in sets:
         target, sep, value = s.partition("=")
         node, dot, name = target.rpartition(".")
@@ -151,7 +160,11 @@ def apply_sets_to(prompts: list[dict[str, dict[str, Any]]], sets: list[str]) -> 
             where = " in any of the workflows" if len(prompts) > 1 else ""
             raise WorkflowError(f"--set {s!r}: no node with id, title or class {node!r}{where}")
         for prompt, nid in hits:
-            prompt[nid]["inputs"][name] = _parse_value(value)
+            kind = prompt[nid]["class_type"]
+            parsed = _parse_value(value)
+            if defs is not None and kind in defs:
+                parsed = _checked_value(defs[kind], name, value, parsed, f"--set {s!r}: node {nid} ({kind})")
+            prompt[nid]["inputs"][name] = parsed
 
 
 def _set_targets(prompt: dict[str, dict[str, Any]], node: str) -> list[str]:
@@ -161,6 +174,47 @@ def _set_targets(prompt: dict[str, dict[str, Any]], node: str) -> list[str]:
         for nid, n in prompt.items()
         if node in (nid, n["class_type"]) or node.lower() == str((n.get("_meta") or {}).get("title", "")).lower()
     ]
+
+
+PRIMITIVES = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"})
+
+
+def _checked_value(definition: dict[str, Any], name: str, text: str, value: Any, where: str) -> Any:
+    """`value` for input `name` of a node with this /object_info `definition`, or WorkflowError naming the problem
+    and the valid inputs or choices. A link (["node id", output]) is taken for any input; a STRING input keeps the
+    text as typed (`--set save.filename_prefix=2024` is the string "2024", not the number)."""
+    inputs = definition.get("input") or {}
+    specs = {**(inputs.get("required") or {}), **(inputs.get("optional") or {})}
+    if name not in specs:
+        raise WorkflowError(f"{where} has no input {name!r}; its inputs: {', '.join(specs) or 'none'}")
+    if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], int):
+        return value
+    spec = specs[name] if isinstance(specs[name], (list, tuple)) and specs[name] else [None]
+    kind, opts = spec[0], spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+    if isinstance(kind, (list, tuple)) or kind == "COMBO":
+        choices = list(kind) if isinstance(kind, (list, tuple)) else list(opts.get("options") or [])
+        for candidate in (value, text):
+            if not choices or candidate in choices:
+                return candidate
+        shown = ", ".join(map(str, choices[:20])) + (f", ... ({len(choices)} in all)" if len(choices) > 20 else "")
+        raise WorkflowError(f"{where}: {name} {value!r} is not one of its choices: {shown}")
+    if kind == "STRING":
+        return value if isinstance(value, str) else text
+    if kind == "BOOLEAN":
+        if not isinstance(value, bool):
+            raise WorkflowError(f"{where}: {name} takes true or false, not {text!r}")
+        return value
+    if kind in ("INT", "FLOAT"):
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or (kind == "INT" and not float(value).is_integer()):
+            raise WorkflowError(f"{where}: {name} takes {'an integer' if kind == 'INT' else 'a number'}, not {text!r}")
+        low, high = opts.get("min"), opts.get("max")
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise WorkflowError(f"{where}: {name} {value} is outside {low} .. {high}")
+        return int(value) if kind == "INT" else value
+    if isinstance(kind, str) and kind not in PRIMITIVES and kind != "*" and "," not in kind and "default" not in opts:
+        raise WorkflowError(f'{where}: {name} takes a link ({kind}) from another node, e.g. ["4", 0], not {text!r}')
+    return value
 
 
 def load_prompt(path: Path, defs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -210,7 +264,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             prompt = load_prompt(Path(args.workflow), defs)
             sources = list(args.items)
-        apply_sets(prompt, args.set)
+        apply_sets(prompt, args.set, defs)
         constants: dict[str, Path] = {}
         slot_key = args.item_input
         for spec in args.input:

@@ -198,6 +198,41 @@ def test_binding_by_name() -> None:
         apply_sets(p, ["ghost.steps=1"])
 
 
+def test_set_is_checked_against_the_node_definitions() -> None:
+    """--set with a misspelt input used to be ignored (exit 0) and a value of the wrong kind failed every item
+    (exit 1): both are a WorkflowError (exit 2) before any item runs, naming the valid inputs or choices."""
+    defs = _defs()
+    prompt = {
+        "1": {"class_type": "LoadImage", "inputs": {"image": "x.png"}},
+        "6": {"class_type": "TokenFuseScheduledFusion", "inputs": {"steps": 4}, "_meta": {"title": "fuse"}},
+        "8": {"class_type": "SaveImage", "inputs": {"images": ["6", 0]}, "_meta": {"title": "save"}},
+        "9": {"class_type": "ThirdPartyNode", "inputs": {}},
+    }
+    with pytest.raises(
+        WorkflowError, match=r"node 8 \(SaveImage\) has no input 'filename_prefx'; its inputs: images, f"
+    ):
+        apply_sets(prompt, ["save.filename_prefx=x"], defs)
+    with pytest.raises(WorkflowError, match="has no input 'step'; its inputs: model, vae, .*steps.*token_plan"):
+        apply_sets(prompt, ["fuse.step=12"], defs)
+    bad = {
+        "save.images=5": r"images takes a link \(IMAGE\) from another node",
+        "fuse.steps=12.5": "steps takes an integer, not '12.5'",
+        "fuse.steps=many": "steps takes an integer",
+        "fuse.steps=0": "steps 0 is outside 1 .. ",
+        "fuse.cfg=true": "cfg takes a number",
+        "fuse.fallback=sometimes": "fallback 'sometimes' is not one of its choices: ",
+    }
+    for flag, message in bad.items():
+        with pytest.raises(WorkflowError, match=message):
+            apply_sets(prompt, [flag], defs)
+    assert prompt["6"]["inputs"] == {"steps": 4} and "filename_prefix" not in prompt["8"]["inputs"]
+    good = ["save.filename_prefix=2024", "fuse.steps=8.0", "fuse.cfg=2", 'save.images=["1", 0]', "9.anything=1"]
+    apply_sets(prompt, [*good, "fuse.fallback=oom-only"], defs)
+    assert prompt["8"]["inputs"] == {"images": ["1", 0], "filename_prefix": "2024"}  # a STRING keeps the text
+    assert prompt["6"]["inputs"]["steps"] == 8 and prompt["6"]["inputs"]["fallback"] == "oom-only"
+    assert prompt["9"]["inputs"] == {"anything": 1}  # a class the engine does not know: ComfyUI validates it
+
+
 def test_expand_items(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     for name in ("b.png", "a.jpg", "notes.md", "clip.mp4"):

@@ -242,6 +242,23 @@ def test_resume_after_a_same_stem_file_was_added_keeps_the_finished_outputs(phot
     assert Path(done).read_bytes() == before and [Path(p).parent.name for p in rows[1]["outputs"]] == ["a_2"]
 
 
+def test_a_misspelt_set_is_a_usage_error_before_any_item(photos: list[Path], tmp_path: Path) -> None:
+    """`--set 3.filename_prefx=x` was ignored (exit 0, the default name) and `--set 3.images=5` failed every item
+    (exit 1); both stop with exit 2, checked against the server's /object_info, before anything is uploaded."""
+    (tmp_path / "wf.json").write_text(json.dumps(_prompt(steps=1)))
+    cmd = [sys.executable, str(REPO), "run", str(tmp_path / "wf.json"), str(photos[0]), "-o", str(tmp_path / "out")]
+    with fake_comfy(tmp_path / "server") as fake:
+        typo = subprocess.run(
+            [*cmd, "--server", fake.url, "--set", "3.filename_prefx=x"], capture_output=True, text=True, timeout=120
+        )
+        kind = subprocess.run(
+            [*cmd, "--server", fake.url, "--set", "3.images=5"], capture_output=True, text=True, timeout=120
+        )
+    assert typo.returncode == 2 and "has no input 'filename_prefx'; its inputs: images, filename_prefix" in typo.stderr
+    assert kind.returncode == 2 and "images takes a link (IMAGE)" in kind.stderr, kind.stderr[-2000:]
+    assert not (tmp_path / "out" / "report.jsonl").exists() and not (tmp_path / "server" / "input").exists()
+
+
 def test_a_server_that_went_away_stops_the_run_resumably(photos: list[Path], tmp_path: Path) -> None:
     """The ComfyUI server stops answering mid-run: every remaining item used to fail within milliseconds ("did not
     answer"), burning a long list. The run stops at the first such item instead, reported interrupted (exit 130),
