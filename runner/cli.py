@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .convert import WorkflowError, is_api_prompt, ui_to_api
-from .core_cli import add_core_arguments, cmd_run_core
+from .core_cli import add_core_arguments, cmd_run_core, refuse_core_options
 from .items import Item, expand, item_slot, resolve
 from .report import item_names
 from .run import EXIT_USAGE, run_items
@@ -74,13 +74,22 @@ def build_parser() -> argparse.ArgumentParser:
         "requirements-scale.txt)",
     )
     r.add_argument("--workers", type=int, default=2, help="Ray workers (one warm ComfyUI each; one GPU each on GPUs)")
-    r.add_argument("--demo", action="store_true", help="built-in demo graph and photo (see runner/demo.py)")
+    r.add_argument(
+        "--demo",
+        action="store_true",
+        help="built-in demo graph and photo (runner/demo.py); tune it with --set (fuse.steps=8, fuse.seed=1, "
+        "schedule.preset=off, detect.backend=mtcnn), not with the core engine's options",
+    )
     r.add_argument("--quiet", action="store_true", help="no progress line")
     r.add_argument("-v", "--verbose", action="store_true")
     add_core_arguments(r)
     s = sub.add_parser("serve", help="face-fusion HTTP service on Ray Serve (needs requirements-scale.txt)")
     s.add_argument("--workflow", help="workflow .json with one LoadImage (default: the demo graph)")
-    s.add_argument("--demo", action="store_true", help="the demo graph and models (the default without --workflow)")
+    s.add_argument(
+        "--demo",
+        action="store_true",
+        help="the demo graph and models (what serve runs without --workflow; not with it)",
+    )
     s.add_argument("--video-workflow", help="workflow .json with one LoadVideo and a SaveVideo, for POST /video")
     s.add_argument("--set", action="append", default=[], metavar="NODE.INPUT=JSON", help="override a node input")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default localhost only)")
@@ -102,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    if args.demo and args.workflow:  # the service would serve the workflow and ignore --demo
+        raise WorkflowError("serve: --demo serves the demo graph, --workflow a workflow of yours: give one of them")
     from ..service.app import ServiceConfig, serve_forever
 
     config = ServiceConfig(
@@ -247,6 +258,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.engine == "core":
         return cmd_run_core(args)
+    refuse_core_options(args)
     if args.ray and args.server:
         raise WorkflowError("--ray runs embedded ComfyUIs on the workers: drop --server")
     if args.demo and args.server:

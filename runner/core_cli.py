@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 from ..scheduling.vocabulary import Preset
 from .convert import WorkflowError
 from .core_refine import RefineName
 from .items import expand
 from .report import item_names
+from .workflow_chunks import DRIVER_BACKENDS
 
 if TYPE_CHECKING:
     from .core_video import CoreSpec
@@ -28,8 +29,37 @@ log = logging.getLogger("tokenfuse.runner")
 ENGINES = ("comfyui", "core")
 
 
+# The core engine's own options: their defaults, and what a workflow or `run --demo` takes instead (they would be
+# ignored there, so they are refused: refuse_core_options).
+CORE_DEFAULTS: dict[str, Any] = {
+    "sampler": "demo",
+    "steps": 20,
+    "denoise": 0.45,
+    "preset": "balanced",
+    "crop_size": 256,
+    "seed": 0,
+    "keyframes_per_second": 2.0,
+    "crf": 19,
+    "detector": "auto",
+}
+_PHOTO, _VIDEO = "TokenFuseScheduledFusion", "TokenFuseVideoFaceFusion"
+WORKFLOW_EQUIVALENTS: dict[str, str] = {
+    "sampler": "nothing: a workflow's loader nodes pick the model (run --demo: the small trained face model)",
+    "steps": f"--set {_PHOTO}.steps=N (videos: {_VIDEO}.steps; run --demo: fuse.steps)",
+    "denoise": f"--set {_PHOTO}.denoise=X (videos: {_VIDEO}.denoise; run --demo: fuse.denoise)",
+    "preset": f"--set TokenFuseTokenSchedulerController.preset=NAME (videos: {_VIDEO}.preset; run --demo: "
+    "schedule.preset)",
+    "crop_size": f"--set {_PHOTO}.guide_size=N (videos: {_VIDEO}.guide_size; run --demo: fuse.guide_size)",
+    "seed": f"--set {_PHOTO}.seed=N (videos: {_VIDEO}.seed; run --demo: fuse.seed)",
+    "keyframes_per_second": f"--set {_VIDEO}.keyframes_per_second=X",
+    "crf": f"--set {_VIDEO}.crf=N",
+    "detector": "--set TokenFuseFaceDetect.backend=NAME (videos: TokenFuseFaceTrack.backend; run --demo: "
+    "detect.backend)",
+}
+
+
 def add_core_arguments(r: argparse.ArgumentParser) -> None:
-    """The `run` options of the core engine (ignored by the ComfyUI engine)."""
+    """The `run` options of the core engine (refused without --engine core: refuse_core_options)."""
     r.add_argument(
         "--engine",
         choices=ENGINES,
@@ -38,34 +68,49 @@ def add_core_arguments(r: argparse.ArgumentParser) -> None:
         "no ComfyUI and no workflow (every positional argument is a video, a folder or a list); with --ray each "
         "video is split into time chunks fused on different workers",
     )
-    g = r.add_argument_group("core engine (--engine core)")
+    g = r.add_argument_group(
+        "core engine (--engine core only; a workflow or --demo takes --set NODE.INPUT=VALUE instead)"
+    )
     g.add_argument(
         "--sampler",
         choices=get_args(RefineName),
-        default="demo",
-        help="demo: the small trained face model (for trying the chain; far below real checkpoints); standin: a "
-        "seeded stand-in for timing the video path",
+        help="demo (default): the small trained face model (for trying the chain; far below real checkpoints); "
+        "standin: a seeded stand-in for timing the video path",
     )
-    g.add_argument("--steps", type=int, default=20, help="sampler steps of the demo model (4-30; fewer = faster)")
+    g.add_argument("--steps", type=int, help="sampler steps (default 20; 4-30, fewer = faster)")
     g.add_argument(
-        "--denoise", type=float, default=0.45, help="how much a face may change, 0-1 (0.3-0.5 keeps the person)"
+        "--denoise", type=float, help="how much a face may change, 0-1 (default 0.45; 0.3-0.5 keeps the person)"
     )
     g.add_argument(
         "--preset",
         choices=get_args(Preset),
-        default="balanced",
-        help="TokenFuse scheduling preset on the demo model (off = plain sampling)",
+        help="TokenFuse scheduling preset (default balanced; off = plain sampling)",
     )
-    g.add_argument("--crop-size", type=int, default=256, help="aligned face crop side in px (the demo model: 256)")
-    g.add_argument("--seed", type=int, default=0, help="track i gets seed + i (the same noise for a whole track)")
+    g.add_argument("--crop-size", type=int, help="aligned face crop side in px (default 256, the demo model's)")
+    g.add_argument("--seed", type=int, help="track i gets seed + i (default 0; the same noise for a whole track)")
     g.add_argument(
-        "--keyframes-per-second", type=float, default=2.0, help="faces diffused per second; flow carries the rest"
+        "--keyframes-per-second", type=float, help="faces diffused per second (default 2); flow carries the rest"
     )
     g.add_argument(
         "--chunks", type=int, default=0, help="--ray: chunks per video (0 = one per worker); also for a video workflow"
     )
-    g.add_argument("--crf", type=int, default=19, help="x264 quality of the output (0 = lossless, 19 default)")
-    g.add_argument("--detector", default="auto", help="face detector backend (auto: the best one installed)")
+    g.add_argument("--crf", type=int, help="x264 quality of the output (default 19; 0 = lossless)")
+    g.add_argument(
+        "--detector",
+        choices=DRIVER_BACKENDS,
+        help="face detector of the track pass (default auto: RetinaFace when installed, else MTCNN)",
+    )
+
+
+def refuse_core_options(args: argparse.Namespace) -> None:
+    """WorkflowError when a core-engine option is given without --engine core: a workflow run or --demo would
+    ignore it silently (its nodes' widgets decide), so the error names the --set that does it there."""
+    given = [name for name in CORE_DEFAULTS if getattr(args, name, None) is not None]
+    if given:
+        lines = "; ".join(f"--{n.replace('_', '-')}: use {WORKFLOW_EQUIVALENTS[n]}" for n in given)
+        raise WorkflowError(
+            f"{', '.join('--' + n.replace('_', '-') for n in given)} only apply to --engine core. {lines}"
+        )
 
 
 CONFLICTS = (("server", "--server"), ("input", "--input"), ("set", "--set"), ("item_input", "--item-input"))
@@ -74,23 +119,27 @@ CONFLICTS = (("server", "--server"), ("input", "--input"), ("set", "--set"), ("i
 def spec_from_args(args: argparse.Namespace) -> CoreSpec:
     from .core_video import CoreSpec
 
+    v = {
+        name: default if getattr(args, name, None) is None else getattr(args, name)
+        for name, default in CORE_DEFAULTS.items()
+    }
     for name, flag in (("steps", "--steps"), ("crop_size", "--crop-size")):
-        if getattr(args, name) < 1:
+        if v[name] < 1:
             raise WorkflowError(f"{flag} must be >= 1")
-    if not 0.0 <= args.denoise <= 1.0:
+    if not 0.0 <= v["denoise"] <= 1.0:
         raise WorkflowError("--denoise must be between 0 and 1")
-    if args.crop_size % 8:
-        raise WorkflowError(f"--crop-size {args.crop_size}: use a multiple of 8 (the VAE works on 8 px cells)")
+    if v["crop_size"] % 8:
+        raise WorkflowError(f"--crop-size {v['crop_size']}: use a multiple of 8 (the VAE works on 8 px cells)")
     return CoreSpec(
-        refine=args.sampler,
-        steps=args.steps,
-        denoise=args.denoise,
-        schedule=args.preset,
-        detector=args.detector,
-        crop_size=args.crop_size,
-        seed=args.seed,
-        keyframes_per_second=args.keyframes_per_second,
-        crf=args.crf,
+        refine=v["sampler"],
+        steps=v["steps"],
+        denoise=v["denoise"],
+        schedule=v["preset"],
+        detector=v["detector"],
+        crop_size=v["crop_size"],
+        seed=v["seed"],
+        keyframes_per_second=v["keyframes_per_second"],
+        crf=v["crf"],
         chunks=max(0, args.chunks),
     )
 

@@ -423,6 +423,44 @@ def test_a_kill_mid_write_leaves_no_truncated_output_and_a_redo_starts_clean(
     assert sorted(p.name for p in kept.iterdir()) == ["img_00001_.png", "img_00002_.png.part"]
 
 
+def test_core_engine_options_are_refused_where_they_would_be_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`run --demo --preset off --steps 12` and workflow runs with --seed ... used to ignore the core engine's options
+    silently (exit 0, the graph's own settings): exit 2 naming the --set that does it; a detector the core engine
+    does not have is argparse's usage error; `serve --workflow X --demo` (the demo flag ignored) is refused."""
+    from tokenfuse.runner.cli import build_parser, main
+    from tokenfuse.runner.core_cli import spec_from_args
+    from tokenfuse.runner.core_video import CoreSpec
+
+    assert main(["run", "--demo", "--preset", "off", "--steps", "12", "-o", str(tmp_path / "o")]) == 2
+    assert "--steps, --preset only apply to --engine core" in caplog.text
+    assert (
+        "--steps: use --set TokenFuseScheduledFusion.steps=N (videos: TokenFuseVideoFaceFusion.steps; run --demo:"
+        in (caplog.text)
+    )
+    for flag, value, hint in [
+        ("--seed", "5", "fuse.seed"),
+        ("--denoise", "0.3", "fuse.denoise"),
+        ("--crop-size", "128", "guide_size"),
+        ("--crf", "0", "TokenFuseVideoFaceFusion.crf"),
+        ("--detector", "mtcnn", "TokenFuseFaceDetect.backend"),
+        ("--keyframes-per-second", "4", "keyframes_per_second"),
+        ("--sampler", "standin", "loader nodes pick the model"),
+    ]:
+        caplog.clear()
+        assert main(["run", str(WORKFLOWS[0]), str(tmp_path / "x.png"), flag, value]) == 2, flag
+        assert f"{flag} only apply to --engine core" in caplog.text and hint in caplog.text, caplog.text
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(SystemExit) as usage:
+        build_parser().parse_args(["run", "--engine", "core", "clip.mp4", "--detector", "foo"])
+    assert usage.value.code == 2
+    defaults = spec_from_args(build_parser().parse_args(["run", "--engine", "core", "clip.mp4"]))
+    assert defaults == CoreSpec(refine="demo", chunks=0)
+    assert main(["serve", "--workflow", str(WORKFLOWS[0]), "--demo"]) == 2
+    assert "--demo serves the demo graph, --workflow a workflow of yours" in caplog.text
+
+
 def test_entry_point_without_comfyui(tmp_path: Path) -> None:
     """`python <pack folder> run` works whatever the folder is called; no ComfyUI -> exit 2 and how to fix it."""
     res = _run_main("run", "--help")
