@@ -7,7 +7,7 @@
     python ... run --engine core long.mp4 --ray local --workers 2   # videos on the pack's core, no ComfyUI
 
 Exit codes: 0 every item ok, 1 some item failed (a summary lists them), 2 bad command line / workflow,
-130 interrupted by Ctrl-C (finished items stay in the report; --resume continues).
+130 interrupted by Ctrl-C or SIGTERM (finished items stay in the report; --resume continues).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -334,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )
+    previous = _sigterm_as_interrupt()
     try:
         if args.command == "run":
             return cmd_run(args)
@@ -355,4 +357,22 @@ def main(argv: list[str] | None = None) -> int:
             "tokenfuse: error: a Ray worker could not start: %s", (lines[-1] if lines else type(e).__name__)[:500]
         )
         return EXIT_USAGE
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return EXIT_USAGE
+
+
+def _sigterm_as_interrupt() -> Any:
+    """Make SIGTERM raise KeyboardInterrupt, as Ctrl-C does, for the whole command (the previous handler, or None off
+    the main thread): the item loops handle both alike (runner/run.py), and elsewhere (start-up, --ray loops) the
+    `finally` blocks still close the engine, remove its work folder and stop a local Ray cluster."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, interrupt)

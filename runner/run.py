@@ -1,8 +1,9 @@
 """The runner's item loop, the same for the embedded and the server engine: bind each item to the workflow's
 loader, execute, file the outputs under `<output>/<item name>/`, append one JSONL report row, show progress.
 
-A failed item is reported and the loop goes on; Ctrl-C interrupts the running item (ComfyUI's own interrupt, so
-the sampler stops at its next step), which is reported as interrupted (redone by --resume) and ends the run.
+A failed item is reported and the loop goes on; Ctrl-C or SIGTERM interrupts the running item (ComfyUI's own
+interrupt, so the sampler stops at its next step), which is reported as interrupted (redone by --resume) and ends the
+run.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .report import ReportWriter, done_keys, summarize_texts
 
 log = logging.getLogger("tokenfuse.runner")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # both stop a run resumably (exit 130)
 REPLACED = ".replaced"  # <output>/.replaced/<item name>/: an item folder's files from before a redo (set_aside)
 
 
@@ -256,10 +258,13 @@ def run_items(
         if stop["requested"]:  # second Ctrl-C: stop now
             raise KeyboardInterrupt
         stop["requested"] = True
-        sys.stderr.write("\nstopping after interrupting the current item (Ctrl-C again to abort)\n")
+        what = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+        sys.stderr.write(f"\nstopping ({what}) after interrupting the current item (Ctrl-C again to abort)\n")
         engine.interrupt()
 
-    previous = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
+    # SIGTERM (timeout, systemd, Kubernetes, SLURM) is handled like Ctrl-C: the running item is interrupted and
+    # reported, the engine closed (its work folder removed), exit 130; by default it killed the run on the spot.
+    previous = {sig: signal.signal(sig, on_sigint) for sig in STOP_SIGNALS} if _main_thread() else {}
     try:
         fixed = {nid: engine.stage(path) for nid, path in constants.items()}
         for index, item in enumerate(items, 1):
@@ -274,8 +279,8 @@ def run_items(
                 break
     finally:
         run.end()
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return run.summary
 
 

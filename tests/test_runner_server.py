@@ -194,9 +194,11 @@ def test_interrupt_leaves_other_clients_prompts_alone(photos: list[Path], tmp_pa
     assert fake.history[other]["status"]["status_str"] == "success" and ours not in fake.history
 
 
-def test_ctrl_c_in_server_mode(photos: list[Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_in_server_mode(photos: list[Path], tmp_path: Path, sig: signal.Signals) -> None:
     """`python <pack> run ... --server URL`, SIGINT while the item samples: the running prompt is interrupted by its
-    id (POST /interrupt), the report says interrupted, exit 130."""
+    id (POST /interrupt), the report says interrupted, exit 130. SIGTERM (timeout, systemd, Kubernetes) alike: it
+    used to kill the run at once (exit 143, no report row, the server's prompt left running)."""
     (tmp_path / "wf.json").write_text(json.dumps(_prompt(steps=400)))
     out = tmp_path / "out"
     with fake_comfy(tmp_path / "server", step_s=0.05) as fake:
@@ -209,7 +211,7 @@ def test_ctrl_c_in_server_mode(photos: list[Path], tmp_path: Path) -> None:
             while not any(k == "progress" for k, _ in fake.sent) and time.monotonic() < deadline:
                 time.sleep(0.05)
             running = fake.running
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(sig)
             _, err = proc.communicate(timeout=60)
         finally:
             if proc.poll() is None:

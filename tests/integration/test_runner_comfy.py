@@ -257,11 +257,16 @@ def test_cli_two_save_nodes_keep_their_subfolders(comfyui_path: Path, photos: Si
     assert np.abs(left + right - 255).max() <= 1  # 8-bit rounding of 1 - x
 
 
-def test_cli_ctrl_c_stops_cleanly(comfyui_path: Path, photos: SimpleNamespace, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_cli_ctrl_c_stops_cleanly(
+    comfyui_path: Path, photos: SimpleNamespace, tmp_path: Path, sig: signal.Signals
+) -> None:
     """SIGINT during sampling: ComfyUI's interrupt stops the item, the report says interrupted, exit 130; the
-    item is not marked done (so --resume redoes it)."""
+    item is not marked done (so --resume redoes it), and the embedded ComfyUI's work folder is removed. SIGTERM
+    alike (it used to kill the run: exit 143, no report row, the work folder left in the temp folder)."""
     out = tmp_path / "out"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path / "tmp")}
     cmd = [sys.executable, str(REPO), "run", "--demo", str(photos.astronaut), "-o", str(out), "--cpu", "--quiet"]
     # 400 steps: on an idle box 50 steps at guide 64 took 2.5 s and finished before the old fixed 3 s wait ended
     cmd += ["--set", "fuse.steps=400", "--set", "fuse.guide_size=64", "--set", "fuse.max_size=64", "-v"]
@@ -273,7 +278,7 @@ def test_cli_ctrl_c_stops_cleanly(comfyui_path: Path, photos: SimpleNamespace, t
             lines.append(line)
             if re.search(r"\b[1-9]\d*/400 \[", line):
                 break
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         rest, _ = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
@@ -282,6 +287,7 @@ def test_cli_ctrl_c_stops_cleanly(comfyui_path: Path, photos: SimpleNamespace, t
     assert proc.returncode == 130, text[-3000:]
     (row,) = [json.loads(line) for line in (out / "report.jsonl").read_text().splitlines()]
     assert row["status"] == "interrupted", row
+    assert not list((tmp_path / "tmp").glob("tokenfuse_*")), list((tmp_path / "tmp").iterdir())
 
 
 def test_cli_against_server(comfy_server: SimpleNamespace, photos: SimpleNamespace, tmp_path: Path) -> None:
