@@ -4,8 +4,9 @@ by name, for long videos over Ray workers and for the service's video endpoint.
 A long video is analysed once on the driver (face tracks, smoothing, scene cuts, every frame's timestamp), split
 into time chunks (video/chunks.py: at scene cuts, faceless gaps or key frames), and its chunks are fused on
 different workers given the whole-video tracks; the driver joins the chunk files in order (packet copy) and
-copies the input's audio once. The result equals a one-worker run frame for frame (see video/chunks.py). A
-worker lost mid-chunk is replaced and the chunk run again elsewhere (ray_pool.dispatch); the item's report row
+copies the input's audio once. The fused frames equal a one-worker run's (see video/chunks.py); each chunk is
+encoded on its own, so the file equals a one-worker file frame for frame only at crf 0 (lossless). A worker lost
+mid-chunk is replaced and the chunk run again elsewhere (ray_pool.dispatch); the item's report row
 lists every chunk with the worker that fused it and its lost attempts.
 
 The sampler (runner/core_refine.py): "demo", the small trained face model in plain torch through the pack's
