@@ -89,13 +89,16 @@ def bind(prompt: dict[str, dict[str, Any]], names: dict[str, str]) -> dict[str, 
 
 
 def save_outputs(files: list[tuple[str, bytes]], folder: Path) -> list[str]:
-    """Write an item's output files into its folder; returns their paths. A file keeps the subfolder its save node
-    put it in (`left/img_00001_.png`, `right/img_00001_.png`: two save nodes' files share names), and a path taken
-    by an earlier file of the item gets `_2`, `_3`, ...: no output overwrites another."""
+    """Write an item's output files into its folder; returns their paths. Files of several subfolders keep them below
+    the one they share (save nodes `left/img` and `right/img` both write img_00001_.png: `left/`, `right/`; the
+    shipped workflows' single `tokenfuse/` stays flat), and a path an earlier file of the item took gets `_2`, `_3`,
+    ...: no output overwrites another."""
     folder.mkdir(parents=True, exist_ok=True)
+    rels = [_relative_inside(filename) for filename, _ in files]
+    shared = Path(os.path.commonpath([str(r.parent) for r in rels])) if rels else Path()
     written: list[str] = []
-    for filename, data in files:
-        dst = _free_path(folder / _relative_inside(filename), set(written))
+    for rel, (_, data) in zip(rels, files, strict=True):
+        dst = _free_path(folder / rel.relative_to(shared), set(written))
         dst.parent.mkdir(parents=True, exist_ok=True)
         part = dst.with_name(dst.name + ".part")  # a kill mid-write leaves a .part, never a truncated output
         part.write_bytes(data)

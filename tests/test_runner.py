@@ -358,8 +358,8 @@ def test_node_errors_fail_an_item_even_when_one_output_validates() -> None:
 
 
 def test_outputs_keep_their_subfolder_and_never_overwrite_each_other(tmp_path: Path) -> None:
-    """Files of several save nodes: each keeps its subfolder; the same path twice gets _2; a subfolder that would
-    leave the item's folder (a server's answer is not trusted) is dropped."""
+    """Files of several save nodes: each keeps its subfolder below the one they share; the same path twice gets _2; a
+    subfolder that would leave the item's folder (a server's answer is not trusted) is dropped."""
     files = [
         ("left/img_00001_.png", b"L"),
         ("right/img_00001_.png", b"R"),
@@ -381,6 +381,11 @@ def test_outputs_keep_their_subfolder_and_never_overwrite_each_other(tmp_path: P
         "win/sub/w.png",
     ]
     assert [Path(w).read_bytes() for w in written] == [data for _, data in files]
+    # one subfolder for all of an item's files (the shipped workflows' `tokenfuse/` prefix): filed flat, as before
+    flat = save_outputs([("tokenfuse/a_00001_.png", b"a"), ("tokenfuse/b_00001_.png", b"b")], tmp_path / "flat")
+    assert [Path(w).relative_to(tmp_path / "flat").as_posix() for w in flat] == ["a_00001_.png", "b_00001_.png"]
+    shared = save_outputs([("t/left/x.png", b"L"), ("t/right/x.png", b"R")], tmp_path / "shared")
+    assert [Path(w).relative_to(tmp_path / "shared").as_posix() for w in shared] == ["left/x.png", "right/x.png"]
 
 
 def test_a_kill_mid_write_leaves_no_truncated_output_and_a_redo_starts_clean(
