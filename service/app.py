@@ -113,7 +113,7 @@ class FusionReplica:
         if cfg.video_workflow:
             self.video_prompt = load_prompt(Path(cfg.video_workflow), defs)
         # one --set list for both workflows: each --set goes where its node is (an error only when in neither)
-        apply_sets_to([p for p in (prompt, self.video_prompt) if p is not None], list(cfg.sets))
+        apply_sets_to([p for p in (prompt, self.video_prompt) if p is not None], list(cfg.sets), defs)
         self.slot = item_slot(prompt, set())
         prompt[self.slot] = {"class_type": BATCH_LOADER, "inputs": {"files": ""}, "_meta": {"title": "batch"}}
         insert_frames_apart(prompt)  # a photo's seeds do not depend on the others batched with it

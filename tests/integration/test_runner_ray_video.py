@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import glob
 import json
-import shutil
 import tempfile
 import threading
 import time
@@ -27,8 +26,9 @@ ray = pytest.importorskip("ray", reason="Ray is optional: pip install -r require
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = REPO / "workflows" / "tokenfuse_video_face_refine_sd15_6gb.json"
-# A RunnerWorker writes a chunk to this temporary name (video/encode.temp_path) while fusing it.
-PARTS = f"{tempfile.gettempdir()}/tokenfuse_worker_*/.chunk_*.mp4.*.part"
+# A RunnerWorker writes a chunk to this temporary name (video/encode.temp_path) while fusing it, in its folder under
+# the pool's scratch folder (RayPool.scratch)
+PARTS = f"{tempfile.gettempdir()}/tokenfuse_ray_*/tokenfuse_worker_*/files/.chunk_*.mp4.*.part"
 
 
 def demo_video_prompt(defs: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -128,5 +128,4 @@ def test_video_workflow_chunked_equals_one_worker(comfyui_path: Path, tmp_path: 
         node.pop("is_changed", None)
     assert joined == single
     assert pool.pids and not any(_alive(p) for p in pool.pids), "close() left a worker process"
-    for part in set(glob.glob(PARTS)) - before:  # the killed worker could not delete its scratch folder
-        shutil.rmtree(Path(part).parent, ignore_errors=True)
+    assert pool.scratch is not None and not pool.scratch.exists()  # the killed worker's folder went with it
