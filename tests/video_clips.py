@@ -188,3 +188,24 @@ TRACK_ARGS: dict[str, object] = dict(
     crop_factor=1.0,
     device="cpu",
 )
+
+
+ASS_HEADER = (
+    b"[Script Info]\nScriptType: v4.00+\n\n[Events]\n"
+    b"Format: Layer, Start, End, Style, Name, MarginL, MarginR, MarginV, Effect, Text\n"
+)
+
+
+def add_ass_stream(container: av.container.OutputContainer) -> av.stream.Stream:
+    """An ASS subtitle stream (ms time base) in a container being written."""
+    sub = container.add_stream("ass")
+    sub.codec_context.extradata = ASS_HEADER
+    sub.time_base = Fraction(1, 1000)
+    return sub
+
+
+def mux_ass_line(container: av.container.OutputContainer, sub: av.stream.Stream, i: int) -> None:
+    """Subtitle event "line i" at frame i of a 10 fps clip (200 ms long)."""
+    pk = av.Packet(f"0,0,Default,,0,0,0,,line {i}".encode())
+    pk.stream, pk.pts, pk.dts, pk.duration, pk.time_base = sub, i * 100, i * 100, 200, Fraction(1, 1000)
+    container.mux(pk)
