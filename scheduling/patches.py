@@ -48,6 +48,7 @@ from .keys import (
     UNMERGE_KEY,
 )
 from .merge import bipartite_soft_matching_2d
+from .neighbours import neighbours_of, stands_aside
 from .reducers import LRU, REDUCERS, ReduceState, kv_targets, tome_parts
 from .schedule import MAX_RATIO, Schedule
 from .step_state import run_steps
@@ -173,41 +174,6 @@ class _Call(NamedTuple):
 TraceAction = tuple[int, int, tuple[int, int], str, torch.Tensor | None, torch.Tensor | None] | TopK | Tome | str | None
 EAGER = "eager"
 LEARN = "learn"  # trace_table's answer while a row is learnt: run the model call eagerly
-
-
-class Neighbours(NamedTuple):
-    """Other nodes' attention patches in a model call that reduced K/V would break (set per model call by the
-    DIFFUSION_MODEL wrapper: extra_options, which the attention patches get, lacks ComfyUI's patch lists).
-
-    replaced: blocks with an attn1 *replace* (PerturbedAttentionGuidance, SelfAttentionGuidance on the middle block):
-    ComfyUI hands the replace the K/V our attn1_patch returned, and it expects the block's own (PAG returns V as the
-    output; SAG reshapes the N x N map). followed: another attn1_patch runs after ours (HyperTile tiles K/V as a grid):
-    top-K's selected K/V are no grid, so top-K leaves those calls alone (pooled K/V stay a grid; after tome's merge
-    HyperTile and ComfyUI's TomePatchModel see no grid of q and leave the call alone)."""
-
-    replaced: frozenset[Any]
-    followed: bool
-
-
-def neighbours_of(options: dict[str, Any], ours: Callable[..., Any]) -> Neighbours | None:
-    """The Neighbours of a model call's transformer_options; None when there are none (the common case)."""
-    replaced = (options.get("patches_replace") or {}).get("attn1") or {}
-    chain = (options.get("patches") or {}).get("attn1_patch") or []
-    mine = next((i for i, p in enumerate(chain) if p is ours), None)
-    followed = mine is not None and any(not getattr(p, "tokenfuse_any_kv", False) for p in chain[mine + 1 :])
-    if not replaced and not followed:
-        return None
-    return Neighbours(frozenset(replaced), followed)
-
-
-def stands_aside(nb: Neighbours, options: dict[str, Any], strategy: str) -> bool:
-    """Whether this attention call must keep the block's own K/V (see Neighbours)."""
-    if nb.followed and strategy == "topk":
-        return True
-    block = options.get("block")
-    if not nb.replaced or block is None:
-        return False
-    return (block[0], block[1], options.get("block_index", 0)) in nb.replaced or tuple(block) in nb.replaced
 
 
 def _call_with(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -120,7 +120,8 @@ def test_tiles_and_blocks_other_nodes_need_whole_stay_alone(strategy: str) -> No
     """HyperTile's tiles (a bigger batch, a coarser level's token count), a block with an attn1 replace (PAG / SAG:
     they get the K/V we return and need the block's own), and top-K before another attn1 patch (HyperTile tiles K/V
     as a grid): identity, the same objects. Found by review: each crashed sampling."""
-    from tokenfuse.scheduling.patches import NEIGHBOURS_KEY, Neighbours, neighbours_of
+    from tokenfuse.scheduling.keys import NEIGHBOURS_KEY
+    from tokenfuse.scheduling.neighbours import Neighbours, neighbours_of
 
     f, _ = build_unet_patches(Schedule(strategy=strategy, ratios={8: 0.5, 16: 0.5}, protect_blocks=0), RunTelemetry())
     tile = tokens(8, 8, 8)  # 4 tiles of a 16x16 latent (batch 2): the token count of /16
