@@ -101,8 +101,12 @@ def save_outputs(files: list[tuple[str, bytes]], folder: Path) -> list[str]:
         dst = _free_path(folder / rel.relative_to(shared), set(written))
         dst.parent.mkdir(parents=True, exist_ok=True)
         part = dst.with_name(dst.name + ".part")  # a kill mid-write leaves a .part, never a truncated output
-        part.write_bytes(data)
-        os.replace(part, dst)
+        try:
+            part.write_bytes(data)
+            os.replace(part, dst)
+        except OSError:
+            part.unlink(missing_ok=True)
+            raise
         written.append(str(dst))
     return written
 
@@ -130,8 +134,10 @@ def _relative_inside(name: str) -> Path:
     """`name` as a relative path that stays inside the item's folder: a server's subfolder is not trusted, so one
     that is absolute, names a drive or climbs out (`..`) is dropped and the file name alone is kept."""
     path = PurePosixPath(name.replace("\\", "/"))
-    if not path.parts or path.is_absolute() or ".." in path.parts or ":" in path.parts[0]:
-        return Path(path.name or "output")
+    if not path.parts or path.name in ("", ".", "..") or name.endswith(("/", "\\")):  # no file name: "output"
+        return Path("output")
+    if path.is_absolute() or ".." in path.parts or ":" in path.parts[0]:
+        return Path(path.name)
     return Path(*path.parts)
 
 
@@ -226,10 +232,13 @@ class RunLog:
         """File an item's outputs (when ok), write its row, count and show it; True when the run must stop."""
         self.bar.item(index, item.name)
         if row["status"] == "ok":
-            moved = set_aside(self.output / item.name, self.output / REPLACED / item.name)
-            if moved is not None:
-                log.info("%s: the files of an earlier attempt were moved to %s", item.name, moved)
-            row["outputs"] = save_outputs(files, self.output / item.name)
+            try:
+                moved = set_aside(self.output / item.name, self.output / REPLACED / item.name)
+                if moved is not None:
+                    log.info("%s: the files of an earlier attempt were moved to %s", item.name, moved)
+                row["outputs"] = save_outputs(files, self.output / item.name)
+            except OSError as exc:  # a disk full, a name the file system refuses: this item fails, the run goes on
+                row.update(status="failed", error=f"its outputs could not be written: {exc}", outputs=[])
         self.writer.write(row)
         return account(self.summary, self.bar, row)
 

@@ -306,6 +306,8 @@ class FusionReplica:
         try:
             with Image.open(io.BytesIO(body)) as im:  # reads the header only
                 w, h = im.size
+        except Image.DecompressionBombError as exc:  # Pillow's own cap (~179 Mpx) read the header first: too big
+            return 413, f"over this service's {self.cfg.max_megapixels:g} megapixel limit ({exc})"
         except Exception:  # noqa: BLE001 - not an image whose size Pillow can read: never decoded
             return 400, f"{UNREADABLE}: its size cannot be read before decoding (PNG, JPEG, WebP, BMP, TIFF can)"
         if w * h > self.cfg.max_megapixels * 1e6:

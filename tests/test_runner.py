@@ -386,6 +386,14 @@ def test_outputs_keep_their_subfolder_and_never_overwrite_each_other(tmp_path: P
     assert [Path(w).relative_to(tmp_path / "flat").as_posix() for w in flat] == ["a_00001_.png", "b_00001_.png"]
     shared = save_outputs([("t/left/x.png", b"L"), ("t/right/x.png", b"R")], tmp_path / "shared")
     assert [Path(w).relative_to(tmp_path / "shared").as_posix() for w in shared] == ["left/x.png", "right/x.png"]
+    # names without a file name (a server's answer): "output", never the item folder itself or its parent
+    odd = save_outputs([("sub/..", b"1"), ("sub/", b"2"), ("sub/x.png", b"3"), ("..", b"4")], tmp_path / "odd")
+    assert sorted(Path(w).relative_to(tmp_path / "odd").as_posix() for w in odd) == [
+        "output",
+        "output_2",
+        "output_3",
+        "sub/x.png",
+    ]
 
 
 def test_a_kill_mid_write_leaves_no_truncated_output_and_a_redo_starts_clean(

@@ -208,6 +208,9 @@ def test_a_photo_is_refused_from_its_header_before_it_joins_a_batch() -> None:
     for body in (hdr, b"not an image"):
         status, answer = _call(replica, _Request([body]))
         assert status == 400 and answer["error"].startswith("not a decodable image"), answer
+    # above Pillow's own cap (~179 Mpx) its header reader raises: still "too big" (413), not "undecodable" (400)
+    status, answer = _call(replica, _Request([_png(20000, 20000)]))
+    assert status == 413 and "over this service's 20 megapixel limit" in answer["error"], answer
     assert not replica.fused
 
 
@@ -232,6 +235,9 @@ class _BlockingEngine:
         self.interrupt_called.set()
 
     def clear_outputs(self) -> None:
+        pass
+
+    def close(self) -> None:  # the replica's __del__ closes its engine
         pass
 
 
