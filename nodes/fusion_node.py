@@ -272,8 +272,6 @@ class ScheduledFusion:
             raise ValueError("image must be an IMAGE [B, H, W, C]: connect a LoadImage / VAE Decode output.")
         frames = as_rgb_float(image)  # gray repeated, alpha dropped: FaceDetect and Blend take them too
         faces.check_image(int(image.shape[1]), int(image.shape[2]), int(image.shape[0]))
-        if faces.count:
-            warn_out_of_range(frames, "ScheduledFusion")
         if faces.count == 0:
             log.warning(
                 "ScheduledFusion: no faces in %d frame(s); nothing to refine (Blend returns the image as is).",
@@ -281,6 +279,7 @@ class ScheduledFusion:
             )
             empty = torch.zeros((0, guide_size, guide_size, 3))
             return empty, faces, format_report([], "ScheduledFusion: no faces detected; image unchanged.")
+        warn_out_of_range(frames, "ScheduledFusion")
         # A frame-space plan that TokenSchedulerController put on the MODEL would land on the crops misplaced:
         # whichever plan is given, the crops get their own crop-space plan built from the face masks.
         model_plan = _transformer_option(model, PLAN_KEY)

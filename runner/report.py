@@ -13,35 +13,30 @@ _SECONDS = re.compile(r", (\d+(?:\.\d+)?) s, peak ")  # a per-face line's time (
 _FACE = re.compile(r"^frame (\d+) face (\d+): (\w+),.*fallbacks: (.*?)(?: \| warnings: (.*))?$")
 
 
-def done_keys(path: Path) -> set[str]:
-    """Items a previous run finished ("ok") according to the report at `path` (absent -> empty)."""
+def _rows(path: Path) -> list[dict[str, Any]]:
+    """The report's rows about an item (absent file -> none); a line cut by a kill is skipped: that item is redone."""
     if not path.is_file():
-        return set()
-    keys: set[str] = set()
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by a kill: that item is redone
-        if row.get("status") == "ok" and isinstance(row.get("item"), str):
-            keys.add(row["item"])
-    return keys
-
-
-def item_names(path: Path) -> dict[str, str]:
-    """item key -> the output name the report at `path` gave it (its last row; absent -> empty). `--resume` keeps
-    these names: an item added since (a.jpg next to a finished a.png) must not take `a` and overwrite a's files."""
-    if not path.is_file():
-        return {}
-    names: dict[str, str] = {}
+        return []
+    rows = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(row, dict) and isinstance(row.get("item"), str) and isinstance(row.get("name"), str):
-            names[row["item"]] = row["name"]
-    return names
+        if isinstance(row, dict) and isinstance(row.get("item"), str):
+            rows.append(row)
+    return rows
+
+
+def done_keys(path: Path) -> set[str]:
+    """Items a previous run finished ("ok") according to the report at `path` (absent -> empty)."""
+    return {row["item"] for row in _rows(path) if row.get("status") == "ok"}
+
+
+def item_names(path: Path) -> dict[str, str]:
+    """item key -> the output name the report at `path` gave it (its last row; absent -> empty). `--resume` keeps
+    these names: an item added since (a.jpg next to a finished a.png) must not take `a` and overwrite a's files."""
+    return {row["item"]: row["name"] for row in _rows(path) if isinstance(row.get("name"), str)}
 
 
 def summarize_texts(texts: dict[str, str]) -> dict[str, Any]:

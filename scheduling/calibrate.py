@@ -184,8 +184,9 @@ def check_level(
     else:
         kept, reason = True, f"{full / reduced:.2f}x attention on {n.device.type}"
     check = LevelCheck(level, n.shape[1], kept, full * 1e3, reduced * 1e3, reason)
-    winner = calibration_store.save(full_key, n.device, check._asdict())
-    check = _from_record(winner, earlier=winner.get("reason") != reason or winner.get("full_ms") != check.full_ms)
+    theirs = calibration_store.save(full_key, n.device, check._asdict())
+    if theirs is not None:  # another process on this machine decided first: its decision, its samples
+        check = _from_record(theirs, earlier=True)
     _CACHE[full_key] = check
     log.debug(
         "TokenFuse: calibrated /%d %s: %s (%.1f ms)", level, tuple(n.shape), reason, (time.perf_counter() - t0) * 1e3

@@ -75,8 +75,8 @@ def load(key: tuple[Any, ...], device: torch.device) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("key") == repr(key) else None
 
 
-def save(key: tuple[Any, ...], device: torch.device, answer: dict[str, Any]) -> dict[str, Any]:
-    """Store `answer` unless another process stored one first; returns the answer in force (theirs or this one)."""
+def save(key: tuple[Any, ...], device: torch.device, answer: dict[str, Any]) -> dict[str, Any] | None:
+    """Store `answer` unless another process stored one first; returns that other answer (None: this one stands)."""
     path = _path(key, device)
     record = {"key": repr(key), "machine": machine(device), **answer}
     try:
@@ -89,9 +89,7 @@ def save(key: tuple[Any, ...], device: torch.device, answer: dict[str, Any]) -> 
         finally:
             os.unlink(tmp)
     except FileExistsError:
-        theirs = load(key, device)
-        if theirs is not None:
-            return theirs
+        return load(key, device)
     except OSError as exc:
         log.debug("TokenFuse: calibration not stored in %s (%s); kept for this process", path.parent, exc)
-    return record
+    return None

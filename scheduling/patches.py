@@ -202,21 +202,17 @@ def traced_call_wrapper(
         where, opts = _transformer_options(args, kwargs)
         if opts is None:
             return executor(*args, **kwargs)
-        extra: dict[str, Any] = {}
         if ours is not None and (nb := neighbours_of(opts, ours)) is not None:
-            extra[NEIGHBOURS_KEY] = nb
+            opts = {**opts, NEIGHBOURS_KEY: nb}
+            args, kwargs = _with_options(where, opts, args, kwargs)
         if not compiling:
-            if extra:
-                args, kwargs = _with_options(where, {**opts, **extra}, args, kwargs)
             return executor(*args, **kwargs)
-        value = decide_eager(tuple(args[0].shape), {**opts, **extra})
+        value = decide_eager(tuple(args[0].shape), opts)
         if value is LEARN:
-            if extra:
-                args, kwargs = _with_options(where, {**opts, **extra}, args, kwargs)
             out = call_eager(executor, args, kwargs)
         else:
-            if value is not None or extra:
-                opts = {**opts, **extra} if value is None else {**opts, **extra, TRACE_KEY: value}
+            if value is not None:
+                opts = {**opts, TRACE_KEY: value}
                 args, kwargs = _with_options(where, opts, args, kwargs)
             out = executor(*args, **kwargs)
         after_eager(opts)
