@@ -157,7 +157,7 @@ def node_info(cls: type, name: str) -> dict[str, Any]:
             return dict(v1())
         except Exception:  # noqa: BLE001 - a v3 node that cannot describe itself: fall back to INPUT_TYPES
             pass
-    inputs = cls.INPUT_TYPES()
+    inputs = getattr(cls, "INPUT_TYPES")()  # noqa: B009 - any node class; not in `type`'s attributes
     return {
         "name": name,
         "input": inputs,

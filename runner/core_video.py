@@ -106,7 +106,12 @@ def fuse_file(
     t0 = time.perf_counter()
     tracks, _ = analyse(path, spec)
     stats = fuse_video(path, out_path, tracks, refine or spec.make_refine(), spec.fuse_options(), progress)
-    row = {**stats.counts(), "tracks": len(tracks.tracks), "cuts": len(tracks.cuts), "copied": stats.copied}
+    row: dict[str, Any] = {
+        **stats.counts(),
+        "tracks": len(tracks.tracks),
+        "cuts": len(tracks.cuts),
+        "copied": stats.copied,
+    }
     row["time_s"] = round(time.perf_counter() - t0, 3)
     return row
 

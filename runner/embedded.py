@@ -87,7 +87,7 @@ class EmbeddedComfy:
             extra_config.load_extra_path_config(str(yaml_path))
         if not getattr(nodes, "_tokenfuse_runner_extras", False):
             asyncio.run(nodes.init_extra_nodes(init_custom_nodes=False, init_api_nodes=False))
-            nodes._tokenfuse_runner_extras = True
+            setattr(nodes, "_tokenfuse_runner_extras", True)  # noqa: B010 - a flag on ComfyUI's module, untyped
         from .. import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
 
         nodes.NODE_CLASS_MAPPINGS.update({**NODE_CLASS_MAPPINGS, **(extra_nodes or {})})

@@ -24,7 +24,11 @@ from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from tokenfuse.runner.core_video import CoreSpec
+    from tokenfuse.runner.embedded import EmbeddedComfy
 
 log = logging.getLogger("tokenfuse.service")
 UNREADABLE = "not a decodable image"
@@ -69,8 +73,9 @@ class FusionReplica:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokenfuse-comfy")
         self._init_state()
         self._pool.submit(self._start, config).result()
-        self.fuse.set_max_batch_size(self.cfg.max_batch)
-        self.fuse.set_batch_wait_timeout_s(self.cfg.batch_wait_s)
+        batcher: Any = self.fuse  # Serve's batch wrapper: its setters are not in the method's type
+        batcher.set_max_batch_size(self.cfg.max_batch)
+        batcher.set_batch_wait_timeout_s(self.cfg.batch_wait_s)
 
     def _init_state(self) -> None:
         """Counters for /health, and what runs now: the requests of the execution on the ComfyUI thread and since
@@ -82,6 +87,15 @@ class FusionReplica:
         self._lock = threading.Lock()
         self._running: list[Ticket] = []
         self._busy_since: float | None = None
+        self.engine: EmbeddedComfy | None = None  # the embedded ComfyUI (None: the video core serves)
+        self.core: CoreSpec | None = None
+
+    @property
+    def comfy(self) -> EmbeddedComfy:
+        """The embedded ComfyUI of a replica that serves workflows (photos, videos through a workflow)."""
+        if self.engine is None:
+            raise RuntimeError("this replica runs the video core: it has no ComfyUI")
+        return self.engine
 
     def _start(self, config: dict[str, Any]) -> None:
         cfg = ServiceConfig(**config)
@@ -90,10 +104,9 @@ class FusionReplica:
         if cfg.core is not None:  # no ComfyUI: videos through the pack's video core (runner/core_video.py)
             from tokenfuse.runner.core_video import CoreSpec
 
-            self.engine, self.core = None, CoreSpec(**cfg.core)
+            self.core = CoreSpec(**cfg.core)
             self.refine = self.core.make_refine()
             return
-        self.core = None
         self._start_comfy(cfg)
 
     def _start_comfy(self, cfg: ServiceConfig) -> None:
@@ -103,9 +116,13 @@ class FusionReplica:
         from tokenfuse.runner.items import item_slot
         from tokenfuse.service.batch_node import BATCH_LOADER, FRAMES_APART, FramesApart, LoadBatch, insert_frames_apart
 
-        extra = {BATCH_LOADER: LoadBatch, FRAMES_APART: FramesApart, **({DEMO_LOADER: DemoModels} if cfg.demo else {})}
-        self.engine = EmbeddedComfy(cfg.comfyui, cpu=cfg.cpu, sdpa=cfg.sdpa, extra_nodes=extra)
-        defs = self.engine.node_defs()
+        extra: dict[str, type] = {
+            BATCH_LOADER: LoadBatch,
+            FRAMES_APART: FramesApart,
+            **({DEMO_LOADER: DemoModels} if cfg.demo else {}),
+        }
+        self.engine = engine = EmbeddedComfy(cfg.comfyui, cpu=cfg.cpu, sdpa=cfg.sdpa, extra_nodes=extra)
+        defs = engine.node_defs()
         if cfg.demo:
             prompt = fill_defaults(demo_prompt(), defs)
         else:
@@ -242,7 +259,7 @@ class FusionReplica:
 
             with self._executing([ticket]):
                 row, files = process_item(
-                    self.engine, self.video_prompt, self.video_slot, {}, Item(path, "request", "video")
+                    self.comfy, self.video_prompt, self.video_slot, {}, Item(path, "request", "video")
                 )
             videos = [data for name, data in files if Path(name).suffix.lower() in (".mp4", ".mov", ".mkv", ".webm")]
             if row["status"] != "ok" or not videos:
@@ -270,7 +287,7 @@ class FusionReplica:
             if img is None or img.shape[0] * img.shape[1] > self.cfg.max_megapixels * 1e6:  # header != content
                 results[i] = {"status": "failed", "error": UNREADABLE}
                 continue
-            path = self.engine.work / "input" / f"req_{time.monotonic_ns()}_{i}.png"
+            path = self.comfy.work / "input" / f"req_{time.monotonic_ns()}_{i}.png"
             cv2.imwrite(str(path), img)
             groups.setdefault(img.shape, []).append((i, path.name))
         try:
@@ -285,9 +302,9 @@ class FusionReplica:
         finally:  # nothing of a request stays on the replica's disk once answered
             for members in groups.values():
                 for _, name in members:
-                    (self.engine.work / "input" / name).unlink(missing_ok=True)
-            self.engine.clear_outputs()
-            for preview in (self.engine.work / "temp").glob("*.png"):  # the nodes' UI previews
+                    (self.comfy.work / "input" / name).unlink(missing_ok=True)
+            self.comfy.clear_outputs()
+            for preview in (self.comfy.work / "temp").glob("*.png"):  # the nodes' UI previews
                 preview.unlink(missing_ok=True)
         self.served += len(tickets)
         self.batches += 1
@@ -327,7 +344,7 @@ class FusionReplica:
         prompt[self.slot]["inputs"]["files"] = "\n".join(names)
         t0 = time.perf_counter()
         with self._executing(tickets):
-            result = self.engine.execute(prompt)
+            result = self.comfy.execute(prompt)
         elapsed = round(time.perf_counter() - t0, 3)
         if not result.ok:
             return [{"status": "failed", "error": result.error, "time_s": elapsed, "batch_size": len(names)}] * len(
