@@ -16,6 +16,12 @@ from .convert import WorkflowError
 IMAGE_EXTS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff"})
 VIDEO_EXTS = frozenset({".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v"})
 LIST_EXTS = frozenset({".txt", ".lst", ".list"})
+# Names an item's output folder must not take: the runner's own entries in the output folder (run.py REPLACED, the
+# report) and Windows' device names (a folder `NUL` cannot be made there).
+RESERVED_NAMES = frozenset(
+    {".replaced", "report.jsonl", "con", "prn", "aux", "nul"}
+    | {f"{dev}{i}" for dev in ("com", "lpt") for i in range(1, 10)}
+)
 ItemKind = Literal["image", "video"]
 # loader class -> (input holding the file name, kind of file it takes)
 LOADERS: dict[str, tuple[str, ItemKind]] = {
@@ -42,6 +48,15 @@ class Item:
 def kind_of(path: Path) -> ItemKind | None:
     ext = path.suffix.lower()
     return "image" if ext in IMAGE_EXTS else "video" if ext in VIDEO_EXTS else None
+
+
+def folder_stem(path: Path) -> str:
+    """The file's stem as an output folder name: `...png`'s stem `..` would file into the output's parent, `..png`'s
+    `.` into the output folder itself; Windows drops a folder name's trailing dots and spaces (`a..png` would share
+    `a.png`'s folder) and refuses device names (`nul.png`)."""
+    stem = path.stem.rstrip(" .") or "item"
+    reserved = stem.casefold() in RESERVED_NAMES or stem.split(".")[0].casefold() in RESERVED_NAMES  # NUL.x too
+    return f"{stem}_" if reserved else stem
 
 
 def expand(sources: list[str | Path], known: dict[str, str] | None = None) -> list[Item]:
@@ -82,10 +97,11 @@ def expand(sources: list[str | Path], known: dict[str, str] | None = None) -> li
             )
         name = known.get(str(p.resolve()), "")
         if not name or name.casefold() in taken:
-            name, n = p.stem, 1
+            stem = folder_stem(p)
+            name, n = stem, 1
             while name.casefold() in taken | reserved:  # a repeated stem gets _2, _3, ...: never another's name
                 n += 1
-                name = f"{p.stem}_{n}"
+                name = f"{stem}_{n}"
         taken.add(name.casefold())
         items.append(Item(path=p.resolve(), name=name, kind=kind))
     return items

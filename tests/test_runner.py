@@ -266,6 +266,29 @@ def test_item_names_never_collide_with_a_real_stem_or_by_case(tmp_path: Path) ->
     assert names[:2] == ["a", "a_2"]  # a file's own stem first, when free
 
 
+def test_item_folders_stay_inside_the_output_and_off_the_runners_own_names(tmp_path: Path) -> None:
+    """`...png` was filed under the output's parent (its stem is `..`) and `..png` into the output folder itself
+    (set_aside then tried to move the whole output folder); `report.jsonl.png`'s folder clashed with the report,
+    `.replaced.png`'s with the redo folder; `nul.png` cannot be a folder on Windows, `a..png`'s `a.` is `a` there."""
+    names = ("...png", "..png", ".replaced.png", "report.jsonl.png", "NUL.png", "com1.x.png", "a.png", "a..png")
+    (tmp_path / "d").mkdir()
+    for name in names:
+        (tmp_path / "d" / name).write_bytes(b"x")
+    out = tmp_path / "out"
+    got = {i.path.name: i.name for i in expand([tmp_path / "d"])}
+    assert got == {
+        "...png": "item",
+        "..png": "item_2",
+        ".replaced.png": ".replaced_",
+        "report.jsonl.png": "report.jsonl_",
+        "NUL.png": "NUL_",
+        "com1.x.png": "com1.x_",
+        "a..png": "a",  # sorted first
+        "a.png": "a_2",
+    }, got
+    assert all((out / name).resolve().parent == out.resolve() for name in got.values())
+
+
 def test_resume_keeps_the_names_the_report_gave(tmp_path: Path) -> None:
     """--resume after a.jpg was added next to a finished a.png: sorted first, a.jpg used to get the name `a` and
     overwrite a.png's outputs. Items the report knows keep their names; new ones get names it does not use."""
