@@ -36,9 +36,9 @@ _TIPS: dict[Unit, dict[str, str]] = {
     "track": {
         "score_threshold": "Minimum detector confidence (0.5 suits most clips).",
         "order": "Order of each scene's tracks before indices / max_faces.",
-        "indices": "Track positions to keep in each scene after ordering, e.g. '0' (the main face) or '0,1'; empty = "
-        "all tracks.",
-        "max_faces": "Keep at most this many tracks per scene (0 = no limit).",
+        "indices": "People to keep in each scene after ordering, e.g. '0' (the main face) or '0,1'; empty = all. A "
+        "face hidden for a while (someone walking past) and back is still the same person.",
+        "max_faces": "Keep at most this many people per scene (0 = no limit).",
         "min_face_size": "Ignore tracks whose median box is smaller (px, shorter side); tiny faces gain little.",
         "device": "cpu leaves VRAM to diffusion; auto uses onnxruntime-gpu if present.",
         "model_name": "yunet file / insightface pack name (empty = default), as FaceDetect.",

@@ -111,7 +111,8 @@ def link_batch(
     tracks = link_tracks(per_frame, starts, opts.link)
     kept = selection_order(tracks, sel)
     smoothed = [smooth_track(tr, opts.sigma_frames, crop_factor) for tr in kept]
-    rank = {tr.id: i for i, tr in enumerate(smoothed)}  # a frame's faces in FaceDetect's order (the indices' order)
+    people = list(dict.fromkeys(tr.who for tr in smoothed))  # in FaceDetect's order (the indices' order)
+    rank = {tr.id: people.index(tr.who) for tr in smoothed}  # a person's pieces share its place in every frame
     frames: list[list[tuple[int, Face]]] = [[] for _ in range(n)]
     filled = 0
     for tr in smoothed:

@@ -30,6 +30,7 @@ from .flow import FlowOptions, KeyChange, grey, propagate
 from .keyframes import REASON_NONE, KeyframeOptions, choose_keyframes
 from .smooth import scale_affine
 from .track_pass import FaceTracks, Progress
+from .tracks import seed_offsets
 from .types import Frame
 
 log = logging.getLogger(__name__)
@@ -42,8 +43,9 @@ the seeds are one per track (the same noise for a whole track)."""
 @dataclass(frozen=True)
 class FuseOptions:
     """crop_size: aligned crop side given to refine; faces_per_batch: crops per refine call (they may come from
-    different frames); seed: track i gets seed + i; max_buffer_frames: frames held before a partial batch is
-    forced and the longest gap between a track's key frames (the memory bound: frames wait for their next key frame);
+    different frames); seed: track i gets seed + i (a person's later tracks get their first track's: seed_offsets);
+    max_buffer_frames: frames held before a partial batch is forced and the longest gap between a track's key frames
+    (the memory bound: frames wait for their next key frame);
     chunk_frames: frames per progress update; feather: mask edge as a crop fraction."""
 
     crop_size: int = 512
@@ -146,6 +148,7 @@ class _Fuser:
         ]
         self.key_frames = [tr.start + np.flatnonzero(r) for tr, r in zip(tracks.tracks, self.reasons, strict=True)]
         self.done: list[dict[int, KeyChange]] = [{} for _ in tracks.tracks]
+        self.seed_of = seed_offsets(tracks.tracks)
         self.buffer: deque[_Pending] = deque()
         self.queue: list[_Item] = []
         inside = [k if window is None else k[(k >= window.start) & (k < window.stop)] for k in self.key_frames]
@@ -186,7 +189,7 @@ class _Fuser:
     def _refine_batch(self) -> None:
         batch, self.queue = self.queue[: self.opts.faces_per_batch], self.queue[self.opts.faces_per_batch :]
         crops = np.stack([it.crop for it in batch]).astype(np.float32) / 255.0
-        seeds = [self.opts.seed + it.j for it in batch]
+        seeds = [self.opts.seed + self.seed_of[it.j] for it in batch]
         out = np.asarray(self.refine(crops, seeds), dtype=np.float32)
         if out.shape != crops.shape:
             raise ValueError(f"refine returned {out.shape} for crops of shape {crops.shape}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -64,7 +64,9 @@ class Track:
 
     landmarks: [T, 5, 2] float32 raw detector landmarks (gaps linearly interpolated); bboxes: [T, 4];
     scores: [T] (0 where filled); detected: [T] bool; embedding: [D] unit mean identity or None;
-    affines: [T, 2, 3] float64 smoothed image -> 512 aligned crop transforms (set by smooth.smooth_track).
+    affines: [T, 2, 3] float64 smoothed image -> 512 aligned crop transforms (set by smooth.smooth_track);
+    person: the id of the first track of the same person in this scene (group_people: a face hidden longer than
+    max_gap comes back as a new track), None = its own.
     """
 
     id: int
@@ -76,6 +78,12 @@ class Track:
     detected: np.ndarray
     embedding: np.ndarray | None = None
     affines: np.ndarray | None = field(default=None, repr=False)
+    person: int | None = None
+
+    @property
+    def who(self) -> int:
+        """The person this track shows (the id of that person's first track)."""
+        return self.id if self.person is None else self.person
 
     @property
     def length(self) -> int:
@@ -221,7 +229,66 @@ def link_tracks(
             continue
         tracks.append(_finish(o, seg))
     tracks.sort(key=lambda tr: (tr.start, tr.id))
-    return tracks
+    return group_people(tracks, opts)
+
+
+def _last_box(tr: Track) -> np.ndarray:
+    return np.asarray(tr.bboxes[np.flatnonzero(tr.detected)[-1]], np.float64)
+
+
+def _first_box(tr: Track) -> np.ndarray:
+    return np.asarray(tr.bboxes[np.flatnonzero(tr.detected)[0]], np.float64)
+
+
+def _continues(prev: Track, new: Track, opts: LinkOptions) -> float | None:
+    """How well `new` continues the person whose latest track is `prev` (higher = better), None when it cannot: the
+    same identity when both have embeddings (anywhere in the frame), else the face coming back where it was hidden
+    (centres within half a face, sizes within 1.5x of each other)."""
+    if prev.embedding is not None and new.embedding is not None:
+        sim = float(np.dot(prev.embedding, new.embedding))
+        return sim if sim >= opts.embed_min else None
+    a, b = _last_box(prev), _first_box(new)
+    size_a, size_b = max(a[2] - a[0], a[3] - a[1]), max(b[2] - b[0], b[3] - b[1])
+    if min(size_a, size_b) <= 0 or max(size_a, size_b) > 1.5 * min(size_a, size_b):
+        return None
+    dist = float(np.hypot(*((a[:2] + a[2:]) / 2 - (b[:2] + b[2:]) / 2)))
+    return -dist / max(size_a, size_b) if dist <= 0.5 * max(size_a, size_b) else None
+
+
+def group_people(tracks: Sequence[Track], opts: LinkOptions = LinkOptions()) -> list[Track]:
+    """Mark the tracks of one scene that show the same person one after the other (`Track.person`).
+
+    A face hidden for more than max_gap frames (someone walking past, a hand) ends its track and comes back as a new
+    one: as two faces, selection counted it twice (max_faces 1 dropped the rest of the shot, `indices` 1 picked the
+    same person again instead of the second one) and each piece got its own seed. Greedy in start order: a track joins
+    the best-continued person (_continues) whose tracks all ended before it starts. tracks: by start frame.
+    """
+    people: list[list[Track]] = []  # each person's tracks in start order
+    out: list[Track] = []
+    for tr in tracks:
+        best, best_score = None, -np.inf
+        for person in people:
+            last = person[-1]
+            if last.segment != tr.segment or last.end > tr.start:
+                continue
+            score = _continues(last, tr, opts)
+            if score is not None and score > best_score:
+                best, best_score = person, score
+        if best is None:
+            people.append([tr])
+            out.append(tr)
+        else:
+            joined = replace(tr, person=best[0].who)
+            best.append(joined)
+            out.append(joined)
+    return out
+
+
+def seed_offsets(tracks: Sequence[Track]) -> list[int]:
+    """Per track, the seed offset of its person: the index of the person's first track in `tracks`, so every piece
+    of one person is refined with the same noise (and a track alone keeps its own index, as before)."""
+    first: dict[int, int] = {}
+    return [first.setdefault(tr.who, j) for j, tr in enumerate(tracks)]
 
 
 _ORDER: dict[str, Callable[[np.ndarray, float], float]] = {
@@ -239,6 +306,21 @@ def rank_tracks(tracks: Sequence[Track], order: str) -> list[Track]:
     return sorted(tracks, key=lambda tr: _ORDER[order](tr.median_box(), float(tr.scores[tr.detected].mean())))
 
 
+def rank_people(tracks: Sequence[Track], order: str) -> list[list[Track]]:
+    """The people of `tracks` (their tracks in start order) sorted by FaceDetect's order, each judged by the median
+    box and mean score over all its detections."""
+    people: dict[int, list[Track]] = {}
+    for tr in sorted(tracks, key=lambda tr: (tr.start, tr.id)):
+        people.setdefault(tr.who, []).append(tr)
+
+    def key(person: list[Track]) -> float:
+        boxes = np.concatenate([tr.bboxes[tr.detected] for tr in person])
+        scores = np.concatenate([tr.scores[tr.detected] for tr in person])
+        return _ORDER[order](np.median(boxes, axis=0), float(scores.mean()))
+
+    return sorted(people.values(), key=key)
+
+
 def select_tracks(tracks: Sequence[Track], sel: Selection) -> list[Track]:
     """FaceDetect's selection applied to tracks, scene by scene (a cut starts new tracks of the same people).
 
@@ -251,7 +333,8 @@ def select_tracks(tracks: Sequence[Track], sel: Selection) -> list[Track]:
 
 def selection_order(tracks: Sequence[Track], sel: Selection) -> list[Track]:
     """select_tracks' kept tracks in selection order: scene by scene, within a scene as FaceDetect returns faces
-    (the sort order, or the order the indices are written in, each track once; out-of-range indices warned)."""
+    (the sort order, or the order the indices are written in, each person once; out-of-range indices warned).
+    indices and max_faces count people (group_people), a person's tracks follow each other in start order."""
     by_scene: dict[int, list[Track]] = {}
     for tr in tracks:
         box = tr.median_box()
@@ -264,10 +347,10 @@ def selection_order(tracks: Sequence[Track], sel: Selection) -> list[Track]:
         by_scene.setdefault(tr.segment, []).append(tr)
     kept: list[Track] = []
     for scene in by_scene.values():
-        scene = rank_tracks(scene, sel.order)
+        people = rank_people(scene, sel.order)
         if sel.indices is not None:
-            scene = [scene[i] for i in pick_indices(len(scene), sel.indices)]
+            people = [people[i] for i in pick_indices(len(people), sel.indices)]
         if sel.max_faces > 0:
-            scene = scene[: sel.max_faces]
-        kept.extend(scene)
+            people = people[: sel.max_faces]
+        kept.extend(tr for person in people for tr in person)
     return kept

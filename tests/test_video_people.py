@@ -1,0 +1,93 @@
+"""A face hidden longer than max_gap comes back as a new track of the same person (group_people): selection counts
+people, not pieces, and every piece of a person is refined with the same seed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from tokenfuse.faces.select import Selection
+from tokenfuse.video.fuse_pass import FuseOptions, fuse_video
+from tokenfuse.video.keyframes import KeyframeOptions
+from tokenfuse.video.track_pass import TrackOptions, track_video
+from tokenfuse.video.tracks import FaceObs, link_tracks, seed_offsets, select_tracks
+from video_clips import encode_clip
+
+# Five landmarks as fractions of the box: eyes, nose, mouth corners.
+_LM = np.array([[0.3, 0.35], [0.7, 0.35], [0.5, 0.55], [0.35, 0.75], [0.65, 0.75]], np.float32)
+
+
+def _face(x: float, y: float, size: float, emb: np.ndarray | None = None) -> FaceObs:
+    box = np.array([x, y, x + size, y + size], np.float32)
+    return FaceObs(box, 0.9, box[:2] + _LM * size, emb)
+
+
+def _scene(frames: int = 80, hidden: range = range(30, 50), a_back: tuple[float, float] = (20.0, 20.0), **emb):
+    """Person A (big, left) hidden for `hidden` frames (> max_gap 8), coming back at `a_back`; B (small, right)
+    throughout. emb: optional embeddings a / a_later (A once back) / b."""
+    obs: list[list[FaceObs]] = []
+    for t in range(frames):
+        faces = [_face(130.0, 40.0, 40.0, emb.get("b"))]
+        if t < hidden.start:
+            faces.append(_face(20.0, 20.0, 64.0, emb.get("a")))
+        elif t >= hidden.stop:
+            faces.append(_face(*a_back, 64.0, emb.get("a_later", emb.get("a"))))
+        obs.append(faces)
+    return obs
+
+
+def _unit(i: int) -> np.ndarray:
+    v = np.zeros(8, np.float32)
+    v[i] = 1.0
+    return v
+
+
+def test_a_face_back_after_a_long_occlusion_is_the_same_person() -> None:
+    """max_faces 1 kept A only until it was hidden (the rest of the shot unrefined); indices "1" picked A's second
+    piece instead of B; each piece got its own seed."""
+    tracks = link_tracks(_scene())
+    assert [(tr.start, tr.end) for tr in tracks] == [(0, 80), (0, 30), (50, 80)]
+    b, a1, a2 = tracks
+    assert a2.who == a1.who != b.who
+    biggest = select_tracks(tracks, Selection(order="large-small", max_faces=1))
+    assert [(tr.start, tr.end) for tr in biggest] == [(0, 30), (50, 80)]
+    second = select_tracks(tracks, Selection(order="large-small", indices=(1,)))
+    assert second == [b]
+    assert seed_offsets(tracks) == [0, 1, 1]
+
+
+def test_another_face_is_not_joined() -> None:
+    """Without embeddings a track continues a person only where that face was hidden; across a cut never."""
+    far = link_tracks(_scene(a_back=(200.0, 100.0)))
+    assert len({tr.who for tr in far}) == 3
+    cut = link_tracks(_scene(), cuts=[40])
+    assert len({tr.who for tr in cut}) == 4  # A before, B before, B after the cut, A back after it
+    bigger = [
+        [_face(20.0, 20.0, 120.0) if fo.bbox[2] - fo.bbox[0] == 64 and t >= 50 else fo for fo in fr]
+        for t, fr in enumerate(_scene())
+    ]
+    assert len({tr.who for tr in link_tracks(bigger)}) == 3  # a face twice the size is someone else
+
+
+def test_embeddings_decide_where_they_exist() -> None:
+    same = link_tracks(_scene(a_back=(200.0, 100.0), a=_unit(0), b=_unit(1)))  # A back elsewhere: still A
+    assert len({tr.who for tr in same}) == 2
+    other = link_tracks(_scene(a=_unit(0), a_later=_unit(2), b=_unit(1)))  # someone else where A was
+    assert len({tr.who for tr in other}) == 3
+
+
+def test_every_piece_of_a_person_gets_the_same_seed(tmp_path: Path) -> None:
+    frames = [np.full((120, 180, 3), 128, np.uint8) for _ in range(80)]
+    src = encode_clip(tmp_path / "hide.mp4", frames)
+    obs = iter(_scene())
+    ft = track_video(src, lambda rgb: next(obs), TrackOptions())
+    assert len(ft.tracks) == 3
+    seen: list[int] = []
+
+    def refine(crops: np.ndarray, seeds: list[int]) -> np.ndarray:
+        seen.extend(seeds)
+        return crops
+
+    opts = FuseOptions(crop_size=64, seed=7, keyframes=KeyframeOptions(per_second=2.0))
+    fuse_video(src, tmp_path / "out.mp4", ft, refine, opts)
+    assert sorted(set(seen)) == [7, 8]  # B 7, A (both pieces) 8; was 7, 8, 9
