@@ -87,6 +87,7 @@ class FusionReplica:
         self._lock = threading.Lock()
         self._running: list[Ticket] = []
         self._busy_since: float | None = None
+        self._stopped = False  # the running execution was interrupted (counted once)
         self.engine: EmbeddedComfy | None = None  # the embedded ComfyUI (None: the video core serves)
         self.core: CoreSpec | None = None
 
@@ -190,18 +191,32 @@ class FusionReplica:
         once none of its clients is left (nobody would get its answer; the next requests would wait for it)."""
         ticket.gone.set()
         with self._lock:
-            if ticket not in self._running or not all(t.gone.is_set() for t in self._running):
-                return
+            if ticket in self._running:
+                self._stop_if_abandoned()
+
+    def _stop_if_abandoned(self) -> None:
+        """Interrupt the running execution when every one of its clients has left (under `_lock`). Called again at
+        each progress update (_watch): ComfyUI clears its interrupt flag when an execution starts, so an interrupt
+        sent between a batch's last check and that start would be lost, the batch run for nobody."""
+        if not self._running or not all(t.gone.is_set() for t in self._running):
+            return
+        if not self._stopped:
+            self._stopped = True
             self.interrupted += 1
             log.info("TokenFuse service: every client of the running execution left; interrupting it")
-            if self.engine is not None:  # the video core has no engine: its progress callback stops it
-                self.engine.interrupt()
+        if self.engine is not None:  # the video core has no engine: its progress callback stops it
+            self.engine.interrupt()
+
+    def _watch(self, done: int, total: int) -> None:
+        """The running execution's progress callback (each sampling step, each node's progress update)."""
+        with self._lock:
+            self._stop_if_abandoned()
 
     @contextmanager
     def _executing(self, tickets: list[Ticket]) -> Iterator[None]:
         """Marks `tickets` as the running execution (for _abandon and /health's busy_s) while the block runs."""
         with self._lock:
-            self._running, self._busy_since = tickets, time.monotonic()
+            self._running, self._busy_since, self._stopped = tickets, time.monotonic(), False
         try:
             yield
         finally:
@@ -259,7 +274,7 @@ class FusionReplica:
 
             with self._executing([ticket]):
                 row, files = process_item(
-                    self.comfy, self.video_prompt, self.video_slot, {}, Item(path, "request", "video")
+                    self.comfy, self.video_prompt, self.video_slot, {}, Item(path, "request", "video"), self._watch
                 )
             videos = [data for name, data in files if Path(name).suffix.lower() in (".mp4", ".mov", ".mkv", ".webm")]
             if row["status"] != "ok" or not videos:
@@ -344,7 +359,7 @@ class FusionReplica:
         prompt[self.slot]["inputs"]["files"] = "\n".join(names)
         t0 = time.perf_counter()
         with self._executing(tickets):
-            result = self.comfy.execute(prompt)
+            result = self.comfy.execute(prompt, self._watch)
         elapsed = round(time.perf_counter() - t0, 3)
         if not result.ok:
             return [{"status": "failed", "error": result.error, "time_s": elapsed, "batch_size": len(names)}] * len(

@@ -9,7 +9,7 @@ import json
 import struct
 import threading
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -224,11 +224,17 @@ class _BlockingEngine:
         self.started = threading.Event()
         self.interrupt_called = threading.Event()
         self.runs: list[list[str]] = []
+        self.on_start: Callable[[], None] = lambda: None
+        self.wait_s = 30.0
 
-    def execute(self, prompt: dict[str, Any]) -> ExecResult:
+    def execute(self, prompt: dict[str, Any], progress: Callable[[int, int], None] | None = None) -> ExecResult:
         self.runs.append(prompt["1"]["inputs"]["files"].splitlines())
+        self.on_start()
+        self.interrupt_called.clear()  # ComfyUI clears its interrupt flag when an execution starts
         self.started.set()
-        stopped = self.interrupt_called.wait(30)
+        if progress is not None:
+            progress(1, 20)  # the first sampling step
+        stopped = self.interrupt_called.wait(self.wait_s)
         return ExecResult(ok=False, error="interrupted", interrupted=stopped)
 
     def interrupt(self) -> None:
@@ -304,6 +310,20 @@ def test_a_batch_runs_only_for_the_clients_still_there(tmp_path: Path) -> None:
         assert not engine.interrupt_called.is_set()  # the other client still waits for its photo
         replica._abandon(second)
         assert engine.interrupt_called.is_set() and replica.interrupted == 1
+
+
+def test_a_client_leaving_as_its_batch_starts_still_stops_it(tmp_path: Path) -> None:
+    """The client left after the batch's last check but before ComfyUI started the execution: the interrupt was sent
+    and then cleared by ComfyUI's start, and the batch ran to the end for nobody. The next progress update stops it."""
+    app = _app()
+    replica = _comfy_replica(app, tmp_path)
+    engine = replica.engine
+    engine.wait_s = 5.0
+    ticket = app.Ticket(_photo())
+    engine.on_start = lambda: replica._abandon(ticket)
+    (answer,) = replica._fuse_sync([ticket])
+    assert engine.interrupt_called.is_set() and replica.interrupted == 1, answer
+    assert answer["status"] == "failed"
 
 
 def _photo() -> bytes:
