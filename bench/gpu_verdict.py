@@ -138,10 +138,14 @@ def check_ratio(results: Results, step: str, variant: str = "ours balanced") -> 
 
 def match_share(rows: list[dict[str, Any]], row: dict[str, Any]) -> float | None:
     """match ms / (baseline - ours + match ms): the part of the attention time saved that the patches' own work eats;
-    None without a match cost or a baseline, inf when nothing was saved."""
+    None without a match cost or a baseline, 0 when the closures cost nothing measurable (0 ms after the timer's floor,
+    e.g. a device-aware schedule that kept no level: no saving for them to eat, and the step's noise decides nothing),
+    inf when the closures cost something and nothing was saved."""
     base, match = _base_ms(rows, row), row.get("match_ms")
     if base is None or match is None:
         return None
+    if float(match) <= 0.0:
+        return 0.0
     gross = base - float(row["step_ms"]) + float(match)
     return float(match) / gross if gross > 0 else float("inf")
 
