@@ -217,16 +217,30 @@ CHECKS: list[Callable[[Results], Verdict]] = [
 
 
 def verdicts(results: Results) -> list[Verdict]:
-    """Every check; on a CPU run (QUICK smoke) a timed check says "cpu smoke" instead of met / MISSED."""
+    """Every check; a timed check whose step ran on the CPU (QUICK smoke) says "cpu smoke" instead of met / MISSED,
+    step by step (a smoke whose unet_step steps all timed out must not read its CPU step-cache figure as a GPU one)."""
     found = [check(results) for check in CHECKS]
-    if on_cpu(results):
-        found = [replace(v, status="cpu smoke") if v.status in ("met", "MISSED") else v for v in found]
-    return found
+    cpu_run = on_cpu(results)
+    return [
+        replace(v, status="cpu smoke")
+        if v.status in ("met", "MISSED") and (cpu_run or step_on_cpu(results.get(v.name, {})))
+        else v
+        for v in found
+    ]
+
+
+def step_on_cpu(data: dict[str, Any]) -> bool:
+    """Whether one step's JSON was measured on the CPU: unet_step rows' device, or step_cache's settings.device."""
+    devices = {r.get("device") for r in data.get("rows", []) if "model" in r}
+    if "settings" in data:
+        devices.add(data["settings"].get("device"))
+    return bool(devices) and devices <= {"cpu"}
 
 
 def on_cpu(results: Results) -> bool:
     """Whether the timed steps ran on the CPU (a QUICK smoke): then no figure here means anything for issue 11."""
     devices = {r.get("device") for step in results.values() for r in step.get("rows", []) if "model" in r}
+    devices |= {step["settings"].get("device") for step in results.values() if "settings" in step}
     return bool(devices) and devices <= {"cpu"}
 
 

@@ -197,3 +197,12 @@ def test_a_match_cost_of_zero_is_met_whatever_the_step_noise(gv: ModuleType) -> 
     assert gv.match_share(noisy["rows"], noisy["rows"][2]) == 0.0
     assert _status(gv, {**_met(), "sd15_1024": noisy})["sd15_1024"] == "met"
 
+
+def test_a_step_measured_on_the_cpu_decides_nothing_even_without_unet_rows(gv: ModuleType) -> None:
+    """A QUICK smoke whose unet_step steps all timed out still has its CPU step-cache figure: "cpu smoke", not met."""
+    speed = [{"variant": "unpatched", "x_wall": 1.0}, {"variant": "ours-both i3 d2", "x_wall": 1.7}]
+    cpu_cache = {"settings": {"guide": 128, "steps": 3, "device": "cpu"}, "speed": speed}
+    assert _status(gv, {"cache512": cpu_cache})["cache512"] == "cpu smoke"
+    assert gv.on_cpu({"cache512": cpu_cache})
+    assert _status(gv, {**_met(), "cache512": cpu_cache})["cache512"] == "cpu smoke"
+    assert _status(gv, _met())["cache512"] == "met"  # the same figure measured on cuda decides
