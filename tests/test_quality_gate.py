@@ -160,3 +160,18 @@ def test_balanced_keeps_identity(st: SimpleNamespace) -> None:
     base = float(np.linalg.norm(ident.embed(st.base.crop) - ref))
     ours = float(np.linalg.norm(ident.embed(_output(st, "balanced").crop) - ref))
     assert ours <= base + 0.05, f"identity distance {ours:.3f} vs unscheduled {base:.3f}"
+
+
+def test_a_nan_face_reads_as_the_worst_psnr_not_as_identical() -> None:
+    """psnr() once returned PSNR_CAP (100 dB, "identical") for a NaN output: min(100, nan) is 100. The gate still
+    failed it through SSIM, but bench/quality.py's tables and JSON reported a NaN face as a perfect match."""
+    from tokenfuse.devkit.face_model import quality as q
+
+    mask = np.zeros((16, 16), np.float32)
+    mask[4:12, 4:12] = 1.0
+    good = np.full((16, 16, 3), 0.5, np.float32)
+    broken = good.copy()
+    broken[6, 6] = np.nan
+    assert q.psnr(good, good, mask) == q.PSNR_CAP
+    assert q.psnr(broken, good, mask) == 0.0
+    assert q.psnr(good, np.full_like(good, np.inf), mask) == 0.0

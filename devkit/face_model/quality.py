@@ -174,9 +174,12 @@ def face_region(mask: np.ndarray, threshold: float = 0.5) -> tuple[np.ndarray, t
 
 
 def psnr(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
-    """PSNR in dB of two [S, S, 3] 0..1 images over the face region (PSNR_CAP when identical)."""
+    """PSNR in dB of two [S, S, 3] 0..1 images over the face region (PSNR_CAP when identical, 0 when either holds
+    NaN / inf: a broken output must read as the worst PSNR, never as identical)."""
     sel, _ = face_region(mask)
     mse = float(np.mean((a[sel].astype(np.float64) - b[sel].astype(np.float64)) ** 2))
+    if not np.isfinite(mse):
+        return 0.0
     return PSNR_CAP if mse <= 1e-10 else min(PSNR_CAP, 10.0 * np.log10(1.0 / mse))
 
 
