@@ -134,3 +134,18 @@ def test_synced_timer_counts_what_it_times_and_its_floor_is_its_own_cost() -> No
     untimed = SyncedTimer(cpu, timed=False)
     untimed.wrap(lambda x: x)(None)
     assert untimed.invocations == 0 and untimed.seconds == 0.0
+
+
+def test_the_gpu_scripts_staging_folders_are_git_ignored() -> None:
+    """bench/gpu_issue11.sh stages ComfyUI's code in `.comfy/` and wheels in `.whl/` at the repository root and says
+    both are ignored: they travel to the device only through `carry`, and `git add -A` must never commit them."""
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    script = (REPO / "bench" / "gpu_issue11.sh").read_text()
+    staged = sorted(set(re.findall(r"carry \[([^\]]*)\]", script)[0].replace('"', "").replace(" ", "").split(",")))
+    assert staged == [".comfy", ".whl"], staged
+    for folder in staged:
+        proc = subprocess.run(
+            ["git", "check-ignore", "-q", f"{folder}/x.py"], cwd=REPO, capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 0, f"{folder}/ is not git-ignored (.gitignore): {proc.stderr}"
