@@ -333,6 +333,7 @@ def main(argv: list[str] | None = None) -> None:
                             "timer_floor_us": v.results.get("timer_floor_us"),
                         }
                     )
+                write_json(args.json, rows)  # after every table: a run stopped by a time cap keeps what it measured
         del patcher
         mm.unload_all_models()
         gc.collect()
@@ -346,8 +347,18 @@ def main(argv: list[str] | None = None) -> None:
         "shrank / calls."
     )
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows}, indent=1) + "\n", encoding="utf-8")
+        write_json(args.json, rows)
         print(f"wrote {args.json}")
+
+
+def write_json(path: str, rows: list[dict[str, Any]]) -> None:
+    """{"rows": rows} to path (nothing without a path), through a temporary file: a run killed mid-write (a step of
+    bench/gpu_issue11.sh reaching its `timeout` cap) leaves the previous complete file, never a truncated one."""
+    if not path:
+        return
+    tmp = Path(path).with_name(Path(path).name + ".tmp")
+    tmp.write_text(json.dumps({"rows": rows}, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":
