@@ -91,12 +91,19 @@ def cmd_prep(args: argparse.Namespace) -> None:
     (out / "heldout_names.txt").write_text("\n".join(f.name for f in held) + "\n")
     (out / "skipped_names.txt").write_text("\n".join(skipped) + "\n")
     src = {p.name: p for p in paths}
+    copies = data.near_copies(
+        {f.name: data.difference_hash(rgb) for f in held if (rgb := data.read_rgb(src[f.name])) is not None},
+        {f.name: data.difference_hash(rgb) for f in train if (rgb := data.read_rgb(src[f.name])) is not None},
+    )
+    (out / "heldout_near_copies.txt").write_text("".join(f"{h}\t{t}\n" for h, t in sorted(copies.items())))
     held_dir = out / "heldout"
     held_dir.mkdir(exist_ok=True)
-    for f in held:  # the original photos: bench/quality.py takes photos, not crops
-        (held_dir / f.name).write_bytes(src[f.name].read_bytes())
+    for f in held:  # the original photos: bench/quality.py takes photos, not crops; near copies of training kept out
+        if f.name not in copies:
+            (held_dir / f.name).write_bytes(src[f.name].read_bytes())
     logger.info(
-        f"prep: {len(paths)} photos, {len(train)} train faces, {len(held)} held-out, {len(skipped)} without a face"
+        f"prep: {len(paths)} photos, {len(train)} train faces, {len(held)} held-out ({len(copies)} of them near copies "
+        f"of training photos, left out of {held_dir}), {len(skipped)} without a face"
     )
 
 
