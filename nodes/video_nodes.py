@@ -374,10 +374,16 @@ class VideoFaceFusion:
         path, window = self.out_path or video_glue.output_path(), self.window
         fused = refine or (lambda crops, seeds: crops)
         shown = lambda done, total: bar.update_absolute(done, total or None)  # noqa: E731
-        if window is None:
-            stats = fuse_video(source, path, face_tracks, fused, opts, progress=shown)
-        else:
-            stats = fuse_chunk(source, path, face_tracks, fused, window[0], window[1], opts, progress=shown)
+        try:
+            if window is None:
+                stats = fuse_video(source, path, face_tracks, fused, opts, progress=shown)
+            else:
+                stats = fuse_chunk(source, path, face_tracks, fused, window[0], window[1], opts, progress=shown)
+        finally:
+            if anchors is not None:
+                # The anchors' tokens live on the sampling device (up to ~0.9 GB per track for SD1.5 at 512, `full`)
+                # and ComfyUI keeps node instances between prompts (caches.objects): never hold them past the run.
+                anchors.tokens.clear()
         self.last_stats = stats  # for bench/video.py
         self.last_anchors = anchors
         report = f"VideoFaceFusion ({mode}, guide {size}): {stats.summary()}"
