@@ -401,7 +401,7 @@ class VideoFaceFusion:
         if notes:
             report += "\n" + "\n".join(sorted(set(notes)))
         log.info("%s", report.splitlines()[0])
-        return video_glue.video_output(path), report
+        return video_glue.video_output(path, temporary=self.out_path is None), report
 
     def fuse_and_show(self, **inputs: Any) -> dict[str, Any]:
         """ComfyUI's entry point: fuse(), plus its report shown in the node (ui.text, web/tokenfuse_report.js)."""

@@ -47,8 +47,12 @@ def test_face_track_node(tracked) -> None:
     assert "120 frames" in report and "1 track(s) kept" in report and "track 0: frames 0-119" in report
 
 
-def _fuse(video: Stream, tracks: FaceTracks, out: Path, mode: str, stack: FakeStack) -> str:
-    node = VideoFaceFusion(stack.backend(), out_path=str(out))
+def _fuse(
+    video: Stream, tracks: FaceTracks, out: Path | None, mode: str, stack: FakeStack, kept: list | None = None
+) -> str:
+    """VideoFaceFusion as ComfyUI's executor calls it; out None: ComfyUI's default temp file (the VIDEO goes to
+    `kept`)."""
+    node = VideoFaceFusion(stack.backend(), out_path=None if out is None else str(out))
     shown = getattr(node, VideoFaceFusion.FUNCTION)(  # as ComfyUI's executor calls it
         video=video,
         face_tracks=tracks,
@@ -72,9 +76,30 @@ def _fuse(video: Stream, tracks: FaceTracks, out: Path, mode: str, stack: FakeSt
         preset="ultrafast",
         fallback="off",
     )
-    _, report = shown["result"]
+    fused, report = shown["result"]
     assert shown["ui"]["text"] == [report]  # drawn in the node by web/tokenfuse_report.js
+    if kept is not None:
+        kept.append(fused)
     return report
+
+
+def test_a_fused_video_in_the_temp_folder_goes_with_its_video_object(
+    tracked, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each run's full-length MP4 stayed in ComfyUI's temp folder until the server restarted (a re-run's old output,
+    dropped from ComfyUI's cache, still held its file)."""
+    from tokenfuse.nodes.glue import video as video_glue
+
+    names = iter(range(100))
+    monkeypatch.setattr(video_glue, "output_path", lambda prefix="v": str(tmp_path / f"{prefix}_{next(names)}.mp4"))
+    video, tracks, _, _ = tracked
+    kept: list = []
+    _fuse(video, tracks, None, "keyframes", FakeStack(), kept)
+    path = Path(kept[0].get_stream_source())
+    assert path.parent == tmp_path and path.stat().st_size > 0  # there while ComfyUI holds the output
+    kept.clear()
+    gc.collect()
+    assert not path.exists()
 
 
 def test_video_face_fusion_node(tracked, tmp_path: Path) -> None:

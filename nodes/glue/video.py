@@ -97,12 +97,19 @@ def output_path(prefix: str = "tokenfuse_video") -> str:
     return os.path.join(folder, f"{prefix}_{uuid.uuid4().hex[:12]}.mp4")
 
 
-def video_output(path: str) -> Any:
+def video_output(path: str, temporary: bool = False) -> Any:
     """A VIDEO for the path (comfy_api VideoFromFile: lazy, SaveVideo remuxes it without re-encoding); a `VideoPath`
-    outside ComfyUI."""
+    outside ComfyUI. temporary: the file is deleted when the VIDEO object goes (ComfyUI drops a cached output when
+    the node runs again: each re-run's full-length MP4 piled up in the temp folder until the server restarted)."""
+    video: Any = VideoPath(path)
     if comfy_available():
         try:
-            return importlib.import_module("comfy_api.input_impl").VideoFromFile(path)
+            video = importlib.import_module("comfy_api.input_impl").VideoFromFile(path)
         except ImportError:
             pass
-    return VideoPath(path)
+    if temporary:
+        try:
+            weakref.finalize(video, _remove, path)
+        except TypeError:  # not weak-referenceable: deleted at exit
+            atexit.register(_remove, path)
+    return video
