@@ -272,10 +272,25 @@ class FusionReplica:
                 return 400, {"status": "failed", "error": "no video workflow: start serve with --video-workflow"}, b""
             from tokenfuse.runner.run import process_item
 
-            with self._executing([ticket]):
-                row, files = process_item(
-                    self.comfy, self.video_prompt, self.video_slot, {}, Item(path, "request", "video"), self._watch
-                )
+            comfy = self.comfy
+            staged = comfy.stage(path)
+            try:
+                with self._executing([ticket]):
+                    row, files = process_item(
+                        comfy,
+                        self.video_prompt,
+                        self.video_slot,
+                        {},
+                        Item(path, "request", "video"),
+                        self._watch,
+                        staged,
+                    )
+            finally:  # as for photos: nothing of a request stays on the replica's disk once answered (files are bytes)
+                comfy.unstage(staged)
+                comfy.clear_outputs()
+                for left in (comfy.work / "temp").glob("*"):  # VideoFaceFusion's MP4, the nodes' previews
+                    if left.is_file() or left.is_symlink():
+                        left.unlink(missing_ok=True)
             videos = [data for name, data in files if Path(name).suffix.lower() in (".mp4", ".mov", ".mkv", ".webm")]
             if row["status"] != "ok" or not videos:
                 row.setdefault("error", "the workflow saved no video (it needs a SaveVideo node)")

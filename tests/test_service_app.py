@@ -331,3 +331,57 @@ def _photo() -> bytes:
     import numpy as np
 
     return cv2.imencode(".png", np.full((32, 32, 3), 128, np.uint8))[1].tobytes()
+
+
+class _SavingEngine:
+    """EmbeddedComfy's file surface for one video request: stage() links the upload into input/, execute() saves
+    the answer in output/ and, like VideoFaceFusion, an intermediate MP4 in temp/."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        for sub in ("input", "output", "temp"):
+            (work / sub).mkdir(parents=True, exist_ok=True)
+        self.runs = 0
+
+    def stage(self, path: Path) -> str:
+        name = f"{self.runs:05d}_{path.name}"
+        (self.work / "input" / name).symlink_to(path)
+        return name
+
+    def unstage(self, name: str) -> None:
+        (self.work / "input" / name).unlink(missing_ok=True)
+
+    def execute(self, prompt: dict[str, Any], step: Any = None) -> ExecResult:
+        from tokenfuse.runner.engine import OutputFile
+
+        self.runs += 1
+        (self.work / "temp" / f"tokenfuse_video_{self.runs}.mp4").write_bytes(b"intermediate")
+        saved = self.work / "output" / f"svc_{self.runs:05d}_.mp4"
+        saved.write_bytes(b"fused video of request %d" % self.runs)
+        return ExecResult(ok=True, outputs=[OutputFile(saved.name, "", saved.read_bytes, saved)])
+
+    def clear_outputs(self) -> None:
+        for p in (self.work / "output").iterdir():
+            p.unlink()
+
+    def close(self) -> None:  # the replica's __del__ closes its engine
+        pass
+
+
+def test_a_video_request_leaves_nothing_on_the_replica_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Like a photo's, a video request's files (the staged upload, the saved answer, VideoFaceFusion's temp MP4) are
+    gone once it is answered: they stayed until the replica stopped, every client's video kept on the server's disk
+    (up to --max-video-mb each, no limit on their number)."""
+    app = _app()
+    from tokenfuse.video import decode
+
+    monkeypatch.setattr(decode, "probe", lambda path: SimpleNamespace(width=64, height=48))
+    replica = _replica(app)
+    replica.engine = _SavingEngine(tmp_path / "work")
+    replica.video_prompt = {"1": {"class_type": "LoadVideo", "inputs": {"file": ""}}}
+    replica.video_slot = "1"
+    for n in (1, 2):
+        status, report, mp4 = replica._video_sync(app.Ticket(b"a video"))
+        assert status == 200 and mp4 == b"fused video of request %d" % n, report
+        left = [p.relative_to(tmp_path) for p in (tmp_path / "work").rglob("*") if not p.is_dir()]
+        assert left == [], left
