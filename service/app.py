@@ -112,6 +112,7 @@ class FusionReplica:
 
     def _start_comfy(self, cfg: ServiceConfig) -> None:
         from tokenfuse.runner.cli import apply_sets_to, load_prompt
+        from tokenfuse.runner.convert import WorkflowError
         from tokenfuse.runner.demo import DEMO_LOADER, DemoModels, demo_prompt, fill_defaults
         from tokenfuse.runner.embedded import EmbeddedComfy
         from tokenfuse.runner.items import item_slot
@@ -130,6 +131,10 @@ class FusionReplica:
             prompt = load_prompt(Path(str(cfg.workflow)), defs)
         if cfg.video_workflow:
             self.video_prompt = load_prompt(Path(cfg.video_workflow), defs)
+        for p in (prompt, self.video_prompt):
+            internal = sorted({n["class_type"] for n in (p or {}).values()} & {BATCH_LOADER, FRAMES_APART})
+            if internal:  # the service places these itself; a workflow's own copy would read files it names
+                raise WorkflowError(f"the workflow holds service-only node(s) {', '.join(internal)}: remove them")
         # one --set list for both workflows: each --set goes where its node is (an error only when in neither)
         apply_sets_to([p for p in (prompt, self.video_prompt) if p is not None], list(cfg.sets), defs)
         self.slot = item_slot(prompt, set())

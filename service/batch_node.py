@@ -8,6 +8,7 @@ alone (FaceSet.independent_frames); without it a photo's result would depend on 
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from typing import Any
 
@@ -33,8 +34,16 @@ class LoadBatch:
         import torch
 
         frames = []
+        folder = os.path.realpath(folder_paths.get_input_directory())
         for name in [f for f in files.splitlines() if f]:
-            bgr = cv2.imread(folder_paths.get_annotated_filepath(name), cv2.IMREAD_COLOR)
+            # only a file the service staged: a bare name inside the input folder. get_annotated_filepath took
+            # "/any/path.png" or "../x" (and "x [output]") as they came, so a workflow holding its own copy of this node
+            # could read any image on the server into the answer.
+            bare = os.path.basename(name) == name and "\x00" not in name and name not in (".", "..")
+            path = os.path.realpath(os.path.join(folder, name)) if bare else ""
+            if not bare or os.path.dirname(path) != folder:
+                raise ValueError(f"not a staged photo of this service: {name[:80]!r}")
+            bgr = cv2.imread(path, cv2.IMREAD_COLOR)
             if bgr is None:
                 raise ValueError(f"not a readable image: {name}")
             frames.append(bgr[:, :, ::-1].astype(np.float32) / 255.0)

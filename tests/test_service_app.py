@@ -385,3 +385,39 @@ def test_a_video_request_leaves_nothing_on_the_replica_disk(tmp_path: Path, monk
         assert status == 200 and mp4 == b"fused video of request %d" % n, report
         left = [p.relative_to(tmp_path) for p in (tmp_path / "work").rglob("*") if not p.is_dir()]
         assert left == [], left
+
+
+def test_a_workflow_cannot_bring_its_own_batch_loader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch loader reads the names the service staged, and nothing else: a workflow (shared by a stranger) that
+    held its own TokenFuseServiceLoadBatch with files "/any/path.png" made every answer carry that server file."""
+    app = _app()
+    import tokenfuse.runner.embedded as embedded
+    from tokenfuse.service.batch_node import BATCH_LOADER, LoadBatch
+
+    monkeypatch.setattr(embedded, "EmbeddedComfy", _FakeEngine)
+    stranger = {**json.loads(json.dumps(VIDEO)), "99": {"class_type": BATCH_LOADER, "inputs": {"files": "/etc/x.png"}}}
+    (tmp_path / "stranger.json").write_text(json.dumps(stranger))
+    for config in (
+        app.ServiceConfig(workflow=str(tmp_path / "stranger.json"), demo=False),
+        app.ServiceConfig(video_workflow=str(tmp_path / "stranger.json")),
+    ):
+        with pytest.raises(WorkflowError, match="service-only"):
+            app.FusionReplica.__new__(app.FusionReplica)._start(asdict(config))
+
+    import cv2
+    import numpy as np
+
+    inputs, private = tmp_path / "input", tmp_path / "private"
+    inputs.mkdir()
+    private.mkdir()
+    cv2.imwrite(str(private / "secret.png"), np.full((8, 8, 3), 200, np.uint8))
+    cv2.imwrite(str(inputs / "req_1_0.png"), np.full((8, 8, 3), 10, np.uint8))
+    (inputs / "link.png").symlink_to(private / "secret.png")
+    monkeypatch.setitem(
+        __import__("sys").modules, "folder_paths", SimpleNamespace(get_input_directory=lambda: str(inputs))
+    )
+    image, _ = LoadBatch().load("req_1_0.png")
+    assert image.shape == (1, 8, 8, 3)
+    for name in (str(private / "secret.png"), "../private/secret.png", "link.png", "secret.png [output]", ".."):
+        with pytest.raises(ValueError, match="not a (staged photo|readable image)"):
+            LoadBatch().load(name)
