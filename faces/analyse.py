@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -84,9 +84,9 @@ def faces_for_frame(
     """rgb: [H, W, 3] uint8 -> the selected, aligned faces of one frame."""
     dets = detect_frame(detector, rgb, sel.score_threshold, detect_size)
     faces = []
+    no_mask = np.zeros((0, 0), np.float32)
     for d in dets:
         affine, inverse = align_affine(d.landmarks, align.crop_size, align.crop_factor)
-        mask = crop_mask(transform_points(d.landmarks, affine), align.crop_size, align.feather)
         emb = embedder.embed(rgb, d.landmarks) if embedder is not None else None
         faces.append(
             Face(
@@ -96,11 +96,16 @@ def faces_for_frame(
                 affine=affine,
                 inverse=inverse,
                 crop_size=align.crop_size,
-                mask=mask,
+                mask=no_mask,
                 embedding=emb,
             )
         )
-    return select_faces(faces, sel)
+    # masks (crop_size^2 float32 each: 16 MiB at 2048) only for the faces kept: a photo tiled with a thousand faces
+    # held one per detection before max_faces / indices chose one (16 GiB)
+    return [
+        replace(f, mask=crop_mask(transform_points(f.landmarks, f.affine), align.crop_size, align.feather))
+        for f in select_faces(faces, sel)
+    ]
 
 
 def detect_batch(

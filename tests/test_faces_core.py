@@ -194,3 +194,27 @@ def test_no_face_and_tiny_frames(backends: dict, caplog: pytest.LogCaptureFixtur
         assert _detect(det, noise[:10, :10]).count == 0  # below any detector's reach: no error, no face
     with caplog.at_level(logging.WARNING):
         assert detect_batch(np.zeros((0, 32, 32, 3), np.uint8), det, None, Selection()).batch_size == 0
+
+
+def test_masks_are_drawn_only_for_the_faces_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A photo tiled with faces: every detection got a crop_size^2 float32 mask before max_faces chose (a 2048 px
+    photo of 256 faces at crop_size 2048 held 4 GiB for one face kept). Masks are drawn for the kept faces only,
+    and are the same masks as before."""
+    from tokenfuse.faces import analyse
+    from tokenfuse.faces.analyse import AlignOptions, faces_for_frame
+    from tokenfuse.faces.detect import Detection
+    from tokenfuse.faces.masks import crop_mask
+
+    lm = np.array([[38.3, 51.7], [73.5, 51.5], [56.0, 71.7], [41.5, 92.4], [70.7, 92.2]], np.float32)
+    dets = [
+        Detection(np.array([x, 0, x + 112, 112], np.float32), 0.9, lm + np.float32([x, 0])) for x in range(0, 1120, 112)
+    ]
+    monkeypatch.setattr(analyse, "detect_frame", lambda *a, **k: dets)
+    drawn = []
+    monkeypatch.setattr(analyse, "crop_mask", lambda *a, **k: drawn.append(a) or crop_mask(*a, **k))
+    align = AlignOptions(crop_size=256)
+    faces = faces_for_frame(np.zeros((112, 1120, 3), np.uint8), None, None, Selection(max_faces=2), align, 0)  # type: ignore[arg-type]
+    assert len(faces) == 2 and len(drawn) == 2
+    for face in faces:
+        expected = crop_mask(transform_points(face.landmarks, face.affine), 256, align.feather)
+        assert face.mask.shape == (256, 256) and np.array_equal(face.mask, expected)
