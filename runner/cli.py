@@ -104,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-image-mb", type=float, default=50.0, help="largest photo file accepted (413 above)")
     s.add_argument("--max-video-mb", type=float, default=2048.0, help="largest video file accepted (413 above)")
     s.add_argument("--max-megapixels", type=float, default=50.0, help="largest photo accepted, decoded (413 above)")
+    s.add_argument("--max-video-frames", type=int, default=18_000, help="most frames of a video accepted (413 above)")
+    s.add_argument(
+        "--max-video-megapixels", type=float, default=8.3, help="largest video frame accepted (413 above; 4K = 8.3)"
+    )
     s.add_argument("--comfyui", metavar="PATH")
     s.add_argument("--cpu", action="store_true")
     s.add_argument("--sdpa", action="store_true")
@@ -128,6 +132,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_image_mb=args.max_image_mb,
         max_video_mb=args.max_video_mb,
         max_megapixels=args.max_megapixels,
+        max_video_frames=args.max_video_frames,
+        max_video_megapixels=args.max_video_megapixels,
     )
     if args.workflow:
         config = ServiceConfig(**{**config.__dict__, "workflow": str(Path(args.workflow).resolve())})

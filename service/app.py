@@ -60,6 +60,10 @@ class ServiceConfig:
     max_image_mb: float = 50.0  # request body limits (413 above): a photo's file, a video's file
     max_video_mb: float = 2048.0
     max_megapixels: float = 50.0  # decoded photo size limit (413 above; read from the header, before decoding)
+    # a video's frames and frame size (413 above; counted from its packets before any work): a 119 KB H.264 file
+    # holds 3000 black 4K frames, hours of work for one replica
+    max_video_frames: int = 18_000
+    max_video_megapixels: float = 8.3
 
 
 class FusionReplica:
@@ -257,6 +261,9 @@ class FusionReplica:
                 info = probe(path)
             except VideoReadError:
                 return 400, {"status": "failed", "error": "not a decodable video"}, b""
+            refused = self._video_refusal(path, info.width * info.height)
+            if refused is not None:
+                return refused[0], {"status": "failed", "error": refused[1]}, b""
             self.videos += 1
             if self.core is not None:
                 from tokenfuse.runner.core_video import fuse_file
@@ -364,6 +371,22 @@ class FusionReplica:
             return 400, f"{UNREADABLE}: its size cannot be read before decoding (PNG, JPEG, WebP, BMP, TIFF can)"
         if w * h > self.cfg.max_megapixels * 1e6:
             return 413, f"{w}x{h} is over this service's {self.cfg.max_megapixels:g} megapixel limit"
+        return None
+
+    def _video_refusal(self, path: Path, pixels: int) -> tuple[int, str] | None:
+        """(413, why) for a video over --max-video-megapixels (its first frame) or --max-video-frames (its video
+        packets, read without decoding: a header's count or duration need not match what the stream holds); None
+        to go on."""
+        import av
+
+        if pixels > self.cfg.max_video_megapixels * 1e6:
+            return 413, f"its frames are over this service's {self.cfg.max_video_megapixels:g} megapixel limit"
+        with av.open(str(path), "r") as container:
+            frames = 0
+            for packet in container.demux(container.streams.video[0]):
+                frames += packet.size > 0
+                if frames > self.cfg.max_video_frames:
+                    return 413, f"it is over this service's {self.cfg.max_video_frames} frame limit"
         return None
 
     def __del__(self) -> None:

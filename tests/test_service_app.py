@@ -368,20 +368,18 @@ class _SavingEngine:
         pass
 
 
-def test_a_video_request_leaves_nothing_on_the_replica_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_video_request_leaves_nothing_on_the_replica_disk(tmp_path: Path) -> None:
     """Like a photo's, a video request's files (the staged upload, the saved answer, VideoFaceFusion's temp MP4) are
     gone once it is answered: they stayed until the replica stopped, every client's video kept on the server's disk
     (up to --max-video-mb each, no limit on their number)."""
     app = _app()
-    from tokenfuse.video import decode
-
-    monkeypatch.setattr(decode, "probe", lambda path: SimpleNamespace(width=64, height=48))
+    clip = _clip(tmp_path / "clip.mp4", 3)
     replica = _replica(app)
     replica.engine = _SavingEngine(tmp_path / "work")
     replica.video_prompt = {"1": {"class_type": "LoadVideo", "inputs": {"file": ""}}}
     replica.video_slot = "1"
     for n in (1, 2):
-        status, report, mp4 = replica._video_sync(app.Ticket(b"a video"))
+        status, report, mp4 = replica._video_sync(app.Ticket(clip))
         assert status == 200 and mp4 == b"fused video of request %d" % n, report
         left = [p.relative_to(tmp_path) for p in (tmp_path / "work").rglob("*") if not p.is_dir()]
         assert left == [], left
@@ -421,3 +419,34 @@ def test_a_workflow_cannot_bring_its_own_batch_loader(tmp_path: Path, monkeypatc
     for name in (str(private / "secret.png"), "../private/secret.png", "link.png", "secret.png [output]", ".."):
         with pytest.raises(ValueError, match="not a (staged photo|readable image)"):
             LoadBatch().load(name)
+
+
+def _clip(path: Path, frames: int, width: int = 64, height: int = 48) -> bytes:
+    import av
+    import numpy as np
+
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("mpeg4", rate=10)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for i in range(frames):
+            frame = av.VideoFrame.from_ndarray(np.full((height, width, 3), i * 9, np.uint8), format="rgb24")
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return path.read_bytes()
+
+
+def test_a_video_over_the_frame_or_size_limit_is_refused_before_any_work(tmp_path: Path) -> None:
+    """POST /video bounded only the file's bytes: 119 KB of H.264 hold 3000 black 4K frames (hours of one replica's
+    work). Its frames (counted from its packets, not the header) and frame size are bounded too: 413 above."""
+    app = _app()
+    clip = _clip(tmp_path / "clip.mp4", 12)
+    status, report, _ = _replica(app, max_video_frames=11)._video_sync(app.Ticket(clip))
+    assert status == 413 and report["error"] == "it is over this service's 11 frame limit", report
+    status, report, _ = _replica(app, max_video_megapixels=0.003)._video_sync(app.Ticket(clip))
+    assert status == 413 and "0.003 megapixel limit" in report["error"], report
+    replica = _replica(app, max_video_frames=12, max_video_megapixels=0.0031)
+    replica.video_prompt = None
+    status, report, _ = replica._video_sync(app.Ticket(clip))  # within both: on to the workflow (none here)
+    assert status == 400 and "no video workflow" in report["error"] and replica.videos == 1, report
