@@ -237,7 +237,8 @@ class RunLog:
                 if moved is not None:
                     log.info("%s: the files of an earlier attempt were moved to %s", item.name, moved)
                 row["outputs"] = save_outputs(files, self.output / item.name)
-            except OSError as exc:  # a disk full, a name the file system refuses: this item fails, the run goes on
+            except (OSError, ValueError) as exc:  # a disk full, a name the file system refuses (ValueError: a NUL
+                # in a server's file name): this item fails, the run goes on
                 row.update(status="failed", error=f"its outputs could not be written: {exc}", outputs=[])
         self.writer.write(row)
         return account(self.summary, self.bar, row)

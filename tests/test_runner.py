@@ -594,3 +594,18 @@ def test_a_ray_worker_that_cannot_start_is_a_usage_error(
     monkeypatch.setattr(cli, "cmd_run", other)
     with pytest.raises(RuntimeError):
         cli.main(["run", "wf.json", "x.png"])
+
+
+def test_a_server_file_name_with_a_nul_fails_its_item_not_the_run(tmp_path: Path) -> None:
+    """A --server answer's file name is the server's: one holding a NUL raised ValueError (not OSError) from the
+    write and ended the whole run; it fails its item like any name the file system refuses."""
+    from tokenfuse.runner.items import Item
+
+    run = RunLog(tmp_path / "out", 2, progress=False)
+    item = Item(path=tmp_path / "a.png", name="a", kind="image")
+    row = {"item": item.key, "name": "a", "status": "ok", "time_s": 0.1}
+    run.finish(1, item, row, [("tokenfuse/evil\x00.png", b"x")])
+    assert row["status"] == "failed" and "could not be written" in row["error"], row
+    ok = Item(path=tmp_path / "b.png", name="b", kind="image")
+    run.finish(2, ok, {"item": ok.key, "name": "b", "status": "ok", "time_s": 0.1}, [("b_00001_.png", b"b")])
+    assert (tmp_path / "out" / "b" / "b_00001_.png").read_bytes() == b"b"
