@@ -381,12 +381,15 @@ class FusionReplica:
 
         if pixels > self.cfg.max_video_megapixels * 1e6:
             return 413, f"its frames are over this service's {self.cfg.max_video_megapixels:g} megapixel limit"
-        with av.open(str(path), "r") as container:
-            frames = 0
-            for packet in container.demux(container.streams.video[0]):
-                frames += packet.size > 0
-                if frames > self.cfg.max_video_frames:
-                    return 413, f"it is over this service's {self.cfg.max_video_frames} frame limit"
+        frames = 0
+        try:
+            with av.open(str(path), "r") as container:
+                for packet in container.demux(container.streams.video[0]):
+                    frames += packet.size > 0
+                    if frames > self.cfg.max_video_frames:
+                        return 413, f"it is over this service's {self.cfg.max_video_frames} frame limit"
+        except (av.error.FFmpegError, OSError):  # damaged further on: the frames before it were counted, and
+            pass  # decoding stops where demuxing did (the reader reports it)
         return None
 
     def __del__(self) -> None:

@@ -450,3 +450,6 @@ def test_a_video_over_the_frame_or_size_limit_is_refused_before_any_work(tmp_pat
     replica.video_prompt = None
     status, report, _ = replica._video_sync(app.Ticket(clip))  # within both: on to the workflow (none here)
     assert status == 400 and "no video workflow" in report["error"] and replica.videos == 1, report
+    for cut in (len(clip) // 2, len(clip) - 7):  # damaged: counted up to the damage, answered like before (no 500)
+        status, report, _ = replica._video_sync(app.Ticket(clip[:cut]))
+        assert status == 400 and report["status"] == "failed", report
