@@ -189,7 +189,7 @@ class _Fuser:
     def _refine_batch(self) -> None:
         batch, self.queue = self.queue[: self.opts.faces_per_batch], self.queue[self.opts.faces_per_batch :]
         crops = np.stack([it.crop for it in batch]).astype(np.float32) / 255.0
-        seeds = [self.opts.seed + self.seed_of[it.j] for it in batch]
+        seeds = [(self.opts.seed + self.seed_of[it.j]) % 2**64 for it in batch]  # as fusion.crops.face_seed
         out = np.asarray(self.refine(crops, seeds), dtype=np.float32)
         if out.shape != crops.shape:
             raise ValueError(f"refine returned {out.shape} for crops of shape {crops.shape}")
