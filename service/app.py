@@ -17,6 +17,8 @@ import asyncio
 import base64
 import copy
 import logging
+import os
+import shutil
 import signal
 import threading
 import time
@@ -38,11 +40,13 @@ _T = TypeVar("_T")
 
 @dataclass(eq=False)
 class Ticket:
-    """One request inside the replica: its body, and `gone`, set (on Serve's event loop) when its client disconnected
-    and Serve cancelled it; the ComfyUI thread reads it to skip or stop work nobody will receive."""
+    """One request inside the replica: its body (a photo's bytes) or file (a video, spooled to disk as it arrived),
+    and `gone`, set (on Serve's event loop) when its client disconnected and Serve cancelled it; the ComfyUI thread
+    reads it to skip or stop work nobody will receive."""
 
     body: bytes
     gone: threading.Event = field(default_factory=threading.Event)
+    file: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -162,14 +166,29 @@ class FusionReplica:
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit_mb * 2**20:
             return too_big  # before reading the body
+        empty = JSONResponse({"error": "empty body: POST the file's bytes"}, status_code=400)
+        if video:  # up to --max-video-mb (2 GB) each, several at once: to disk as it arrives, never whole in memory
+            import tempfile
+
+            fd, name = tempfile.mkstemp(prefix="tokenfuse_upload_", suffix=".mp4")
+            os.close(fd)
+            spool = Path(name)
+            try:
+                size = await spool_body(request.stream(), int(limit_mb * 2**20), spool)
+                if size is None:
+                    return too_big
+                if size == 0:
+                    return empty
+                ticket = Ticket(b"", file=spool)
+                return await self._until_gone(ticket, self._video(ticket))
+            finally:
+                self._discard(spool)
         body = await read_body(request.stream(), int(limit_mb * 2**20))
         if body is None:
             return too_big
         if not body:
-            return JSONResponse({"error": "empty body: POST the file's bytes"}, status_code=400)
+            return empty
         ticket = Ticket(body)
-        if video:
-            return await self._until_gone(ticket, self._video(ticket))
         if self.core is not None:
             return JSONResponse({"error": "this service runs the video engine only: POST videos to /video"}, 400)
         refused = self._refusal(body)
@@ -232,6 +251,14 @@ class FusionReplica:
             with self._lock:
                 self._running, self._busy_since = [], None
 
+    def _discard(self, spool: Path) -> None:
+        """Remove a request's spooled upload once nothing can read it: queued on the one ComfyUI thread, so it runs
+        after that request's work, whether it ran, runs now, or was cancelled before it started."""
+        try:
+            self._pool.submit(spool.unlink, True)
+        except RuntimeError:  # the pool is shut down: nothing runs on it any more
+            spool.unlink(missing_ok=True)
+
     async def _video(self, ticket: Ticket) -> Any:
         import json
 
@@ -256,7 +283,10 @@ class FusionReplica:
 
         with tempfile.TemporaryDirectory(prefix="tokenfuse_req_") as tmp:
             path = Path(tmp) / "request.mp4"
-            path.write_bytes(ticket.body)
+            if ticket.file is not None:
+                shutil.move(ticket.file, path)
+            else:
+                path.write_bytes(ticket.body)
             try:
                 info = probe(path)
             except VideoReadError:
@@ -278,7 +308,9 @@ class FusionReplica:
                     with self._executing([ticket]):
                         report = {"status": "ok", **fuse_file(path, out, self.core, self.refine, stop_when_gone)}
                 except Exception as e:  # noqa: BLE001 - a bad request fails alone; the replica goes on
-                    return 400, {"status": "failed", "error": f"{type(e).__name__}: {e}"}, b""
+                    text = f"{type(e).__name__}: {e}".replace(str(path), "the video").replace(str(out), "the output")
+                    text = text.replace(tmp + os.sep, "").replace(tmp, "")
+                    return 400, {"status": "failed", "error": text}, b""  # no server path in the answer
                 return 200, {**report, "width": info.width, "height": info.height}, out.read_bytes()
             if self.video_prompt is None:
                 return 400, {"status": "failed", "error": "no video workflow: start serve with --video-workflow"}, b""
@@ -435,6 +467,19 @@ async def read_body(chunks: AsyncIterator[bytes], limit: int) -> bytes | None:
             return None
         parts.append(chunk)
     return b"".join(parts)
+
+
+async def spool_body(chunks: AsyncIterator[bytes], limit: int, dest: Path) -> int | None:
+    """Write the request body to `dest` as it arrives; its size, or None as soon as it passes `limit` bytes (the
+    rest is never read). A video upload is up to 2 GB: read whole, a few at once would hold tens of GB."""
+    size = 0
+    with dest.open("wb") as out:
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > limit:
+                return None
+            out.write(chunk)
+    return size
 
 
 def build_app(config: ServiceConfig, replicas: int, max_queued: int, retry_after_s: float, num_gpus: float) -> Any:

@@ -437,6 +437,50 @@ def _clip(path: Path, frames: int, width: int = 64, height: int = 48) -> bytes:
     return path.read_bytes()
 
 
+def test_a_video_upload_goes_to_disk_as_it_arrives(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A video body (up to --max-video-mb, 2 GB) was read whole into memory and joined (twice its size), several at
+    once per replica; it is spooled to a file as it arrives, and the file is gone once the request is answered or
+    refused."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    app = _app()
+    replica = _replica(app, max_video_mb=0.01)  # 10 485 bytes
+    replica._pool = ThreadPoolExecutor(1)
+    seen: list[tuple[bytes, bytes]] = []
+
+    def video_sync(ticket: Any) -> tuple[int, dict[str, Any], bytes]:
+        seen.append((ticket.body, ticket.file.read_bytes()))
+        return 200, {"status": "ok"}, b"fused"
+
+    replica._video_sync = video_sync
+    response = asyncio.run(replica(_Request([b"a" * 3000, b"b" * 3000], path="/video")))
+    assert response.status_code == 200 and response.body == b"fused"
+    assert seen == [(b"", b"a" * 3000 + b"b" * 3000)]
+    request = _Request([b"c" * 3000] * 10, path="/video")
+    status, answer = _call(replica, request)
+    assert status == 413 and request.pulled == 4, answer
+    assert _call(replica, _Request([], path="/video"))[0] == 400  # empty
+    replica._pool.submit(lambda: None).result(30)
+    assert not list(tmp_path.glob("tokenfuse_upload_*"))
+    replica._pool.shutdown()
+
+
+def test_a_video_engine_error_names_no_server_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tokenfuse.runner import core_video
+
+    def broken(path: Path, out: Path, *args: Any) -> dict[str, Any]:
+        raise RuntimeError(f"cannot decode frame 3 of {path} into {out}")
+
+    monkeypatch.setattr(core_video, "fuse_file", broken)
+    app = _app()
+    replica = _replica(app)
+    replica.core, replica.refine = object(), None
+    status, report, _ = replica._video_sync(app.Ticket(_clip(tmp_path / "clip.mp4", 4)))
+    assert status == 400 and report["error"] == "RuntimeError: cannot decode frame 3 of the video into the output"
+    assert "tokenfuse_req_" not in report["error"] and "/" not in report["error"], report
+
+
 def test_a_video_over_the_frame_or_size_limit_is_refused_before_any_work(tmp_path: Path) -> None:
     """POST /video bounded only the file's bytes: 119 KB of H.264 hold 3000 black 4K frames (hours of one replica's
     work). Its frames (counted from its packets, not the header) and frame size are bounded too: 413 above."""
