@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -95,7 +96,10 @@ class ServerComfy:
         return dict(self._request("GET", "/object_info"))
 
     def stage(self, path: Path) -> str:
-        name = f"tokenfuse_{uuid.uuid4().hex[:8]}_{path.name}"
+        # the name goes into the form's header line: a `"`, `\\` or line break in a file name (legal on Linux) ended
+        # it early and the rest read as more form fields; the name only has to be unique and keep the extension
+        safe = re.sub(r'["\\\r\n/;]', "_", path.name)
+        name = f"tokenfuse_{uuid.uuid4().hex[:8]}_{safe}"
         boundary = uuid.uuid4().hex
         parts = [
             f'--{boundary}\r\nContent-Disposition: form-data; name="type"\r\n\r\ninput\r\n'.encode(),

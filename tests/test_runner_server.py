@@ -165,6 +165,19 @@ def test_polling_fallback_without_websocket(photos: list[Path], tmp_path: Path) 
     assert data[:4] == b"\x89PNG"
 
 
+def test_a_file_name_with_quotes_or_line_breaks_is_staged_whole(photos: list[Path], tmp_path: Path) -> None:
+    """The staged name went into the upload form's header line unescaped: a `"` or a line break (legal in Linux
+    file names) cut the header short and the rest of the name read as more form fields."""
+    odd = tmp_path / 'a"b\r\nContent-Type: text-plain\r\n\r\nx.png'
+    odd.write_bytes(photos[0].read_bytes())
+    with fake_comfy(tmp_path / "server", step_s=0.01) as fake:
+        engine = ServerComfy(fake.url)
+        name = engine.stage(odd)
+        assert name.endswith(".png") and '"' not in name and "\n" not in name, name
+        result = engine.execute(_prompt(image=name))
+        assert result.ok, result.error
+
+
 def test_interrupt_leaves_other_clients_prompts_alone(photos: list[Path], tmp_path: Path) -> None:
     """interrupt() while our prompt waits behind another client's: ours is deleted from the queue, execute()
     returns interrupted at once, and the other prompt (running) is not interrupted."""
