@@ -113,6 +113,11 @@ class GFPGANEnhance:
             }
         }
 
+    @classmethod
+    def IS_CHANGED(cls, model_name: str = "", **_: Any) -> str:  # noqa: N802 - ComfyUI's name
+        """The model file's stamp: a file replaced under the same name runs the node again."""
+        return paths.file_stamp(paths.FACERESTORE_FOLDER, model_name)
+
     @checked_inputs("model_name")
     def enhance(
         self, image: Any, faces: Any, model_name: str, visibility: float, fidelity: float

@@ -230,6 +230,11 @@ class ScheduledFusion:
             },
         }
 
+    @classmethod
+    def IS_CHANGED(cls, swap_model: str = "none", arcface_model: str = "none", **_: Any) -> str:  # noqa: N802
+        """The ONNX files' stamps (ComfyUI's name for it): a model replaced under the same name runs the node again."""
+        return "|".join(paths.file_stamp("insightface", name) for name in (swap_model, arcface_model))
+
     @checked_inputs("swap_model", "arcface_model")
     def fuse(
         self,

@@ -328,3 +328,29 @@ def test_out_of_memory_on_one_face_passes_it_through(
     monkeypatch.setattr(enhance, "restore_crop", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("bug")))
     with pytest.raises(RuntimeError, match="bug"):  # anything else is a real error, not a pass-through
         GFPGANEnhance().enhance(astronaut, faces, "cf", 1.0, 0.25)
+
+
+def test_a_model_file_replaced_under_its_name_runs_the_nodes_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ComfyUI re-runs a node only when its inputs or IS_CHANGED change: a GFPGANv1.4.pth (or inswapper) overwritten
+    with other weights kept the old result on the next queue."""
+    from tokenfuse.nodes.enhance_node import GFPGANEnhance
+    from tokenfuse.nodes.fusion_node import ScheduledFusion
+
+    monkeypatch.setenv("TOKENFUSE_MODELS", str(tmp_path))
+    (tmp_path / "facerestore_models").mkdir()
+    (tmp_path / "insightface").mkdir()
+    restore, swap = tmp_path / "facerestore_models" / "GFPGANv1.4.pth", tmp_path / "insightface" / "inswapper_128.onnx"
+    restore.write_bytes(b"old")
+    swap.write_bytes(b"old")
+    before = GFPGANEnhance.IS_CHANGED(model_name="GFPGANv1.4.pth", visibility=1.0)
+    swap_before = ScheduledFusion.IS_CHANGED(swap_model="inswapper_128.onnx", seed=1)
+    assert before and before == GFPGANEnhance.IS_CHANGED(model_name="GFPGANv1.4.pth", visibility=0.5)
+    for path in (restore, swap):
+        path.write_bytes(b"new weights")
+        os.utime(path, ns=(1, 2))
+    assert GFPGANEnhance.IS_CHANGED(model_name="GFPGANv1.4.pth") != before
+    assert ScheduledFusion.IS_CHANGED(swap_model="inswapper_128.onnx") != swap_before
+    assert GFPGANEnhance.IS_CHANGED(model_name="missing.pth") == ""  # its own check names the problem at run time
+    assert ScheduledFusion.IS_CHANGED() == "|"

@@ -87,6 +87,20 @@ def model_path(
     return resolve_model(name, model_dirs(kind), what=what, want=want, candidates=candidates, fix=fix)
 
 
+def file_stamp(kind: ModelKind, name: str) -> str:
+    """A model file's identity for a node's IS_CHANGED: real path, mtime and size, so a file replaced under the same
+    name runs the node again (ComfyUI saw the same name and showed the old result); "" when the name does not resolve
+    (the node's own check names the problem when it runs)."""
+    if not name or name == "none":
+        return ""
+    try:
+        path = model_path(kind, name, "model")
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return ""
+    return f"{path}:{st.st_mtime_ns}:{st.st_size}"
+
+
 # ------------------------------------------------------------------------------------------------ files the pack writes
 OUTPUT_DIR_ENV = "TOKENFUSE_OUTPUT_DIR"
 
