@@ -134,3 +134,116 @@ def test_served_js_files_are_browser_modules() -> None:
             if not spec.startswith("../../scripts/"):
                 assert (path.parent / spec).resolve().is_file(), f"{path}: {spec} not found"
     assert not list((WEB / "test").glob("*.js")), "JS tests must be .mjs so ComfyUI does not load them"
+
+
+def _python_verdict(text: str, preset: str = "balanced") -> str | None:
+    """What a run says about a schedule_text: None when the node accepts it, else the ScheduleError's message."""
+    from tokenfuse.nodes.scheduler_node import schedule_from_widgets
+    from tokenfuse.scheduling.schedule import ScheduleError
+
+    try:
+        schedule_from_widgets(preset, "preset", 0.0, "sd15", text)
+    except ScheduleError as exc:
+        return str(exc)
+    return None
+
+
+def _js_verdicts(texts: list[str], preset: str = "balanced") -> list[str | None]:
+    got = _node_eval(
+        "import { resolveSchedule } from './lib/pyramid.js';"
+        f"console.log(JSON.stringify({json.dumps(texts)}.map((t) => "
+        f"resolveSchedule({{ preset: {json.dumps(preset)}, schedule_text: t }}, 'sd15').textError)));"
+    )
+    assert isinstance(got, list)
+    return got
+
+
+SCHEDULE_TEXTS = [
+    "",
+    "null",
+    "{}",
+    "[1]",
+    "42",
+    '"todo"',
+    '{"bogus": 1, "zz": 2}',
+    '{"a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "f": 6}',
+    '{"strategy": "tome"}',
+    '{"strategy": "bogus"}',
+    '{"strategy": 3}',
+    '{"pool": "nearest"}',
+    '{"pool": "max"}',
+    '{"ratios": []}',
+    '{"ratios": {"8": 0.5, "32": 0.9}}',
+    '{"ratios": {"08": 0.5, " 16 ": 0.25, "3_2": 0.1}}',
+    '{"ratios": {"7": 0.1}}',
+    '{"ratios": {"8.0": 0.1}}',
+    '{"ratios": {"0x8": 0.1}}',
+    '{"ratios": {"8": 0.95}}',
+    '{"ratios": {"8": -0.1}}',
+    '{"ratios": {"8": "0.5"}}',
+    '{"ratios": {"8": true}}',
+    '{"ratios": {"8": null}}',
+    '{"ratios": {"8": NaN}}',
+    '{"protect_blocks": 2.0}',
+    '{"protect_blocks": 2e0}',
+    '{"protect_blocks": true}',
+    '{"protect_blocks": "2"}',
+    '{"start_percent": 0.5, "end_percent": 0.2}',
+    '{"start_percent": 1, "end_percent": 0.5}',
+    '{"end_percent": 0.5, "start_percent": 0.5}',
+    '{"cache_start_percent": 0.6, "cache_end_percent": 0.4}',
+    '{"adaptive": Infinity}',
+    '{"dit_ratio": -Infinity}',
+    '{"time_calls": 1}',
+    '{"device_aware": "yes"}',
+    '{"telemetry_jsonl": "run.jsonl"}',
+    '{"telemetry_jsonl": "../run.jsonl"}',
+    '{"telemetry_jsonl": "a/b.jsonl"}',
+    '{"telemetry_jsonl": 5}',
+    '{"seed": 9223372036854775807}',
+    '{"seed": 9223372036854775808}',
+    '{"seed": -1}',
+    '{"seed": 123456789012345678901234567890123456789012345}',
+    '{"strategy": "' + "x" * 200 + '"}',
+    '{"strategy": [1, 2, 3, 4, 5, [6, [7]]]}',
+    '{"strategy": {"b": 1, "a": 2}}',
+    '{"strategy": "it\'s"}',
+    '{"ratios": {"8": 0.5}, "cache_interval": 3, "cache_depth": 11, "cache_threshold": 10}',
+    "{" * 9 + "}" * 9,
+    '{"pool": "' + "x" * 16_400 + '"}',
+]
+
+
+@needs_node
+def test_js_schedule_text_verdicts_match_python() -> None:
+    """The chart refuses exactly the schedule_text a run refuses, with the server's message (JSON text; YAML is
+    left to the run and only noted)."""
+    js = _js_verdicts(SCHEDULE_TEXTS)
+    for text, got in zip(SCHEDULE_TEXTS, js, strict=True):
+        assert got == _python_verdict(text), text[:120]
+
+
+@needs_node
+def test_js_schedule_ranges_match_python() -> None:
+    """Every range the chart checks, probed at and just beyond its bounds against Schedule: a range changed on one
+    side only fails here. Every Schedule field is checked by the chart."""
+    checks = _node_eval(
+        "import { FIELD_CHECKS } from './lib/schedule_check.js';"
+        "console.log(JSON.stringify(FIELD_CHECKS.map(([f, k, lo, hi]) => [f, k, String(lo), String(hi)])));"
+    )
+    assert isinstance(checks, list)
+    checked = {name for name, *_ in checks} | {"strategy", "pool", "ratios"}
+    assert checked == {f.name for f in dataclasses.fields(Schedule)}
+    texts = []
+    for name, kind, lo, hi in checks:
+        if kind == "int":
+            probes = [lo, hi, str(int(lo) - 1), str(int(hi) + 1), f"{lo}.0", "true"]
+        elif kind == "float":
+            probes = [lo, hi, repr(float(lo) - 1e-6), repr(float(hi) + 1e-6), f'"{lo}"', "NaN"]
+        else:
+            continue
+        texts += [json.dumps({name: "@"}).replace('"@"', p) for p in probes]
+    texts += [f'{{"ratios": {{"{lv}": {p}}}}}' for lv in (8, 16, 32, 64, 4, 128) for p in ("0", "0.9", "0.90001")]
+    js = _js_verdicts(texts, preset="off")
+    for text, got in zip(texts, js, strict=True):
+        assert got == _python_verdict(text, preset="off"), text

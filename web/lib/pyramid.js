@@ -3,10 +3,12 @@
 // Mirrors scheduling/schedule.py: ratioFor() is Schedule.ratio_for, presetSchedule() is preset_schedule(),
 // SCHEDULE_DEFAULTS are the Schedule dataclass defaults. Keep them line-by-line comparable when either side changes.
 
+import { checkScheduleText, MAX_RATIO, SCHEDULE_FIELD_DEFAULTS } from "./schedule_check.js";
+
 // LEVELS, MAX_RATIO, FAMILY_LEVELS, BLOCK_LEVELS and the preset names are checked against scheduling/vocabulary.py and
 // scheduling/schedule.py by tests/test_vocabulary.py.
 export const LEVELS = Object.freeze([8, 16, 32, 64]);
-export const MAX_RATIO = 0.9;
+export { MAX_RATIO };
 
 /** Schedule defaults (scheduling/schedule.py, dataclass Schedule). */
 export const SCHEDULE_DEFAULTS = Object.freeze({
@@ -89,55 +91,34 @@ export function presetSchedule(name, family = "sd15") {
 }
 
 /** Every Schedule field (dataclass order); schedule_text may set any of them, others are an error in Python. */
-export const SCHEDULE_FIELDS = Object.freeze([
-  "strategy", "ratios", "protect_blocks", "ramp_start", "ramp_step", "ramp_every", "ramp_cap", "start_percent",
-  "end_percent", "adaptive", "pool", "sx", "sy", "dit_ratio", "seed", "telemetry_jsonl", "time_calls", "device_aware",
-  "cache_interval", "cache_depth", "cache_start_percent", "cache_end_percent", "cache_threshold",
-]);
+export const SCHEDULE_FIELDS = Object.freeze(Object.keys(SCHEDULE_FIELD_DEFAULTS));
 
 const DRAWN_FIELDS = Object.freeze({
   protect_blocks: "protectBlocks", ramp_start: "rampStart", ramp_step: "rampStep", ramp_every: "rampEvery",
   ramp_cap: "rampCap", start_percent: "startPercent", end_percent: "endPercent", dit_ratio: "ditRatio",
 });
 
+/** The Python text for a schedule_text the chart cannot preview (the server reads it as YAML). */
+export const YAML_NOTE = "schedule_text is not JSON (YAML is applied at run time, not previewed)";
+
 /**
- * Apply a schedule_text override (JSON only: YAML text is reported, not previewed) to a schedule object.
+ * Apply a schedule_text override (JSON only: YAML text is reported, not previewed) to a schedule object. The text
+ * is checked as the server checks it (./schedule_check.js): what a run would refuse is an error here, with the
+ * server's message.
  * @returns {{schedule: object, error: (string|null)}} the schedule unchanged plus an error when the text is unusable
  */
 export function applyScheduleText(schedule, textValue) {
   const t = typeof textValue === "string" ? textValue.trim() : "";
   if (!t) return { schedule, error: null };
-  let data;
-  try {
-    data = JSON.parse(t);
-  } catch {
-    return { schedule, error: "schedule_text is not JSON (YAML is applied at run time, not previewed)" };
-  }
-  if (!data || typeof data !== "object" || Array.isArray(data)) {
-    return { schedule, error: "schedule_text must be a mapping of fields" };
-  }
-  const unknown = Object.keys(data).filter((k) => !SCHEDULE_FIELDS.includes(k));
-  if (unknown.length) return { schedule, error: `unknown schedule field(s): ${unknown.join(", ")}` };
+  const base = { strategy: schedule.strategy, ratios: schedule.ratios ?? {} };
+  for (const [key, name] of Object.entries(DRAWN_FIELDS)) if (name in schedule) base[key] = schedule[name];
+  const { fields, error, yaml } = checkScheduleText(t, base);
+  if (yaml) return { schedule, error: YAML_NOTE };
+  if (error) return { schedule, error };
   const out = { ...schedule };
-  if (typeof data.strategy === "string") out.strategy = data.strategy;
-  if ("ratios" in data) {
-    const r = data.ratios;
-    if (!r || typeof r !== "object" || Array.isArray(r)) return { schedule, error: "ratios must be {level: ratio}" };
-    const ratios = {};
-    for (const [k, v] of Object.entries(r)) {
-      const lv = Number(k);
-      const x = num(v, NaN);
-      if (!LEVELS.includes(lv) || !(x >= 0 && x <= MAX_RATIO)) return { schedule, error: `bad ratios entry ${k}: ${v}` };
-      ratios[lv] = x;
-    }
-    out.ratios = ratios;
-  }
-  for (const [key, name] of Object.entries(DRAWN_FIELDS)) {
-    if (!(key in data)) continue;
-    const x = num(data[key], NaN);
-    if (!Number.isFinite(x)) return { schedule, error: `${key} must be a number` };
-    out[name] = x;
-  }
+  if ("strategy" in fields) out.strategy = fields.strategy;
+  if ("ratios" in fields) out.ratios = fields.ratios;
+  for (const [key, name] of Object.entries(DRAWN_FIELDS)) if (key in fields) out[name] = fields[key];
   return { schedule: out, error: null };
 }
 

@@ -69,7 +69,7 @@ test("schedule_text JSON overrides fields; bad text is reported and ignored", ()
   assert.match(yaml.textError, /not JSON/);
   assert.deepEqual(yaml.ratios, { 8: 0.75, 16: 0.75 });
   assert.match(resolveSchedule({ schedule_text: '{"bogus": 1}' }).textError, /unknown/);
-  assert.match(resolveSchedule({ schedule_text: '{"ratios": {"7": 0.1}}' }).textError, /bad ratios/);
+  assert.match(resolveSchedule({ schedule_text: '{"ratios": {"7": 0.1}}' }).textError, /'ratios' keys must be level factors \(8, 16, 32, 64\), got '7'/);
   assert.match(resolveSchedule({ schedule_text: "[1]" }).textError, /mapping/);
 });
 
