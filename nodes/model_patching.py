@@ -198,6 +198,7 @@ class _LiveStats:
         ]
         return {
             "node": self.node_id,
+            "prompt_id": ui.running_prompt_id(),
             "step": self.step,
             "steps": max(self.steps, self.step, 1),
             "step_time_s": step_time,

@@ -263,6 +263,7 @@ class FakePromptServer:
     def __init__(self) -> None:
         self.events: list[tuple[str, dict]] = []
         self.client_id = "browser-a"  # the client that queued the running prompt
+        self.last_prompt_id = "prompt-1"  # set by ComfyUI's prompt worker before each run
         self.sids: list[str | None] = []
 
     def send_sync(self, event: str, data: dict, sid: str | None = None) -> None:
@@ -298,6 +299,8 @@ def test_live_stats_follow_the_web_schema(monkeypatch: pytest.MonkeyPatch) -> No
     payloads = [data for event, data in server.events if event == "tokenfuse.stats"]
     assert [p["step"] for p in payloads] == [1, 2, 3, 3] and all(p["steps"] == 3 for p in payloads)
     assert all(p["node"] == "12" for p in payloads) and [p["final"] for p in payloads] == [False] * 3 + [True]
+    # the workflow tab that queued this prompt shows them (one page's tabs share the client id)
+    assert all(p["prompt_id"] == "prompt-1" for p in payloads)
     assert payloads[0]["levels"] == [{"level": 8, "tokens_in": 256, "tokens_out": 64}]
     assert payloads[0]["step_time_s"] >= 0 and payloads[0]["peak_mem_mb"] is None  # CPU: no device peak
     assert "tokens saved" in payloads[-1]["summary"] and payloads[-1]["levels"] == []

@@ -104,13 +104,24 @@ def test_documented_stats_event_is_accepted() -> None:
     """The payload example in web/README.md (what the Python side sends) passes the extension's validation."""
     readme = (WEB / "README.md").read_text(encoding="utf-8")
     example = json.loads(re.search(r"```json\n(.*?)```", readme, flags=re.S).group(1))
-    assert set(example) == {"node", "step", "steps", "step_time_s", "peak_mem_mb", "levels", "final", "summary"}
+    assert set(example) == {
+        "node",
+        "prompt_id",
+        "step",
+        "steps",
+        "step_time_s",
+        "peak_mem_mb",
+        "levels",
+        "final",
+        "summary",
+    }
     got = _node_eval(
         "import { normalizeStats } from './lib/stats.js';"
         f"console.log(JSON.stringify(normalizeStats({json.dumps(example)})));"
     )
     assert got is not None
     assert got["node"] == example["node"] and got["steps"] == example["steps"]
+    assert got["promptId"] == example["prompt_id"]
     assert [lv["level"] for lv in got["levels"]] == sorted(lv["level"] for lv in example["levels"])
 
 

@@ -7,7 +7,7 @@
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { chartFamily, MAX_RATIO, pyramidSeries, resolveSchedule } from "./lib/pyramid.js";
-import { levelLabel, matchEventToNodes, mergeStats, normalizeStats, removedFraction, statsLines } from "./lib/stats.js";
+import { levelLabel, normalizeStats, removedFraction, StatsBook, statsLines } from "./lib/stats.js";
 import { columnBars, levelColor, rowBars, windowSpan } from "./lib/layout.js";
 import { chartHeader, familyFromModelName, legendText, percentText, wrapText } from "./lib/labels.js";
 
@@ -23,7 +23,8 @@ const TEXT = "#b8b8b8";
 const DIM = "#6c6c6c";
 const TRACK = "rgba(255,255,255,0.08)";
 
-const liveStats = new WeakMap(); // node -> normalized stats of its latest event
+const book = new StatsBook(); // live stats per workflow tab and node id (./lib/stats.js)
+const ANY_WORKFLOW = "tokenfuse:no-workflow-store"; // frontends without a workflow store: one page, one workflow
 let warned = false;
 
 function warnOnce(err) {
@@ -41,27 +42,27 @@ function widgetValues(node) {
   return out;
 }
 
-function graphNodes(graph) {
-  const nodes = graph?.nodes ?? graph?._nodes;
-  return Array.isArray(nodes) ? nodes : [];
-}
-
 function isController(node) {
   return node?.comfyClass === NODE_TYPE || node?.type === NODE_TYPE;
 }
 
-/** Every TokenSchedulerController of the open workflow, root graph first, then nodes inside subgraphs. */
-function controllers() {
-  const out = [];
-  const root = app?.graph;
-  for (const n of graphNodes(root)) if (isController(n)) out.push({ node: n, inRoot: true });
-  const subgraphs = root?.subgraphs;
-  if (subgraphs && typeof subgraphs.values === "function") {
-    for (const sg of subgraphs.values()) {
-      for (const n of graphNodes(sg)) if (isController(n)) out.push({ node: n, inRoot: false });
-    }
+/** The open workflow tab (the frontend's workflow object; one key for the page on frontends without tabs). */
+function openWorkflow() {
+  try {
+    return app?.extensionManager?.workflow?.activeWorkflow ?? ANY_WORKFLOW;
+  } catch {
+    return ANY_WORKFLOW;
   }
-  return out;
+}
+
+/** The numbers a controller of the open workflow shows (its own workflow's runs only). */
+function statsOf(node) {
+  const inRoot = !node?.graph || node.graph === app?.graph || node.graph?.isRootGraph === true;
+  return book.get(openWorkflow(), node?.id, inRoot);
+}
+
+function redrawCanvas() {
+  app?.graph?.setDirtyCanvas?.(true, true);
 }
 
 function text(ctx, s, x, y, color = TEXT, align = "left") {
@@ -208,7 +209,7 @@ function drawPanel(node, ctx, rect) {
   ctx.font = "10px sans-serif";
   try {
     const chart = { x: rect.x, y: rect.y, w: rect.w, h: CHART_H };
-    const stats = liveStats.get(node) ?? null;
+    const stats = statsOf(node);
     drawPyramid(ctx, chart, node, widgetValues(node), stats);
     const statsRect = { x: rect.x, y: rect.y + CHART_H + 6, w: rect.w, h: rect.h - CHART_H - 6 };
     drawStats(ctx, statsRect, stats);
@@ -262,21 +263,31 @@ function watchWidgets(node) {
 function onStats(event) {
   const stats = normalizeStats(event?.detail);
   if (!stats) return;
-  const found = controllers();
-  const hits = matchEventToNodes(
-    stats.node,
-    found.map((c) => ({ id: c.node.id, inRoot: c.inRoot })),
-  );
-  for (const i of hits) {
-    liveStats.set(found[i].node, mergeStats(liveStats.get(found[i].node), stats));
-    redraw(found[i].node);
-  }
+  const open = openWorkflow();
+  if (book.add(stats, open) === open) redrawCanvas();
 }
 
-function onExecutionStart() {
-  for (const { node } of controllers()) {
-    if (liveStats.delete(node)) redraw(node);
-  }
+function onExecutionStart(event) {
+  const open = openWorkflow();
+  if (book.start(event?.detail?.prompt_id, open) === open) redrawCanvas();
+}
+
+/** Remember which workflow tab queued each prompt: the stats events name the prompt, not the tab. */
+function watchQueue() {
+  const original = api?.queuePrompt;
+  if (typeof original !== "function" || original.__tokenfuse) return;
+  const queuePrompt = async function (...args) {
+    const answered = book.queued(openWorkflow()); // the tab whose graph is being queued, before any await
+    let res;
+    try {
+      res = await original.apply(this, args);
+    } finally {
+      answered(res?.prompt_id);
+    }
+    return res;
+  };
+  queuePrompt.__tokenfuse = true;
+  api.queuePrompt = queuePrompt;
 }
 
 app.registerExtension({
@@ -285,6 +296,11 @@ app.registerExtension({
   setup() {
     api.addEventListener("tokenfuse.stats", onStats);
     api.addEventListener("execution_start", onExecutionStart);
+    try {
+      watchQueue();
+    } catch (err) {
+      warnOnce(err);
+    }
   },
 
   async beforeRegisterNodeDef(nodeType, nodeData) {

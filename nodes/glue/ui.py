@@ -19,6 +19,17 @@ def stats_listener_present() -> bool:
     return getattr(getattr(server, "PromptServer", None), "instance", None) is not None
 
 
+def running_prompt_id() -> str | None:
+    """ComfyUI's id of the prompt being executed (the server sets it before each run), or None without a server.
+
+    The editor files live stats under the workflow tab that queued this prompt: one page's tabs share a client id.
+    """
+    server = sys.modules.get("server")
+    instance = getattr(getattr(server, "PromptServer", None), "instance", None)
+    prompt_id = getattr(instance, "last_prompt_id", None)
+    return prompt_id if isinstance(prompt_id, str) and prompt_id else None
+
+
 def send_stats(event: str, data: dict[str, Any]) -> bool:
     """Send a websocket event to the ComfyUI frontend when a server runs; False (no-op) otherwise.
 

@@ -3,6 +3,7 @@
 // Payload (sent by the Python side with PromptServer.instance.send_sync("tokenfuse.stats", payload)):
 // {
 //   "node": "12" | null,          // unique id of the TokenSchedulerController that scheduled the model, or null
+//   "prompt_id": "..." | null,    // ComfyUI's id of the running prompt: whose workflow tab the numbers belong to
 //   "step": 3, "steps": 20,       // 1-based step just finished, total steps of the run
 //   "step_time_s": 0.41,          // wall time of that step in seconds
 //   "peak_mem_mb": 3120.5 | null, // peak device memory so far in MiB (null when unknown, e.g. CPU)
@@ -28,6 +29,7 @@ export function normalizeStats(detail) {
     : [];
   return {
     node: detail.node === null || detail.node === undefined ? null : String(detail.node),
+    promptId: typeof detail.prompt_id === "string" && detail.prompt_id ? detail.prompt_id : null,
     step: Math.max(0, Math.min(step, steps)),
     steps,
     stepTimeS: float(detail.step_time_s),
@@ -79,6 +81,88 @@ export function matchEventToNodes(eventNode, candidates) {
     }
   });
   return out;
+}
+
+const PROMPTS_KEPT = 64;
+
+/**
+ * Live stats of every open workflow, each workflow's own: a page has one websocket for all its workflow tabs, so an
+ * event is filed under the workflow that queued its prompt (prompt_id), never under whichever tab is open when it
+ * arrives, and a tab shows only its own runs' numbers. Keyed by node id, not by node object: undo, redo and a tab
+ * switch rebuild the node objects.
+ *
+ * A workflow key is anything with identity (the frontend's workflow object, or a string).
+ */
+export class StatsBook {
+  constructor() {
+    this.byWorkflow = new Map(); // workflow key -> Map(event node id ("12", "7:12", "*" = every node) -> stats)
+    this.prompts = new Map(); // prompt id -> workflow key
+    this.pending = []; // workflow keys of queue requests not answered yet, oldest first
+  }
+
+  /** A queue request from `workflow` is under way; returns the function to call with its prompt id (or null). */
+  queued(workflow) {
+    const entry = { workflow };
+    this.pending.push(entry);
+    return (promptId) => {
+      this.pending = this.pending.filter((e) => e !== entry);
+      if (typeof promptId === "string" && promptId) this.bind(promptId, workflow);
+    };
+  }
+
+  bind(promptId, workflow) {
+    this.prompts.delete(promptId);
+    this.prompts.set(promptId, workflow);
+    while (this.prompts.size > PROMPTS_KEPT) this.prompts.delete(this.prompts.keys().next().value);
+    return workflow;
+  }
+
+  /**
+   * The workflow a prompt belongs to. A prompt this page did not queue (another client, or queued before a page
+   * reload), or one whose queue answer has not arrived yet (the run can start first), goes to the workflow of the
+   * oldest unanswered queue request, else to `fallback` (the open tab), once: its later events follow.
+   */
+  workflowOf(promptId, fallback) {
+    if (!promptId) return fallback;
+    if (this.prompts.has(promptId)) return this.prompts.get(promptId);
+    return this.bind(promptId, this.pending.length ? this.pending[0].workflow : fallback);
+  }
+
+  /** A run started: that workflow's numbers are cleared. Returns the workflow key. */
+  start(promptId, fallback) {
+    const workflow = this.workflowOf(promptId, fallback);
+    this.byWorkflow.delete(workflow);
+    return workflow;
+  }
+
+  /** File a normalized event; returns the workflow key it went to. */
+  add(stats, fallback) {
+    const workflow = this.workflowOf(stats.promptId, fallback);
+    let nodes = this.byWorkflow.get(workflow);
+    if (!nodes) this.byWorkflow.set(workflow, (nodes = new Map()));
+    const key = stats.node ?? "*";
+    const merged = mergeStats(nodes.get(key), stats);
+    nodes.delete(key); // most recent last
+    nodes.set(key, merged);
+    return workflow;
+  }
+
+  /**
+   * The stats a TokenSchedulerController of `workflow` shows: "12" for root node 12; for a node inside a subgraph
+   * (inRoot false) the latest event of an execution path ending in its id ("7:12"); else an event for every node.
+   */
+  get(workflow, nodeId, inRoot = true) {
+    const nodes = this.byWorkflow.get(workflow);
+    if (!nodes) return null;
+    const id = String(nodeId);
+    let found = null;
+    for (const [key, stats] of nodes) {
+      if (key === "*") continue;
+      const hit = inRoot === false ? key.includes(":") && key.split(":").pop() === id : key === id;
+      if (hit) found = stats;
+    }
+    return found ?? nodes.get("*") ?? null;
+  }
 }
 
 /** Compact token count: 950, 4.1k, 65.5k, 1.2M. */

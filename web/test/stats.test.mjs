@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  normalizeStats, matchEventToNodes, mergeStats, formatTokens, formatSeconds, formatMemMb, levelLabel, statsLines, keptFraction, removedFraction,
+  normalizeStats, matchEventToNodes, mergeStats, formatTokens, formatSeconds, formatMemMb, levelLabel, statsLines, keptFraction, removedFraction, StatsBook,
 } from "../lib/stats.js";
 
 const EVENT = {
@@ -82,4 +82,53 @@ test("the final event keeps step time, memory and levels of the run's last step"
   assert.deepEqual(mergeStats(m, nextRun).levels, []); // a new run starts clean
   assert.equal(mergeStats(null, fin), fin);
   assert.equal(mergeStats(last, null), last);
+});
+
+test("each workflow tab keeps its own live stats (one websocket, one client id for all tabs)", () => {
+  const book = new StatsBook();
+  const tabA = { path: "a.json" };
+  const tabB = { path: "b.json" };
+  book.queued(tabA)("prompt-a"); // tab A queued its workflow, then the user opened tab B
+  book.start("prompt-a", tabB);
+  book.add(normalizeStats({ ...EVENT, prompt_id: "prompt-a" }), tabB);
+  assert.equal(book.get(tabB, 12), null, "tab B's node 12 shows nothing of tab A's run");
+  assert.equal(book.get(tabA, 12).step, 3, "tab A's node 12 has its numbers when the user comes back");
+  // tab B runs: its start clears only its own numbers
+  book.queued(tabB)("prompt-b");
+  book.start("prompt-b", tabA);
+  book.add(normalizeStats({ ...EVENT, step: 1, prompt_id: "prompt-b" }), tabA);
+  assert.equal(book.get(tabA, 12).step, 3);
+  assert.equal(book.get(tabB, 12).step, 1);
+});
+
+test("a run that starts before its queue answer, or that this page did not queue", () => {
+  const book = new StatsBook();
+  const tabA = { path: "a.json" };
+  const tabB = { path: "b.json" };
+  const answered = book.queued(tabA);
+  book.start("p1", tabB); // execution_start can beat the /prompt answer
+  book.add(normalizeStats({ ...EVENT, prompt_id: "p1" }), tabB);
+  answered("p1");
+  assert.equal(book.get(tabA, 12).step, 3);
+  assert.equal(book.get(tabB, 12), null);
+  // an unknown prompt (another client, a page reload) goes to the open tab, and stays there
+  book.add(normalizeStats({ ...EVENT, step: 5, prompt_id: "p9" }), tabB);
+  book.add(normalizeStats({ ...EVENT, step: 6, prompt_id: "p9" }), tabA);
+  assert.equal(book.get(tabB, 12).step, 6);
+  // no prompt id (an older server): the open tab
+  book.add(normalizeStats({ ...EVENT, step: 7 }), tabA);
+  assert.equal(book.get(tabA, 12).step, 7);
+});
+
+test("stats by node id, subgraph path and broadcast", () => {
+  const book = new StatsBook();
+  const wf = "w";
+  book.add(normalizeStats({ ...EVENT, node: "5:12", prompt_id: "p" }), wf);
+  assert.equal(book.get(wf, 12, true), null, "root node 12 is not the subgraph's node 12");
+  assert.equal(book.get(wf, 12, false).node, "5:12");
+  book.add(normalizeStats({ ...EVENT, node: null, step: 2, prompt_id: "p" }), wf);
+  assert.equal(book.get(wf, 3, true).step, 2, "an event for every node");
+  // the final event keeps the step's level counts (mergeStats), per node
+  book.add(normalizeStats({ ...EVENT, node: "5:12", step: 20, steps: 20, levels: [], final: true, summary: "done", prompt_id: "p" }), wf);
+  assert.equal(book.get(wf, 12, false).levels.length, 2);
 });
