@@ -10,6 +10,7 @@
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { reportLines, wrapText } from "./lib/labels.js";
+import { openWorkflowOf, pagePrompts, wrapQueuePrompt } from "./lib/prompts.js";
 
 const LINE = 13;
 const WIDGET = "tokenfuse_report";
@@ -23,15 +24,36 @@ const PANELS = {
 };
 const COLORS = { text: "#c8c8c8", warn: "#e0a84f", dim: "#6c6c6c" };
 const lastReport = new WeakMap(); // node -> [{text, warn}]
-// ids whose report was cleared when a run started and has not come back yet: their last outputs are stale
-const cleared = new Set();
+const ANY_WORKFLOW = "tokenfuse:no-workflow-store";
+// per workflow tab: node keys whose report was cleared when its run started and has not come back yet (their last
+// outputs are stale)
+const cleared = new Map();
+
+function openWorkflow() {
+  return openWorkflowOf(app, ANY_WORKFLOW);
+}
+
+function clearedOf(workflow) {
+  if (!cleared.has(workflow)) cleared.set(workflow, new Set());
+  return cleared.get(workflow);
+}
+
+function inRoot(node) {
+  return !node?.graph || node.graph === app.graph || node.graph?.isRootGraph === true;
+}
+
+// The key of a node's outputs in app.nodeOutputs: its id in the root graph, "<subgraph id>:<id>" inside a subgraph
+// (the frontend's node locator); a node inside a subgraph never reads the root node with the same id.
+function outputKey(node) {
+  return inRoot(node) ? String(node.id) : `${node.graph?.id}:${node.id}`;
+}
 
 // Undo/redo and workflow tabs rebuild the node objects (the WeakMap forgets them); the frontend keeps each node's
 // last outputs per workflow, as it does for image previews, so the report is read back from there.
 function reportOf(node) {
   const kept = lastReport.get(node);
-  if (kept?.length || cleared.has(String(node.id))) return kept;
-  const lines = reportLines(app.nodeOutputs?.[String(node.id)]?.text);
+  if (kept?.length || clearedOf(openWorkflow()).has(outputKey(node))) return kept;
+  const lines = reportLines(app.nodeOutputs?.[outputKey(node)]?.text);
   if (lines.length) lastReport.set(node, lines);
   return lines;
 }
@@ -114,14 +136,23 @@ app.registerExtension({
   name: "tokenfuse.report",
 
   setup() {
-    // a new run starts with empty panels, so an old report is never mistaken for this run's
-    api.addEventListener("execution_start", () => {
+    // a new run starts with empty panels, so an old report is never mistaken for this run's; only in the tab that
+    // queued it (another tab's run leaves this tab's reports alone)
+    api.addEventListener("execution_start", (event) => {
+      const open = openWorkflow();
+      if (pagePrompts.start(event?.detail?.prompt_id, open) !== open) return;
+      const ids = clearedOf(open);
       for (const node of allNodes()) {
         if (!PANELS[node?.comfyClass ?? node?.type]) continue;
-        cleared.add(String(node.id));
+        ids.add(outputKey(node));
         if (lastReport.delete(node)) node.setDirtyCanvas?.(true, false);
       }
     });
+    try {
+      wrapQueuePrompt(api, openWorkflow); // which tab queued each prompt (./lib/prompts.js)
+    } catch (err) {
+      console.warn("[tokenfuse] report panel: queue tracking skipped:", err);
+    }
   },
 
   async beforeRegisterNodeDef(nodeType, nodeData) {
@@ -143,8 +174,11 @@ app.registerExtension({
       const r = onExecuted?.apply(this, [message, ...rest]);
       try {
         const lines = reportLines(message?.text);
-        if (lines.length) {
-          cleared.delete(String(this.id));
+        // The frontend hands a run's output to the node with the same id in the OPEN tab: a run queued from
+        // another tab is not this node's (that tab reads its own outputs back when it is opened).
+        const open = openWorkflow();
+        if (lines.length && pagePrompts.runningWorkflow(open) === open) {
+          clearedOf(open).delete(outputKey(this));
           lastReport.set(this, lines);
           this.setDirtyCanvas?.(true, false);
         }

@@ -8,8 +8,9 @@ import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { chartFamily, MAX_RATIO, pyramidSeries, resolveSchedule } from "./lib/pyramid.js";
 import { levelLabel, normalizeStats, removedFraction, StatsBook, statsLines } from "./lib/stats.js";
+import { openWorkflowOf, pagePrompts, wrapQueuePrompt } from "./lib/prompts.js";
 import { columnBars, levelColor, rowBars, windowSpan } from "./lib/layout.js";
-import { chartHeader, familyFromModelName, legendText, percentText, wrapText } from "./lib/labels.js";
+import { chartHeader, chartNote, familyFromModelName, legendText, linkedWidgets, percentText, wrapText } from "./lib/labels.js";
 
 const NODE_TYPE = "TokenFuseTokenSchedulerController";
 const LINE = 13; // px per text line at the chart's 10 px font
@@ -23,7 +24,7 @@ const TEXT = "#b8b8b8";
 const DIM = "#6c6c6c";
 const TRACK = "rgba(255,255,255,0.08)";
 
-const book = new StatsBook(); // live stats per workflow tab and node id (./lib/stats.js)
+const book = new StatsBook(pagePrompts); // live stats per workflow tab and node id (./lib/stats.js)
 const ANY_WORKFLOW = "tokenfuse:no-workflow-store"; // frontends without a workflow store: one page, one workflow
 let warned = false;
 
@@ -48,11 +49,7 @@ function isController(node) {
 
 /** The open workflow tab (the frontend's workflow object; one key for the page on frontends without tabs). */
 function openWorkflow() {
-  try {
-    return app?.extensionManager?.workflow?.activeWorkflow ?? ANY_WORKFLOW;
-  } catch {
-    return ANY_WORKFLOW;
-  }
+  return openWorkflowOf(app, ANY_WORKFLOW);
 }
 
 /** The numbers a controller of the open workflow shows (its own workflow's runs only). */
@@ -106,7 +103,7 @@ function measureWith(ctx) {
   return (str) => ctx.measureText(str).width;
 }
 
-function drawPyramid(ctx, rect, node, values, stats) {
+function drawPyramid(ctx, rect, node, values, stats, linked = []) {
   const { family, source } = familyOf(node, values, stats);
   const schedule = resolveSchedule(values, family);
   const series = pyramidSeries(schedule, family);
@@ -148,13 +145,20 @@ function drawPyramid(ctx, rect, node, values, stats) {
   const span = windowSpan(schedule.startPercent, schedule.endPercent, strip);
   ctx.fillStyle = "#8a8ad8";
   ctx.fillRect(span.x, span.y, span.w, span.h);
-  const pct = (x) => `${Math.round(x * 100)}%`;
-  const note = schedule.textError ?? `active in ${pct(schedule.startPercent)}–${pct(schedule.endPercent)} of the steps (bar above)`;
-  const noteLine = wrapText(note, rect.w, measureWith(ctx))[0] ?? "";
-  text(ctx, noteLine, rect.x, strip.y + 4 + LINE - 2, schedule.textError ? "#d08a7a" : DIM);
+  // The note: a refused schedule_text or a linked input takes the legend's line too when it needs it.
+  const note = chartNote(schedule, linked);
+  const noteLines = wrapText(note.text, rect.w, measureWith(ctx));
+  const noteY = strip.y + 4 + LINE - 2;
+  const legendY = strip.y + 4 + 2 * LINE - 2;
+  const noteColor = { error: "#d08a7a", warn: "#e0a84f", info: DIM }[note.level];
+  text(ctx, noteLines[0] ?? "", rect.x, noteY, noteColor);
+  if (note.level !== "info" && noteLines.length > 1) {
+    const second = noteLines.length > 2 ? `${wrapText(noteLines.slice(1).join(" "), rect.w - 12, measureWith(ctx))[0]} …` : noteLines[1];
+    text(ctx, second, rect.x, legendY, noteColor);
+    return;
+  }
   // Legend on its own line: the level colours and what /8 … /64 means.
   const levels = [...new Set(series.map((b) => b.level))].sort((a, b) => a - b);
-  const legendY = strip.y + 4 + 2 * LINE - 2;
   let x = rect.x;
   for (const lv of levels) {
     ctx.fillStyle = levelColor(lv);
@@ -210,7 +214,11 @@ function drawPanel(node, ctx, rect) {
   try {
     const chart = { x: rect.x, y: rect.y, w: rect.w, h: CHART_H };
     const stats = statsOf(node);
-    drawPyramid(ctx, chart, node, widgetValues(node), stats);
+    // a widget converted to an input and linked: the run uses the linked value, not the widget's
+    const linked = linkedWidgets(node.inputs, WATCHED);
+    const values = widgetValues(node);
+    if (linked.includes("schedule_text")) delete values.schedule_text;
+    drawPyramid(ctx, chart, node, values, stats, linked);
     const statsRect = { x: rect.x, y: rect.y + CHART_H + 6, w: rect.w, h: rect.h - CHART_H - 6 };
     drawStats(ctx, statsRect, stats);
   } catch (err) {
@@ -272,24 +280,6 @@ function onExecutionStart(event) {
   if (book.start(event?.detail?.prompt_id, open) === open) redrawCanvas();
 }
 
-/** Remember which workflow tab queued each prompt: the stats events name the prompt, not the tab. */
-function watchQueue() {
-  const original = api?.queuePrompt;
-  if (typeof original !== "function" || original.__tokenfuse) return;
-  const queuePrompt = async function (...args) {
-    const answered = book.queued(openWorkflow()); // the tab whose graph is being queued, before any await
-    let res;
-    try {
-      res = await original.apply(this, args);
-    } finally {
-      answered(res?.prompt_id);
-    }
-    return res;
-  };
-  queuePrompt.__tokenfuse = true;
-  api.queuePrompt = queuePrompt;
-}
-
 app.registerExtension({
   name: "tokenfuse.scheduler",
 
@@ -297,7 +287,7 @@ app.registerExtension({
     api.addEventListener("tokenfuse.stats", onStats);
     api.addEventListener("execution_start", onExecutionStart);
     try {
-      watchQueue();
+      wrapQueuePrompt(api, openWorkflow); // which tab queued each prompt (./lib/prompts.js)
     } catch (err) {
       warnOnce(err);
     }

@@ -57,3 +57,86 @@ def test_scheduler_chart_in_real_frontend(
     ours = [e for e in res["consoleErrors"] + res["pageErrors"] + res["failedRequests"] if _ours(e)]
     assert not ours, ours
     assert shot.is_file() and shot.stat().st_size > 10_000
+
+
+STATE_SCRIPT = REPO / "tests" / "integration" / "editor_state_check.mjs"
+REFUSED_TEXTS = [
+    '{"protect_blocks": 99}',
+    '{"start_percent": 0.5, "end_percent": 0.2}',
+    '{"strategy": "bogus"}',
+    '{"ratios": {"8": "0.5"}}',
+]
+
+
+@pytest.fixture(scope="module")
+def editor_state(browser_tools: tuple[str, dict[str, str]], comfy_server: SimpleNamespace) -> dict:
+    node, env = browser_tools
+    texts = [*REFUSED_TEXTS, '{"end_percent": 0.6}']
+    out = subprocess.run(
+        [node, str(STATE_SCRIPT), comfy_server.url, json.dumps({"schedule_texts": texts})],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("text", REFUSED_TEXTS)
+def test_chart_refuses_schedule_text_the_server_refuses(editor_state: dict, text: str) -> None:
+    """The chart names what a run would refuse, with the server's own message (it drew them as valid)."""
+    from tokenfuse.nodes.scheduler_node import schedule_from_widgets
+    from tokenfuse.scheduling.schedule import ScheduleError
+
+    with pytest.raises(ScheduleError) as refused:
+        schedule_from_widgets("balanced", "preset", 0.0, "sd15", text)
+    assert str(refused.value) in editor_state["scheduleText"][text]
+
+
+def test_chart_draws_schedule_text_the_server_accepts(editor_state: dict) -> None:
+    drawn = editor_state["scheduleText"]['{"end_percent": 0.6}']
+    assert "active in 0%–60% of the steps" in drawn and "Schedule field" not in drawn
+
+
+def test_live_stats_belong_to_the_workflow_tab_that_queued_the_run(editor_state: dict) -> None:
+    """Tab A's run reports while tab B is open: B's node with the same id shows nothing of it (it showed A's
+    numbers), A shows them when the user comes back and after undo (they were lost with the node objects)."""
+    res = editor_state["tabsStats"]
+    assert res.get("sameId"), res
+    assert res["tabB"] == [], res
+    assert res["tabA"] and res["tabA"][0].startswith("step 7/20"), res
+    assert res["tabAAfterUndo"] == res["tabA"], res
+
+
+def test_node_reports_belong_to_the_workflow_tab_that_queued_the_run(editor_state: dict) -> None:
+    """Tab A's ScheduledFusion report arrives while tab B is open: B keeps its own report (it was replaced by A's)."""
+    res = editor_state["tabsReport"]
+    assert res.get("sameId"), res
+    assert res["tabBBefore"] == ["ScheduledFusion: tab B's run"], res
+    assert res["tabBDuringA"] == res["tabBBefore"], res
+    assert res["tabA"] == ["ScheduledFusion: tab A's run"], res
+
+
+def test_chart_says_when_widgets_come_from_links(editor_state: dict) -> None:
+    """schedule_text and ratio linked from other nodes: the chart said nothing and drew the stale widget values (and
+    flagged the stale text as an error)."""
+    drawn = editor_state["linkedInputs"]["drawn"]
+    assert "from a link, not drawn: ratio, schedule_text" in drawn, drawn
+    assert "protect_blocks" not in drawn, drawn
+
+
+def test_report_inside_a_subgraph_survives_undo(editor_state: dict) -> None:
+    """A node inside a subgraph reads its own outputs back after undo (it lost its report: it read the root-graph
+    key)."""
+    res = editor_state["subgraphReport"]
+    assert res["before"] == ["ScheduledFusion: inside the subgraph"], res
+    assert res["afterUndo"] == res["before"], res
+    assert res["rootAfterUndo"] == ["ScheduledFusion: in the root graph"], res
+
+
+def test_editor_scenarios_log_no_errors_from_the_pack(editor_state: dict) -> None:
+    ours = [e for e in editor_state["errors"] if _ours(e)]
+    assert not ours, ours

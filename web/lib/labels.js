@@ -133,3 +133,36 @@ export function orderTemplates(names) {
   const budget = (n) => Number(/_(\d+)gb$/i.exec(n)?.[1] ?? Infinity);
   return [...names].sort((a, b) => budget(a) - budget(b) || (a < b ? -1 : a > b ? 1 : 0));
 }
+
+/**
+ * Names among `names` of the widgets whose value comes from a link (a widget converted to an input and connected):
+ * the run uses the linked value, which the editor does not know before the run.
+ * @param {{name?: string, widget?: {name?: string}, link?: (number|null)}[]|undefined} inputs the node's inputs
+ * @param {string[]} names
+ */
+export function linkedWidgets(inputs, names) {
+  const out = [];
+  for (const input of Array.isArray(inputs) ? inputs : []) {
+    const name = input?.widget?.name ?? input?.name;
+    if (names.includes(name) && input.link !== null && input.link !== undefined && !out.includes(name)) out.push(name);
+  }
+  return out;
+}
+
+/**
+ * The chart's note under the bars: what the server would refuse in schedule_text (error), inputs fed by a link
+ * (warn: the chart cannot draw what the run will use), else the active window of the schedule.
+ * @returns {{text: string, level: ("error"|"warn"|"info")}}
+ */
+export function chartNote(schedule, linked = []) {
+  if (schedule?.textError) return { text: schedule.textError, level: "error" };
+  if (linked.length) {
+    const shown = linked.includes("schedule_text") ? " (schedule_text is left out)" : "";
+    return {
+      text: `from a link, not drawn: ${linked.join(", ")}: the run uses the linked value; the chart shows the widgets${shown}`,
+      level: "warn",
+    };
+  }
+  const pct = (x) => `${Math.round(x * 100)}%`;
+  return { text: `active in ${pct(schedule.startPercent)}–${pct(schedule.endPercent)} of the steps (bar above)`, level: "info" };
+}

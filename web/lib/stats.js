@@ -12,6 +12,8 @@
 //   "summary": null | "..."       // one-line run summary, set on the final event
 // }
 
+import { PromptWorkflows } from "./prompts.js";
+
 /**
  * A clean copy of an event payload, or null when it is not a usable stats payload.
  * Unknown fields are dropped, numbers are coerced, bad level entries are skipped.
@@ -83,61 +85,27 @@ export function matchEventToNodes(eventNode, candidates) {
   return out;
 }
 
-const PROMPTS_KEPT = 64;
-
 /**
- * Live stats of every open workflow, each workflow's own: a page has one websocket for all its workflow tabs, so an
- * event is filed under the workflow that queued its prompt (prompt_id), never under whichever tab is open when it
- * arrives, and a tab shows only its own runs' numbers. Keyed by node id, not by node object: undo, redo and a tab
- * switch rebuild the node objects.
- *
- * A workflow key is anything with identity (the frontend's workflow object, or a string).
+ * Live stats of every open workflow, each workflow's own: an event is filed under the workflow tab that queued its
+ * prompt (./prompts.js), never under whichever tab is open when it arrives, so a tab shows only its own runs'
+ * numbers. Keyed by node id, not by node object: undo, redo and a tab switch rebuild the node objects.
  */
 export class StatsBook {
-  constructor() {
+  constructor(prompts = new PromptWorkflows()) {
     this.byWorkflow = new Map(); // workflow key -> Map(event node id ("12", "7:12", "*" = every node) -> stats)
-    this.prompts = new Map(); // prompt id -> workflow key
-    this.pending = []; // workflow keys of queue requests not answered yet, oldest first
-  }
-
-  /** A queue request from `workflow` is under way; returns the function to call with its prompt id (or null). */
-  queued(workflow) {
-    const entry = { workflow };
-    this.pending.push(entry);
-    return (promptId) => {
-      this.pending = this.pending.filter((e) => e !== entry);
-      if (typeof promptId === "string" && promptId) this.bind(promptId, workflow);
-    };
-  }
-
-  bind(promptId, workflow) {
-    this.prompts.delete(promptId);
-    this.prompts.set(promptId, workflow);
-    while (this.prompts.size > PROMPTS_KEPT) this.prompts.delete(this.prompts.keys().next().value);
-    return workflow;
-  }
-
-  /**
-   * The workflow a prompt belongs to. A prompt this page did not queue (another client, or queued before a page
-   * reload), or one whose queue answer has not arrived yet (the run can start first), goes to the workflow of the
-   * oldest unanswered queue request, else to `fallback` (the open tab), once: its later events follow.
-   */
-  workflowOf(promptId, fallback) {
-    if (!promptId) return fallback;
-    if (this.prompts.has(promptId)) return this.prompts.get(promptId);
-    return this.bind(promptId, this.pending.length ? this.pending[0].workflow : fallback);
+    this.prompts = prompts;
   }
 
   /** A run started: that workflow's numbers are cleared. Returns the workflow key. */
   start(promptId, fallback) {
-    const workflow = this.workflowOf(promptId, fallback);
+    const workflow = this.prompts.start(promptId, fallback);
     this.byWorkflow.delete(workflow);
     return workflow;
   }
 
   /** File a normalized event; returns the workflow key it went to. */
   add(stats, fallback) {
-    const workflow = this.workflowOf(stats.promptId, fallback);
+    const workflow = this.prompts.workflowOf(stats.promptId, fallback);
     let nodes = this.byWorkflow.get(workflow);
     if (!nodes) this.byWorkflow.set(workflow, (nodes = new Map()));
     const key = stats.node ?? "*";

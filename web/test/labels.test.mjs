@@ -2,6 +2,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
   chartHeader, familyFromModelName, isWarning, legendText, orderTemplates, percentText, reportLines, strategyText, wrapText,
+  chartNote, linkedWidgets,
 } from "../lib/labels.js";
 import { pyramidSeries, resolveSchedule } from "../lib/pyramid.js";
 
@@ -86,4 +87,21 @@ test("templates are ordered by GPU budget, 4 GB first", () => {
   ]);
   assert.deepEqual(listed[0], "tokenfuse_group_photo_multiface_sd15"); // input untouched
   assert.deepEqual(orderTemplates([]), []);
+});
+
+test("widgets fed by a link are named, and the chart says it cannot draw them", () => {
+  const inputs = [
+    { name: "model", type: "MODEL", link: 3 },
+    { name: "ratio", widget: { name: "ratio" }, link: 7 },
+    { name: "schedule_text", widget: { name: "schedule_text" }, link: null },
+    { name: "preset", widget: { name: "preset" } },
+  ];
+  assert.deepEqual(linkedWidgets(inputs, ["preset", "strategy", "ratio", "schedule_text"]), ["ratio"]);
+  assert.deepEqual(linkedWidgets(undefined, ["ratio"]), []);
+  const schedule = { startPercent: 0, endPercent: 0.5, textError: null };
+  assert.deepEqual(chartNote(schedule, []), { text: "active in 0%–50% of the steps (bar above)", level: "info" });
+  const linked = chartNote(schedule, ["ratio", "schedule_text"]);
+  assert.equal(linked.level, "warn");
+  assert.match(linked.text, /from a link, not drawn: ratio, schedule_text/);
+  assert.deepEqual(chartNote({ ...schedule, textError: "Schedule field 'x'" }, ["ratio"]), { text: "Schedule field 'x'", level: "error" });
 });

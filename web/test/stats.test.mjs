@@ -88,13 +88,13 @@ test("each workflow tab keeps its own live stats (one websocket, one client id f
   const book = new StatsBook();
   const tabA = { path: "a.json" };
   const tabB = { path: "b.json" };
-  book.queued(tabA)("prompt-a"); // tab A queued its workflow, then the user opened tab B
+  book.prompts.queued(tabA)("prompt-a"); // tab A queued its workflow, then the user opened tab B
   book.start("prompt-a", tabB);
   book.add(normalizeStats({ ...EVENT, prompt_id: "prompt-a" }), tabB);
   assert.equal(book.get(tabB, 12), null, "tab B's node 12 shows nothing of tab A's run");
   assert.equal(book.get(tabA, 12).step, 3, "tab A's node 12 has its numbers when the user comes back");
   // tab B runs: its start clears only its own numbers
-  book.queued(tabB)("prompt-b");
+  book.prompts.queued(tabB)("prompt-b");
   book.start("prompt-b", tabA);
   book.add(normalizeStats({ ...EVENT, step: 1, prompt_id: "prompt-b" }), tabA);
   assert.equal(book.get(tabA, 12).step, 3);
@@ -105,7 +105,7 @@ test("a run that starts before its queue answer, or that this page did not queue
   const book = new StatsBook();
   const tabA = { path: "a.json" };
   const tabB = { path: "b.json" };
-  const answered = book.queued(tabA);
+  const answered = book.prompts.queued(tabA);
   book.start("p1", tabB); // execution_start can beat the /prompt answer
   book.add(normalizeStats({ ...EVENT, prompt_id: "p1" }), tabB);
   answered("p1");
