@@ -10,12 +10,16 @@ import { viewRoutes } from "./lib/preview.js";
 const NODE_TYPE = "TokenFusePatchTokenize";
 const PREVIEW_H = 240;
 const MIN_W = 260;
+const FRONTEND_PREVIEW = "$$canvas-image-preview"; // frontend 1.2x: the image preview is a widget of the node
 
+// Room for the preview below the widgets. Once the frontend has added its preview widget, computeSize() already
+// counts the preview: adding PREVIEW_H again made the node grow on the second run into the nodes below it.
 function ensureRoom(node) {
   const min = node.computeSize?.();
   const w = node.size?.[0] ?? 0;
   const h = node.size?.[1] ?? 0;
-  const wantH = (min?.[1] ?? 0) + PREVIEW_H;
+  const counted = node.widgets?.some((x) => x?.name === FRONTEND_PREVIEW || x?.type === "IMAGE_PREVIEW");
+  const wantH = (min?.[1] ?? 0) + (counted ? 0 : PREVIEW_H);
   if (h < wantH || w < MIN_W) node.setSize?.([Math.max(w, MIN_W), Math.max(h, wantH)]);
 }
 

@@ -114,6 +114,28 @@ const SCENARIOS = {
     ratio.connect(0, node, node.inputs.findIndex((i) => i.name === "ratio"));
     return { drawn: drawn(node, "tokenfuse_chart").join(" ") };`,
 
+  // PatchTokenize run three times (the same workflow queued again): its size after each run.
+  planPreviewRuns: `
+    const plan = add("TokenFusePatchTokenize");
+    const c = document.createElement("canvas");
+    c.width = 96;
+    c.height = 64;
+    const blob = await new Promise((r) => c.toBlob(r, "image/png"));
+    const form = new FormData();
+    form.append("image", blob, "tokenfuse_state_check.png");
+    form.append("type", "temp");
+    form.append("overwrite", "true");
+    const info = await (await api.fetchApi("/upload/image", { method: "POST", body: form })).json();
+    const output = { images: [{ filename: info.name, subfolder: "", type: "temp" }], text: ["PatchTokenize: 40% fewer tokens than uniform"] };
+    const sizes = [Array.from(plan.size)];
+    for (let i = 0; i < 3; i++) {
+      api.dispatchCustomEvent("executed", { node: String(plan.id), display_node: String(plan.id), output, prompt_id: "p" + i });
+      await sleep(800);
+      app.canvas.draw(true, true);
+      sizes.push(Array.from(plan.size));
+    }
+    return { sizes, imgs: plan.imgs?.length ?? 0 };`,
+
   // ScheduledFusion inside a subgraph: its report after undo (the node objects are rebuilt).
   subgraphReport: `
     const T = "TokenFuseScheduledFusion";

@@ -137,6 +137,15 @@ def test_report_inside_a_subgraph_survives_undo(editor_state: dict) -> None:
     assert res["rootAfterUndo"] == ["ScheduledFusion: in the root graph"], res
 
 
+def test_plan_preview_keeps_its_size_when_run_again(editor_state: dict) -> None:
+    """PatchTokenize makes room for its preview once; running the workflow again must not grow it (it grew by the
+    preview's height on the second run, over the nodes below)."""
+    res = editor_state["planPreviewRuns"]
+    created, first, *again = res["sizes"]
+    assert first[1] > created[1] and res["imgs"] >= 1, res
+    assert all(size == first for size in again), res
+
+
 def test_editor_scenarios_log_no_errors_from_the_pack(editor_state: dict) -> None:
     ours = [e for e in editor_state["errors"] if _ours(e)]
     assert not ours, ours
