@@ -286,6 +286,10 @@ app.registerExtension({
   setup() {
     api.addEventListener("tokenfuse.stats", onStats);
     api.addEventListener("execution_start", onExecutionStart);
+    api.addEventListener("reconnecting", () => {
+      book.stopRunning("server connection lost");
+      redrawCanvas();
+    });
     try {
       wrapQueuePrompt(api, openWorkflow); // which tab queued each prompt (./lib/prompts.js)
     } catch (err) {

@@ -116,6 +116,16 @@ export class StatsBook {
   }
 
   /**
+   * The server went away (the websocket closed): runs without their final event will never send it; they are shown
+   * as stopped (a later event of the same run, after a reconnect, shows it running again).
+   */
+  stopRunning(reason) {
+    for (const nodes of this.byWorkflow.values()) {
+      for (const [key, stats] of nodes) if (!stats.final && !stats.stopped) nodes.set(key, { ...stats, stopped: reason });
+    }
+  }
+
+  /**
    * The stats a TokenSchedulerController of `workflow` shows: "12" for root node 12; for a node inside a subgraph
    * (inRoot false) the latest event of an execution path ending in its id ("7:12"); else an event for every node.
    */
@@ -173,7 +183,10 @@ export function levelLabel(level) {
 /** Header lines for the node: progress, step time and peak memory, then the summary when the run is done. */
 export function statsLines(stats) {
   if (!stats) return [];
-  const head = stats.final ? `done ${stats.steps} steps` : `step ${stats.step}/${stats.steps}`;
+  // a run cancelled or failed still sends its final event (with the summary), at the step it reached
+  let head = stats.final ? `done ${stats.steps} steps` : `step ${stats.step}/${stats.steps}`;
+  if (stats.final && stats.step < stats.steps) head = `stopped at step ${stats.step}/${stats.steps}`;
+  else if (!stats.final && stats.stopped) head = `stopped at step ${stats.step}/${stats.steps} (${stats.stopped})`;
   const lines = [`${head} · ${formatSeconds(stats.stepTimeS)}/step · peak ${formatMemMb(stats.peakMemMb)}`];
   if (stats.final && stats.summary) lines.push(stats.summary);
   return lines;

@@ -132,3 +132,18 @@ test("stats by node id, subgraph path and broadcast", () => {
   book.add(normalizeStats({ ...EVENT, node: "5:12", step: 20, steps: 20, levels: [], final: true, summary: "done", prompt_id: "p" }), wf);
   assert.equal(book.get(wf, 12, false).levels.length, 2);
 });
+
+test("a run cancelled, failed or cut off by a server restart is not shown as done", () => {
+  const final = normalizeStats({ ...EVENT, step: 7, steps: 20, final: true, summary: "TokenFuse: 7 steps" });
+  assert.equal(statsLines(final)[0].split(" · ")[0], "stopped at step 7/20"); // it said "done 20 steps"
+  const done = normalizeStats({ ...EVENT, step: 20, steps: 20, final: true, summary: "s" });
+  assert.equal(statsLines(done)[0].split(" · ")[0], "done 20 steps");
+  const book = new StatsBook();
+  book.add(normalizeStats({ ...EVENT, prompt_id: "p" }), "tab");
+  book.add(normalizeStats({ ...EVENT, node: "3", step: 20, steps: 20, final: true, prompt_id: "p" }), "tab");
+  book.stopRunning("server connection lost");
+  assert.equal(statsLines(book.get("tab", 12))[0].split(" · ")[0], "stopped at step 3/20 (server connection lost)");
+  assert.equal(statsLines(book.get("tab", 3))[0].split(" · ")[0], "done 20 steps");
+  book.add(normalizeStats({ ...EVENT, step: 4, prompt_id: "p" }), "tab"); // the run goes on after a reconnect
+  assert.equal(statsLines(book.get("tab", 12))[0].split(" · ")[0], "step 4/20");
+});
