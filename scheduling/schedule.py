@@ -319,6 +319,7 @@ def _parse_mapping(text: str) -> dict[str, Any]:
     if len(text) > SCHEDULE_TEXT_MAX_CHARS:
         raise ScheduleError(
             f"schedule text is {len(text)} characters; at most {SCHEDULE_TEXT_MAX_CHARS} are accepted (a schedule has "
+            f"{len(fields(Schedule))} fields)"
         )
     if _nesting_depth(text) > SCHEDULE_TEXT_MAX_DEPTH:
         raise ScheduleError(

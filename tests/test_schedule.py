@@ -198,3 +198,10 @@ def test_lowvram_presets_never_reduce_less_than_balanced(family: str) -> None:
                 ky, kx = kernel_for_ratio(busy)
                 bk = kernel_for_ratio(base)
                 assert ky * kx >= bk[0] * bk[1], (name, level, block)
+
+
+def test_too_long_schedule_text_says_why_in_a_whole_sentence() -> None:
+    from tokenfuse.scheduling.schedule import SCHEDULE_TEXT_MAX_CHARS, parse_schedule_text
+
+    with pytest.raises(ScheduleError, match=r"at most 16384 are accepted \(a schedule has 23 fields\)$"):
+        parse_schedule_text(" " + "x" * SCHEDULE_TEXT_MAX_CHARS + "y", Schedule())

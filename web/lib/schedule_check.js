@@ -227,7 +227,7 @@ export function checkScheduleText(textValue, base = {}) {
   if (text.length > SCHEDULE_TEXT_MAX_CHARS) {
     return {
       fields: null,
-      error: `schedule text is ${text.length} characters; at most ${SCHEDULE_TEXT_MAX_CHARS} are accepted (a schedule has `,
+      error: `schedule text is ${text.length} characters; at most ${SCHEDULE_TEXT_MAX_CHARS} are accepted (a schedule has ${Object.keys(SCHEDULE_FIELD_DEFAULTS).length} fields)`,
       yaml: false,
     };
   }
