@@ -90,12 +90,30 @@ function upstreamModelName(node) {
   return null;
 }
 
-/** {family, source}: the last run's levels win, then the checkpoint's name, then SD1.5. */
+// run (prompt id + node id) -> the checkpoint name upstream when its numbers were first drawn
+const modelOfRun = new Map();
+const RUNS_KEPT = 256;
+
+/** Whether the node's model input still comes from the checkpoint its last run sampled. */
+function sameModelAsRun(node, stats, name) {
+  const key = `${stats.promptId ?? ""}|${stats.node ?? ""}|${node?.id}`;
+  if (!modelOfRun.has(key)) {
+    modelOfRun.set(key, name);
+    if (modelOfRun.size > RUNS_KEPT) modelOfRun.delete(modelOfRun.keys().next().value);
+  }
+  return modelOfRun.get(key) === name;
+}
+
+/** {family, source}: the last run's levels win (unless the checkpoint changed since), then the checkpoint's name,
+ * then SD1.5. */
 function familyOf(node, values, stats) {
-  if (stats?.levels?.length) return { family: chartFamily(undefined, stats.levels), source: "run" };
+  const name = upstreamModelName(node);
+  if (stats?.levels?.length && sameModelAsRun(node, stats, name)) {
+    return { family: chartFamily(undefined, stats.levels), source: "run" };
+  }
   const widget = values.family ?? values.model_family;
   if (widget === "sd15" || widget === "sdxl") return { family: widget, source: "checkpoint" };
-  const guess = familyFromModelName(upstreamModelName(node));
+  const guess = familyFromModelName(name);
   return guess ? { family: guess, source: "checkpoint" } : { family: "sd15", source: "default" };
 }
 

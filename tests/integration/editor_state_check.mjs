@@ -114,6 +114,25 @@ const SCENARIOS = {
     ratio.connect(0, node, node.inputs.findIndex((i) => i.name === "ratio"));
     return { drawn: drawn(node, "tokenfuse_chart").join(" ") };`,
 
+  // An SDXL run, then the user picks an SD1.5 checkpoint: the chart's family before and after.
+  familyAfterCheckpointChange: `
+    const node = add("TokenFuseTokenSchedulerController");
+    const ckpt = add("CheckpointLoaderSimple", -400);
+    const name = ckpt.widgets.find((w) => w.name === "ckpt_name");
+    name.value = "sd_xl_base_1.0.safetensors";
+    ckpt.connect(0, node, node.inputs.findIndex((i) => i.type === "MODEL"));
+    const header = () => drawn(node, "tokenfuse_chart")[0];
+    const out = { beforeRun: header() };
+    api.dispatchCustomEvent("tokenfuse.stats", {
+      node: String(node.id), prompt_id: "p-xl", step: 20, steps: 20, step_time_s: 0.4, peak_mem_mb: null,
+      levels: [{ level: 16, tokens_in: 4096, tokens_out: 1024 }, { level: 32, tokens_in: 1024, tokens_out: 512 }],
+      final: true, summary: "TokenFuse: SDXL run",
+    });
+    out.afterRun = header();
+    name.value = "v1-5-pruned-emaonly.safetensors";
+    out.afterChange = header();
+    return out;`,
+
   // PatchTokenize run three times (the same workflow queued again): its size after each run.
   planPreviewRuns: `
     const plan = add("TokenFusePatchTokenize");

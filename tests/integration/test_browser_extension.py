@@ -146,6 +146,15 @@ def test_plan_preview_keeps_its_size_when_run_again(editor_state: dict) -> None:
     assert all(size == first for size in again), res
 
 
+def test_chart_family_follows_a_checkpoint_changed_after_the_run(editor_state: dict) -> None:
+    """After an SDXL run the user loads an SD1.5 checkpoint: the chart stops drawing SDXL "from the last run" (it
+    kept the run's family until the next run)."""
+    res = editor_state["familyAfterCheckpointChange"]
+    assert "SDXL (from the checkpoint name)" in res["beforeRun"], res
+    assert "SDXL (from the last run)" in res["afterRun"], res
+    assert "SD1.5" in res["afterChange"] and "from the last run" not in res["afterChange"], res
+
+
 def test_editor_scenarios_log_no_errors_from_the_pack(editor_state: dict) -> None:
     ours = [e for e in editor_state["errors"] if _ours(e)]
     assert not ours, ours
