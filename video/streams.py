@@ -31,7 +31,10 @@ def copy_tags(container: Any, stream: Any, out: Any) -> None:
     title = stream.metadata.get("title") or stream.metadata.get("handler_name")
     if title and container.format.name in ("mp4", "mov"):
         out.metadata["handler_name"] = title
-    out.disposition = stream.disposition
+    try:
+        out.disposition = stream.disposition
+    except TypeError:  # PyAV 14-17 (ComfyUI allows av>=14.2): the setter takes the flags as an int, not a Disposition
+        out.disposition = int(getattr(stream.disposition, "value", stream.disposition))
 
 
 class StreamCopy:
