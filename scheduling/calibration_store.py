@@ -34,7 +34,12 @@ def folder() -> Path:
     configured = os.environ.get(ENV)
     if configured:
         return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".cache")
+        except RuntimeError as exc:  # no $HOME and no passwd entry (a container run with an arbitrary --user uid)
+            raise OSError(f"no home folder for the calibration store ({exc}); set {ENV}") from exc
     return Path(base) / "tokenfuse" / "calibration"
 
 
@@ -77,9 +82,9 @@ def load(key: tuple[Any, ...], device: torch.device) -> dict[str, Any] | None:
 
 def save(key: tuple[Any, ...], device: torch.device, answer: dict[str, Any]) -> dict[str, Any] | None:
     """Store `answer` unless another process stored one first; returns that other answer (None: this one stands)."""
-    path = _path(key, device)
     record = {"key": repr(key), "machine": machine(device), **answer}
     try:
+        path = _path(key, device)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".calib_", suffix=".json")
         try:
@@ -91,5 +96,5 @@ def save(key: tuple[Any, ...], device: torch.device, answer: dict[str, Any]) -> 
     except FileExistsError:
         return load(key, device)
     except OSError as exc:
-        log.debug("TokenFuse: calibration not stored in %s (%s); kept for this process", path.parent, exc)
+        log.debug("TokenFuse: calibration not stored (%s); kept for this process", exc)
     return None

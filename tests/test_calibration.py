@@ -52,6 +52,21 @@ def test_an_unwritable_store_keeps_decisions_in_the_process(tmp_path, monkeypatc
     assert check.kept and calibrate.check_level(n, pool2, 8, 2, 4, ("a",), fake_measure(1.0, 1.0)) is check
 
 
+def test_no_home_folder_keeps_decisions_in_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No $HOME, no $XDG_CACHE_HOME and a uid without a passwd entry (`docker run --user 1234`, OpenShift): Path.home()
+    raises RuntimeError; balanced's first sampling call raised it out of the sampler."""
+    monkeypatch.delenv(calibration_store.ENV)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+
+    def no_home() -> None:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(calibration_store.Path, "home", staticmethod(no_home))
+    n = torch.zeros(2, 64, 8)
+    check = calibrate.check_level(n, pool2, 8, 2, 4, ("a",), fake_measure(10e-3, 5e-3))
+    assert check.kept and calibrate.check_level(n, pool2, 8, 2, 4, ("a",), fake_measure(1.0, 1.0)) is check
+
+
 def fake_measure(full: float, reduced: float, host: float = 0.0, calls: list | None = None):
     def measure(n, reduce, heads, dim_head):
         if calls is not None:
