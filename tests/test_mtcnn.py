@@ -195,3 +195,25 @@ def test_scheduled_fusion_source_face_uses_auto(
         faces = _detect_source(torch.from_numpy(astronaut[None].astype(np.float32) / 255))
     assert faces.count == 1 and faces.image_size == (512, 512)
     assert any("1 source face(s) found in source_image (mtcnn)" in r.getMessage() for r in caplog.records)
+
+
+def test_start_up_warns_when_two_builds_share_cv2_or_onnxruntime(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """requirements.txt installs opencv-python-headless / onnxruntime next to the opencv-contrib-python /
+    onnxruntime-gpu another pack needs: pip check stays clean while cv2.ximgproc or the CUDA provider vanish for every
+    pack. The start-up log names the clash and the fix."""
+    dists = ("opencv_python_headless-5.0.0.93", "opencv_contrib_python-5.1.0", "onnxruntime-1.32.0")
+    for dist in (*dists, "onnxruntime_gpu-1.22.0"):
+        info = tmp_path / f"{dist}.dist-info"
+        info.mkdir()
+        name, version = dist.rsplit("-", 1)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cv2_line, ort_line = detector_choice.shared_module_clashes()
+    assert "opencv-python-headless" in cv2_line and "opencv-contrib-python" in cv2_line and "`cv2`" in cv2_line
+    assert "onnxruntime, onnxruntime-gpu" in ort_line and "pip uninstall -y onnxruntime onnxruntime-gpu" in ort_line
+    monkeypatch.setattr(detector_choice, "_logged", False)
+    with caplog.at_level(logging.WARNING, logger=detector_choice.__name__):
+        detector_choice.log_default_detector_once()
+    assert [r.getMessage() for r in caplog.records if "share the" in r.getMessage()] == [cv2_line, ort_line]
