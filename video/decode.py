@@ -200,14 +200,24 @@ class VideoReader:
     def __iter__(self) -> Iterator[Frame]:
         import av
 
+        damaged: Exception | None = None  # PyAV < 18: a packet that failed to decode, raised if more data follows
         try:
             for packet in self.container.demux(self.video, *self.audio, *self.subtitles):
                 if packet.stream.type in ("audio", "subtitle"):
                     if packet.dts is not None:  # flush packets carry no data
                         self._audio_queue.append(packet)
                     continue
+                if damaged is not None and packet.size > 0:
+                    raise damaged  # damage in the middle: the file and frame are named below
                 self.packets_read += packet.size > 0
-                for vf in packet.decode():
+                try:
+                    frames = packet.decode()
+                except av.error.InvalidDataError as exc:
+                    # PyAV < 18 (Python 3.10 gets 17.1 at most) raises on the packet a truncated file's cut damaged,
+                    # where 18 yields no frame: at the end of the file it is a truncation, reported below
+                    damaged = exc
+                    continue
+                for vf in frames:
                     rgb = upright(vf.to_ndarray(format="rgb24"), rotation_of(getattr(vf, "rotation", 0)))
                     yield Frame(self.frames_read, rgb, vf.pts, self.time_base)
                     self.frames_read += 1
