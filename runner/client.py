@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .embedded import REPORT_SLOTS, _error_message, _validation_message
+from .embedded import REPORT_SLOTS, _error_message, _validation_message, staged_name
 from .engine import PARTIAL_INVALID, EngineUnavailable, ExecResult, OutputFile, Progress, missing_saves, output_entries
 from .server_ws import PromptEvents, WebsocketUnavailable, watch_prompt, websocket_available
 
@@ -99,7 +99,7 @@ class ServerComfy:
         # the name goes into the form's header line: a `"`, `\\` or line break in a file name (legal on Linux) ended
         # it early and the rest read as more form fields; the name only has to be unique and keep the extension
         safe = re.sub(r'["\\\r\n/;]', "_", path.name)
-        name = f"tokenfuse_{uuid.uuid4().hex[:8]}_{safe}"
+        name = staged_name(f"tokenfuse_{uuid.uuid4().hex[:8]}_", safe)
         boundary = uuid.uuid4().hex
         parts = [
             f'--{boundary}\r\nContent-Disposition: form-data; name="type"\r\n\r\ninput\r\n'.encode(),

@@ -29,6 +29,17 @@ PACK_DIR = Path(__file__).absolute().parents[1]
 REPORT_SLOTS = {"TokenFuseScheduledFusion": 2, "TokenFuseGFPGANEnhance": 2, "TokenFuseTokenSchedulerController": 1}
 
 
+NAME_MAX_BYTES = 255  # one file-name component on ext4, APFS, NTFS (UTF-8 bytes; NTFS counts UTF-16 units, fewer)
+
+
+def staged_name(prefix: str, name: str) -> str:
+    """prefix + name, the stem cut (whole UTF-8 characters) so the result stays one valid file name: an input named
+    with 250 bytes is legal, 6 more from the prefix are not (ENAMETOOLONG failed the item)."""
+    stem, suffix = os.path.splitext(name)
+    room = max(1, NAME_MAX_BYTES - len(prefix.encode()) - len(suffix.encode()))
+    return prefix + stem.encode()[:room].decode("utf-8", "ignore") + suffix
+
+
 def find_comfyui(explicit: str | Path | None = None) -> Path:
     """The ComfyUI checkout to embed: explicit path, $COMFYUI_PATH, or the one this pack is installed in."""
     candidates: list[Path] = []
@@ -116,7 +127,7 @@ class EmbeddedComfy:
 
     def stage(self, path: Path) -> str:
         """Link (or copy) `path` into ComfyUI's input folder under a unique name; returns that name."""
-        name = f"{next(self._counter):05d}_{path.name}"
+        name = staged_name(f"{next(self._counter):05d}_", path.name)
         dst = self.work / "input" / name
         try:
             dst.symlink_to(path.resolve())

@@ -609,3 +609,22 @@ def test_a_server_file_name_with_a_nul_fails_its_item_not_the_run(tmp_path: Path
     ok = Item(path=tmp_path / "b.png", name="b", kind="image")
     run.finish(2, ok, {"item": ok.key, "name": "b", "status": "ok", "time_s": 0.1}, [("b_00001_.png", b"b")])
     assert (tmp_path / "out" / "b" / "b_00001_.png").read_bytes() == b"b"
+
+
+def test_staging_keeps_a_long_input_name_one_valid_file_name(tmp_path: Path) -> None:
+    """An input named with 250 UTF-8 bytes (legal) plus the staging prefix went past the 255-byte limit: the item
+    failed with "File name too long" (embedded engine) or HTTP 500 (ComfyUI's upload, --server)."""
+    import itertools
+
+    from tokenfuse.runner.embedded import EmbeddedComfy, staged_name
+
+    src = tmp_path / ("é" * 100 + "a" * 46 + ".png")  # 250 bytes
+    src.write_bytes(b"x")
+    engine = object.__new__(EmbeddedComfy)
+    engine.work, engine._counter = tmp_path / "work", itertools.count()
+    (engine.work / "input").mkdir(parents=True)
+    name = engine.stage(src)
+    assert (engine.work / "input" / name).read_bytes() == b"x"
+    assert name.startswith("00000_é") and name.endswith(".png") and len(name.encode()) <= 255
+    assert staged_name("tokenfuse_0123abcd_", "中" * 85 + ".jpg").endswith("中.jpg")  # whole characters only
+    assert staged_name("p_", "short name.png") == "p_short name.png"
