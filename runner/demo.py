@@ -68,7 +68,10 @@ def demo_photo(folder: Path) -> Path:
     import cv2
 
     path = folder / "astronaut.png"
-    cv2.imwrite(str(path), data.astronaut()[:, :, ::-1])
+    ok, png = cv2.imencode(".png", data.astronaut()[:, :, ::-1])
+    if not ok:
+        raise OSError("could not encode the demo photo")
+    path.write_bytes(png.tobytes())  # not cv2.imwrite: on Windows it takes ANSI paths (a user folder with é failed)
     return path
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from ..nodes.glue.paths import WINDOWS_DEVICE_NAMES
 from .convert import WorkflowError
 
 IMAGE_EXTS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff"})
@@ -18,10 +19,7 @@ VIDEO_EXTS = frozenset({".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v"})
 LIST_EXTS = frozenset({".txt", ".lst", ".list"})
 # Names an item's output folder must not take: the runner's own entries in the output folder (run.py REPLACED, the
 # report) and Windows' device names (a folder `NUL` cannot be made there).
-RESERVED_NAMES = frozenset(
-    {".replaced", "report.jsonl", "con", "prn", "aux", "nul"}
-    | {f"{dev}{i}" for dev in ("com", "lpt") for i in range(1, 10)}
-)
+RESERVED_NAMES = frozenset({".replaced", "report.jsonl"}) | WINDOWS_DEVICE_NAMES
 ItemKind = Literal["image", "video"]
 # loader class -> (input holding the file name, kind of file it takes)
 LOADERS: dict[str, tuple[str, ItemKind]] = {

@@ -362,7 +362,7 @@ class FusionReplica:
                 results[i] = {"status": "failed", "error": UNREADABLE}
                 continue
             path = self.comfy.work / "input" / f"req_{time.monotonic_ns()}_{i}.png"
-            cv2.imwrite(str(path), img)
+            path.write_bytes(cv2.imencode(".png", img)[1].tobytes())  # cv2.imwrite: ANSI paths on Windows
             groups.setdefault(img.shape, []).append((i, path.name))
         try:
             for members in groups.values():  # on the one ComfyUI thread: one execution at a time per replica

@@ -43,7 +43,10 @@ class LoadBatch:
             path = os.path.realpath(os.path.join(folder, name)) if bare else ""
             if not bare or os.path.dirname(path) != folder:
                 raise ValueError(f"not a staged photo of this service: {name[:80]!r}")
-            bgr = cv2.imread(path, cv2.IMREAD_COLOR)
+            try:  # not cv2.imread: it takes ANSI paths on Windows
+                bgr = cv2.imdecode(np.fromfile(path, np.uint8), cv2.IMREAD_COLOR)
+            except (OSError, cv2.error):  # gone, or empty
+                bgr = None
             if bgr is None:
                 raise ValueError(f"not a readable image: {name}")
             frames.append(bgr[:, :, ::-1].astype(np.float32) / 255.0)

@@ -444,6 +444,10 @@ def test_output_folder_parent_is_never_created(tmp_path, monkeypatch: pytest.Mon
     for bad in ("../x.jsonl", "a/b.jsonl", "..", ""):
         with pytest.raises(comfy_paths.OutputPathError):
             comfy_paths.output_file(bad)
+    for device in ("NUL.jsonl", "con.jsonl", "com1.run.jsonl"):  # the null device / console on Windows
+        with pytest.raises(comfy_paths.OutputPathError, match="device name on Windows"):
+            comfy_paths.output_file(device)
+    assert comfy_paths.output_file("console.jsonl").name == "console.jsonl"
 
 
 def test_the_report_never_claims_protected_blocks_on_a_dit_model() -> None:

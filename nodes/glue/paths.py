@@ -132,11 +132,19 @@ def output_dir() -> Path:
     return base
 
 
+# Names Windows keeps for devices, with any extension (`NUL.jsonl` writes to the null device there).
+WINDOWS_DEVICE_NAMES = frozenset(
+    {"con", "prn", "aux", "nul"} | {f"{dev}{i}" for dev in ("com", "lpt") for i in range(1, 10)}
+)
+
+
 def output_file(name: str) -> Path:
     """Where a file named by a prompt (a bare file name, already validated by its schema) is written: inside
-    output_dir(), never through a symlink or `..`. Raises OutputPathError otherwise."""
+    output_dir(), never through a symlink or `..`, never a Windows device name. Raises OutputPathError otherwise."""
     if not name or os.sep in name or (os.altsep and os.altsep in name) or name in (".", "..") or ".." in name:
         raise OutputPathError(f"{name[:80]!r} is not a bare file name: TokenFuse only writes inside its output folder")
+    if name.split(".")[0].strip().casefold() in WINDOWS_DEVICE_NAMES:
+        raise OutputPathError(f"{name[:80]!r} is a device name on Windows: choose another file name")
     base = output_dir().resolve()
     target = base / name
     if target.is_symlink() or target.resolve().parent != base:
