@@ -34,7 +34,8 @@
 #  4 cache512     step cache on the 512 face crop, 20 steps                       [ours-both >= 1.5x; was 1.40x]
 #  5 sdxl_1024    SDXL 1024 batch 1 / 2 / 8, `balanced` + control row            [>= 0.98x]
 #  6 compiled     SD1.5 512 batch 1, TorchCompileModel inductor, `balanced` vs compiled unpatched (each variant
-#                 compiled alone after a dynamo reset: minutes on the full model)
+#                 compiled alone after a dynamo reset: minutes on the full model; --no-tome: no TomePatchModel
+#                 variant, whose compile no target needs)
 #  7 compiled_cache  the step cache compiled on the 512 crop
 set -u
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -89,7 +90,7 @@ step cache512 100 "${C[@]}" --variants ours-tokens,ours-cache,ours-both --json "
 step sdxl_1024 90 "${U[@]}" --models sdxl --sizes "$s1024" --batch "1,2,$b8" --presets balanced --control \
   --repeats 7 --json "$OUT/r/sdxl_1024.json"
 step compiled 200 "${U[@]}" --models sd15 --sizes "$s512" --batch 1 --presets balanced --compile inductor \
-  --warmup 3 --repeats 5 --no-overhead --json "$OUT/r/compiled.json"
+  --no-tome --warmup 3 --repeats 5 --no-overhead --json "$OUT/r/compiled.json"
 step compiled_cache 150 "${C[@]}" --variants ours-both --compile inductor --json "$OUT/r/compiled_cache.json"
 
 echo "=== verdict (bench/gpu_verdict.py: each issue 11 target met, missed or not measured; tables for speed.md)" >>"$log"

@@ -27,6 +27,7 @@ variant, baseline included, with dynamo's default limits as a user gets them: do
 *compiled* unpatched U-Net? Compiled variants are timed one after another, dynamo reset before each (they share the
 U-Net's code objects, so interleaved they would share one cache and recompile limit); the table gives each variant's
 graph count and timed rounds. Use `--warmup 3` or more (the untimed calls compile); no closure timing is done.
+`--no-tome` leaves the TomePatchModel variant out (one compile fewer when only baseline vs ours matters).
 
 Presets: a comma list of preset[/strategy] (balanced, lowvram_8gb, balanced/tome, ...); `balanced-static` is balanced
 with device_aware off (every level reduced whatever it costs), to show what the calibration changes.
@@ -57,7 +58,10 @@ DEFAULT_SIZES = {"sd15": [512, 768], "sdxl": [768]}
 PRESETS = "balanced,balanced-static,lowvram_8gb,lowvram_4gb"
 
 
-def make_variants(patcher: Any, presets: list[str], tome_ratio: float, control: bool = False) -> list[ub.Variant]:
+def make_variants(
+    patcher: Any, presets: list[str], tome_ratio: float, control: bool = False, tome: bool = True
+) -> list[ub.Variant]:
+    """baseline, (control), TomePatchModel (unless tome is False: --no-tome), then one variant per preset."""
     glue = sys.modules["tokenfuse.nodes.glue.patcher"]
     node = sys.modules["tokenfuse.nodes.scheduler_node"]
     patching = sys.modules["tokenfuse.nodes.model_patching"]
@@ -65,7 +69,7 @@ def make_variants(patcher: Any, presets: list[str], tome_ratio: float, control: 
     variants = [
         ub.Variant("baseline", patcher),
         *([ub.Variant("baseline (control)", patcher.clone())] if control else []),
-        ub.Variant(f"TomePatchModel {tome_ratio}", ub.tome_patch_model(patcher, tome_ratio)),
+        *([ub.Variant(f"TomePatchModel {tome_ratio}", ub.tome_patch_model(patcher, tome_ratio))] if tome else []),
     ]
     for item in presets:
         preset, _, strategy = item.partition("/")
@@ -169,7 +173,7 @@ def bench_step(patcher: Any, family: str, size: int, batch: int, args: argparse.
             to[PLAN_KEY] = plan
         return to
 
-    variants = make_variants(patcher, args.presets, args.tome_ratio, args.control)
+    variants = make_variants(patcher, args.presets, args.tome_ratio, args.control, tome=not args.no_tome)
     graphs: list[int] = []
     if args.compile:
         for v in variants:
@@ -195,7 +199,7 @@ def bench_step(patcher: Any, family: str, size: int, batch: int, args: argparse.
 
 def print_table(title: str, variants: list[ub.Variant]) -> None:
     base = variants[0].results["ms"]
-    tome = variants[1].results["ms"]
+    tome = next((v.results["ms"] for v in variants if v.name.startswith("TomePatchModel")), None)  # None: --no-tome
     print(f"\n{title}")
     head = (
         f"{'variant':<26}{'step ms':>10}{'vs base':>9}{'vs tome':>9}{'peak MiB':>10}{'match ms':>10}"
@@ -209,9 +213,10 @@ def print_table(title: str, variants: list[ub.Variant]) -> None:
         gross = base - r["ms"] + (ovh or 0.0)
         share = f"{100 * ovh / gross:.1f}%" if ovh is not None and gross > 0 else ("-" if ovh is None else "n/a")
         calls = f"{r['calls'][0]}/{r['calls'][1]}" if "calls" in r else "-"
+        vs_tome = f"{tome / r['ms']:.2f}x" if tome is not None else "-"
         flag = ("" if r["finite"] else "  NaN/Inf!") + ("" if r.get("ran", True) else "  PATCH NEVER RAN!")
         print(
-            f"{v.name:<26}{r['ms']:>10.1f}{base / r['ms']:>8.2f}x{tome / r['ms']:>8.2f}x{r['peak']:>10.1f}"
+            f"{v.name:<26}{r['ms']:>10.1f}{base / r['ms']:>8.2f}x{vs_tome:>9}{r['peak']:>10.1f}"
             f"{(f'{ovh:.2f}' if ovh is not None else '-'):>10}{share:>10}{r['dev']:>9.4f}  {calls:<14}"
             f"{r.get('levels', '-')}{flag}"
         )
@@ -232,6 +237,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", default="2", help="comma list of batch sizes (2 = one image with CFG)")
     p.add_argument("--presets", default=PRESETS, help="comma list of preset[/strategy]; NAME-static = no calibration")
     p.add_argument("--tome-ratio", type=float, default=0.5)
+    p.add_argument(
+        "--no-tome",
+        action="store_true",
+        help="leave out the TomePatchModel variant (its 'vs tome' column shows '-'): under --compile each variant is "
+        "one more full compile",
+    )
     p.add_argument("--plan", action="store_true", help="pass a face-crop TokenPlan (ScheduledFusion's crop case)")
     p.add_argument(
         "--walk-steps",

@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -151,25 +152,35 @@ def test_the_gpu_scripts_staging_folders_are_git_ignored() -> None:
         assert proc.returncode == 0, f"{folder}/ is not git-ignored (.gitignore): {proc.stderr}"
 
 
+def _load_bench(monkeypatch: pytest.MonkeyPatch, script: str) -> Any:
+    """bench/SCRIPT as a module (its module-level code run, main() not), its sys.path and devkit imports undone after
+    the test."""
+    import importlib.util
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the benches put devkit/ first: undone after the test
+    for name in DEVKIT_BARE:  # devkit modules they import by their bare names
+        if name not in sys.modules:
+            monkeypatch.setitem(sys.modules, name, None)  # type: ignore[arg-type]
+            monkeypatch.delitem(sys.modules, name)
+    spec = importlib.util.spec_from_file_location(f"{Path(script).stem}_bench", REPO / "bench" / script)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+DEVKIT_BARE = ("comfy_models", "unet_bench", "pack_loader", "astronaut")
+
+
 def test_unet_step_writes_each_table_to_json_as_soon_as_it_is_measured(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """bench/gpu_issue11.sh caps each step with `timeout`: a SIGTERM ends the bench without any cleanup, so a JSON
     written only at the end lost every finished table (sdxl_1024's batch 1 and 2 when batch 8 ran over) and the
     verdict read the step as "not measured". The second table is interrupted here; the first must be on disk."""
-    import importlib.util
     import types
 
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the bench puts devkit/ first: undone after the test
-    for name in ("comfy_models", "unet_bench", "pack_loader"):  # devkit modules it imports by their bare names
-        if name not in sys.modules:
-            monkeypatch.setitem(sys.modules, name, None)  # type: ignore[arg-type]
-            monkeypatch.delitem(sys.modules, name)
-    spec = importlib.util.spec_from_file_location("unet_step_bench", REPO / "bench" / "unet_step.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-
+    bench = _load_bench(monkeypatch, "unet_step.py")
     mm = types.ModuleType("comfy.model_management")
     mm.get_torch_device = lambda: torch.device("cpu")  # type: ignore[attr-defined]
     for name in ("load_models_gpu", "unload_all_models", "soft_empty_cache"):
@@ -200,3 +211,41 @@ def test_unet_step_writes_each_table_to_json_as_soon_as_it_is_measured(
     rows = json.loads(out.read_text())["rows"]
     assert [(r["batch"], r["variant"], r["vs_base"]) for r in rows] == [(1, "baseline", 1.0), (1, "ours", 1.25)]
     assert {"model", "size", "batch", "device", "variant", "step_ms", "vs_base"} <= set(rows[0])
+
+
+def test_unet_step_no_tome_leaves_the_tome_variant_out(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    """--no-tome: no TomePatchModel variant (under --compile each variant is one more full compile, and
+    bench/gpu_issue11.sh's compiled step has no target for it), and the table's 'vs tome' column says '-' instead of
+    dividing by the next variant's time."""
+    import types
+
+    bench = _load_bench(monkeypatch, "unet_step.py")
+    assert bench.parse_args(["--comfyui", "x"]).no_tome is False  # default: today's variants
+    assert bench.parse_args(["--comfyui", "x", "--no-tome"]).no_tome is True
+    glue = types.SimpleNamespace(detect_family=lambda p: types.SimpleNamespace(family="sd15"))
+    node = types.SimpleNamespace(schedule_from_widgets=lambda *a: "schedule")
+    patching = types.SimpleNamespace(schedule_model=lambda p, s, f: (object(), None))
+    for name, mod in (("glue.patcher", glue), ("scheduler_node", node), ("model_patching", patching)):
+        monkeypatch.setitem(sys.modules, f"tokenfuse.nodes.{name}", mod)  # type: ignore[arg-type]
+    tomes: list[float] = []
+    monkeypatch.setattr(bench.ub, "tome_patch_model", lambda p, r: tomes.append(r) or object())
+    patcher = types.SimpleNamespace(clone=lambda: object())
+    names = [v.name for v in bench.make_variants(patcher, ["balanced"], 0.5, control=True)]
+    assert names == ["baseline", "baseline (control)", "TomePatchModel 0.5", "ours balanced"] and tomes == [0.5]
+    variants = bench.make_variants(patcher, ["balanced"], 0.5, tome=False)
+    assert [v.name for v in variants] == ["baseline", "ours balanced"] and tomes == [0.5]
+
+    result = {"peak": 0.0, "dev": 0.0, "finite": True}
+    variants[0].results, variants[1].results = {"ms": 10.0, **result}, {"ms": 8.0, **result}
+    bench.print_table("t", variants)
+    ours = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("ours balanced"))
+    assert ours.split()[3:5] == ["1.25x", "-"], ours  # vs base 1.25x, vs tome: none
+
+
+def test_gpu_script_compiles_no_tome_variant() -> None:
+    """bench/gpu_issue11.sh's compiled unet_step step compiles baseline and `balanced` only (--no-tome): a third full
+    SD1.5 inductor compile inside its cap bought nothing that the verdict reads."""
+    script = (REPO / "bench" / "gpu_issue11.sh").read_text()
+    steps = re.findall(r"^step (\w+) \d+ (.*?)(?<!\\)$", script.replace("\\\n", " "), flags=re.MULTILINE)
+    compiled = [cmd for name, cmd in steps if "--compile" in cmd and '"${U[@]}"' in cmd]
+    assert compiled and all("--no-tome" in cmd for cmd in compiled), steps
