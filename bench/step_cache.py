@@ -170,8 +170,21 @@ def table(rows: list[dict[str, Any]], quality: bool) -> None:
         print(line, flush=True)
 
 
+def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """rows with x_wall / x_cpu = the first row's (unpatched) time / each row's."""
+    for r in rows:
+        r["x_wall"] = rows[0]["wall_s"] / r["wall_s"]
+        r["x_cpu"] = rows[0]["cpu_s"] / r["cpu_s"]
+    return rows
+
+
 def compiled_speed(
-    pack: Any, a: argparse.Namespace, variants: list[Any], inputs: tuple[Any, ...], device: torch.device
+    pack: Any,
+    a: argparse.Namespace,
+    variants: list[Any],
+    inputs: tuple[Any, ...],
+    device: torch.device,
+    progress: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """--compile: each variant under ComfyUI's TorchCompileModel, timed alone after a dynamo reset (interleaved,
     compiled variants share the U-Net's code objects, hence one dynamo cache and recompile limit). The time is the
@@ -197,14 +210,16 @@ def compiled_speed(
             cpus.append(time.thread_time() - c)
         graphs = cm.dynamo_graphs()
         print(f"#   {name}: fuse wall s {', '.join(f'{t:.2f}' for t in walls)} (dynamo graphs so far {graphs})")
-        rows.append({"variant": name, "calls": "-", "wall_s": min(walls), "cpu_s": min(cpus)})
-    for r in rows:
-        r["x_wall"] = rows[0]["wall_s"] / r["wall_s"]
-        r["x_cpu"] = rows[0]["cpu_s"] / r["cpu_s"]
-    return rows
+        rows.append({"variant": name, "calls": "-", "wall_s": min(walls), "cpu_s": min(cpus), "rounds": a.rounds})
+        if progress:  # the variants timed so far: a run stopped by a time cap keeps them
+            progress(with_ratios(rows))
+    return with_ratios(rows)
 
 
-def speed_part(pack: Any, a: argparse.Namespace, which: set[str]) -> list[dict[str, Any]]:
+def speed_part(
+    pack: Any, a: argparse.Namespace, which: set[str], progress: Callable[[list[dict[str, Any]]], None] | None = None
+) -> list[dict[str, Any]]:
+    """The speed table; progress(rows) after every complete round (every variant timed once more; row "rounds")."""
     import comfy.model_management as mm
 
     sys.path.insert(0, str(REPO / "devkit"))
@@ -236,7 +251,7 @@ def speed_part(pack: Any, a: argparse.Namespace, which: set[str]) -> list[dict[s
         flush=True,
     )
     if a.compile:
-        rows = compiled_speed(pack, a, variants, (vae, cond, image, faces), device)
+        rows = compiled_speed(pack, a, variants, (vae, cond, image, faces), device, progress)
         table(rows, quality=False)
         return rows
     best: dict[str, dict[str, Any]] = {}
@@ -249,11 +264,9 @@ def speed_part(pack: Any, a: argparse.Namespace, which: set[str]) -> list[dict[s
             if name not in best or row["wall_s"] < best[name]["wall_s"]:
                 best[name] = row
             print(f"#   round {rnd}: {name}: {timer.calls} calls, {timer.wall:.2f} s wall, {timer.cpu:.2f} s cpu")
-    rows = [best[name] for name, *_ in variants]
-    base = rows[0]
-    for r in rows:
-        r["x_wall"] = base["wall_s"] / r["wall_s"]
-        r["x_cpu"] = base["cpu_s"] / r["cpu_s"]
+        rows = with_ratios([{**best[name], "rounds": rnd + 1} for name, *_ in variants])
+        if progress:  # the table as it stands after this round: a run stopped by a time cap keeps it
+            progress(rows)
     table(rows, quality=False)
     return rows
 
@@ -416,7 +429,11 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="speed part: ComfyUI's TorchCompileModel on every variant (inductor, eager, ...); times the whole fusion",
     )
-    ap.add_argument("--json", default="", help="write {'speed': rows, 'quality': rows, 'settings': ...}")
+    ap.add_argument(
+        "--json",
+        default="",
+        help="write {'speed': rows, 'quality': rows, 'settings': ...}, rewritten after every part and speed round",
+    )
     ap.add_argument(
         "--quick",
         action="store_true",
@@ -431,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     sys.path.insert(0, str(REPO / "devkit"))
     import comfy_models
+    from bench_report import write_json
     from pack_loader import load_pack
 
     comfy_models.setup_comfy(a.comfyui, cpu=a.device == "cpu" or a.part != "speed", sdpa=True)
@@ -442,17 +460,24 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"settings": {k: v for k, v in vars(a).items() if k != "comfyui"}}
     out["settings"]["attention"] = comfy_models.attention_backend()
     t0 = time.time()
+
+    def saver(part: str) -> Callable[[list[dict[str, Any]]], None]:
+        def save(rows: list[dict[str, Any]]) -> None:
+            out[part] = rows
+            write_json(a.json, out, indent=2)
+
+        return save
+
     run: dict[str, Callable[[], Any]] = {
-        "speed": lambda: speed_part(pack, a, which),
+        "speed": lambda: speed_part(pack, a, which, saver("speed")),
         "quality": lambda: quality_part(pack, a, which),
         "calls": lambda: calls_part(pack, a, which),
     }
     both = ("calls" if a.quick else "speed", "quality")
     for part in both if a.part == "both" else (a.part,):
         out[part] = run[part]()
+        write_json(a.json, out, indent=2)  # after every part: a run stopped by a time cap keeps the finished tables
     if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(out, indent=2, default=str))
         print(f"wrote {a.json} ({time.time() - t0:.0f} s)")
     return 0
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
-import json
 import os
 import sys
 import time
@@ -52,6 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "devkit"))
 import comfy_models  # noqa: E402  (devkit/comfy_models.py)
 import unet_bench as ub  # noqa: E402  (devkit/unet_bench.py)
+from bench_report import write_json  # noqa: E402  (devkit/bench_report.py)
 from pack_loader import load_pack  # noqa: E402  (devkit/pack_loader.py)
 
 DEFAULT_SIZES = {"sd15": [512, 768], "sdxl": [768]}
@@ -344,7 +344,8 @@ def main(argv: list[str] | None = None) -> None:
                             "timer_floor_us": v.results.get("timer_floor_us"),
                         }
                     )
-                write_json(args.json, rows)  # after every table: a run stopped by a time cap keeps what it measured
+                # after every table: a run stopped by a time cap keeps what it measured
+                write_json(args.json, {"rows": rows})
         del patcher
         mm.unload_all_models()
         gc.collect()
@@ -358,18 +359,8 @@ def main(argv: list[str] | None = None) -> None:
         "shrank / calls."
     )
     if args.json:
-        write_json(args.json, rows)
+        write_json(args.json, {"rows": rows})
         print(f"wrote {args.json}")
-
-
-def write_json(path: str, rows: list[dict[str, Any]]) -> None:
-    """{"rows": rows} to path (nothing without a path), through a temporary file: a run killed mid-write (a step of
-    bench/gpu_issue11.sh reaching its `timeout` cap) leaves the previous complete file, never a truncated one."""
-    if not path:
-        return
-    tmp = Path(path).with_name(Path(path).name + ".tmp")
-    tmp.write_text(json.dumps({"rows": rows}, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -169,7 +169,7 @@ def _load_bench(monkeypatch: pytest.MonkeyPatch, script: str) -> Any:
     return bench
 
 
-DEVKIT_BARE = ("comfy_models", "unet_bench", "pack_loader", "astronaut")
+DEVKIT_BARE = ("comfy_models", "unet_bench", "pack_loader", "astronaut", "bench_report")
 
 
 def test_unet_step_writes_each_table_to_json_as_soon_as_it_is_measured(
@@ -249,3 +249,91 @@ def test_gpu_script_compiles_no_tome_variant() -> None:
     steps = re.findall(r"^step (\w+) \d+ (.*?)(?<!\\)$", script.replace("\\\n", " "), flags=re.MULTILINE)
     compiled = [cmd for name, cmd in steps if "--compile" in cmd and '"${U[@]}"' in cmd]
     assert compiled and all("--no-tome" in cmd for cmd in compiled), steps
+
+
+def _step_cache_harness(monkeypatch: pytest.MonkeyPatch, fuse: Any) -> Any:
+    """bench/step_cache.py with ComfyUI, the models and the fusion node stubbed: its speed part's loop and JSON
+    writing run for real on variants named after the default ones; fuse(model, steps) stands in for
+    ScheduledFusion (the "U-Net" it should call to be counted is model.model.diffusion_model)."""
+    import time
+    import types
+
+    bench = _load_bench(monkeypatch, "step_cache.py")
+
+    class Busy(torch.nn.Module):  # the shared "U-Net": some thread-CPU time per call, so every ratio is finite
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            end = time.thread_time() + 0.002
+            while time.thread_time() < end:
+                pass
+            return x
+
+    unet = Busy()
+
+    def model(name: str) -> Any:
+        return types.SimpleNamespace(name=name, model=types.SimpleNamespace(diffusion_model=unet))
+
+    base = model("unpatched")
+    cm = types.ModuleType("comfy_models")
+    cm.setup_comfy = lambda *a, **k: None  # type: ignore[attr-defined]
+    cm.attention_backend = lambda: "pytorch-sdpa"  # type: ignore[attr-defined]
+    cm.build_model = lambda *a, **k: base  # type: ignore[attr-defined]
+    cm.build_vae = lambda *a, **k: None  # type: ignore[attr-defined]
+    cm.conditioning = lambda *a, **k: None  # type: ignore[attr-defined]
+    astronaut = types.ModuleType("astronaut")
+    astronaut.astronaut_frame = lambda size: __import__("numpy").zeros((size, size, 3), "float32")  # type: ignore[attr-defined]
+    astronaut.astronaut_faces = lambda size: None  # type: ignore[attr-defined]
+    pack_loader = types.ModuleType("pack_loader")
+    pack_loader.load_pack = lambda: None  # type: ignore[attr-defined]
+    mm = types.ModuleType("comfy.model_management")
+    mm.load_models_gpu = lambda *a, **k: None  # type: ignore[attr-defined]
+    mm.get_torch_device = lambda: torch.device("cpu")  # type: ignore[attr-defined]
+    utils = types.ModuleType("comfy.utils")
+    comfy = types.ModuleType("comfy")
+    comfy.model_management, comfy.utils = mm, utils  # type: ignore[attr-defined]
+    for name, mod in (
+        ("comfy_models", cm),
+        ("astronaut", astronaut),
+        ("pack_loader", pack_loader),
+        ("comfy", comfy),
+        ("comfy.model_management", mm),
+        ("comfy.utils", utils),
+    ):
+        monkeypatch.setitem(sys.modules, name, mod)
+
+    def build_variants(pack: Any, m: Any, caches: list[str], plan: Any, which: set[str]) -> list:
+        return [(name, model(name) if name != "unpatched" else m, plan, "") for name in ("unpatched", *sorted(which))]
+
+    monkeypatch.setattr(bench, "build_variants", build_variants)
+    monkeypatch.setattr(bench, "fuse", lambda pack, m, vae, cond, image, faces, a, plan: fuse(m, a.steps))
+    return bench
+
+
+def test_step_cache_writes_each_round_and_part_to_json_as_soon_as_it_is_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench/gpu_issue11.sh caps each step with `timeout`; step_cache.py wrote its --json only at the very end, so a
+    cache512 step stopped in its third round lost the two rounds it had finished. Round 2 is interrupted here: the
+    table after round 1 (every variant, ratios to unpatched) must be on disk."""
+    timed: list[str] = []
+
+    def fuse(m: Any, steps: int) -> None:
+        if steps > 1:  # a timed run (the warm-up runs one step)
+            timed.append(m.name)
+            if len(timed) > 3:
+                raise KeyboardInterrupt("the step's time cap")
+            m.model.diffusion_model(torch.zeros(1))
+
+    bench = _step_cache_harness(monkeypatch, fuse)
+    out = tmp_path / "r" / "cache512.json"
+    argv = ["--comfyui", "x", "--part", "speed", "--variants", "ours-tokens,ours-both", "--rounds", "3"]
+    with pytest.raises(KeyboardInterrupt):
+        bench.main([*argv, "--steps", "3", "--json", str(out)])
+    data = json.loads(out.read_text())
+    rows = data["speed"]
+    assert [(r["variant"], r["rounds"], r["calls"]) for r in rows] == [
+        ("unpatched", 1, 1),
+        ("ours-both", 1, 1),
+        ("ours-tokens", 1, 1),
+    ]
+    assert rows[0]["x_wall"] == 1.0 and all(r["x_wall"] > 0 for r in rows)
+    assert data["settings"]["rounds"] == 3 and not list(out.parent.glob("*.tmp"))
