@@ -11,8 +11,9 @@
 #     | while read f; do [[ $f == *.py ]] || (( $(stat -c %s "$f") < 200000 )) && echo "$f"; done >/tmp/files \
 #     && tar cf - -T /tmp/files | (mkdir -p REPO/.comfy && cd REPO/.comfy && tar xf -)    # ~6 MB: code, no tokenizers
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl torchsde==0.2.6 trampoline==0.1.2 av
-#   (the device image lacks ComfyUI's torchsde and av; av alone is 35 MB: repo 23 + .comfy 6 + .whl 35 < 64 MiB)
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl torchsde==0.2.6 trampoline==0.1.2 av==18.1.0
+#   (the device image lacks ComfyUI's torchsde and av; av alone is 35 MB: repo 23 + .comfy 6 + .whl 35 < 64 MiB;
+#   av pinned to the version the tests run, inside requirements-test.txt's av>=18.0,<19)
 #   run: command "python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl &&
 #        export PYTHONPATH=/tmp/site && COMFYUI=.comfy bash bench/gpu_issue11.sh 540", carry [".comfy", ".whl"],
 #        timeout_s 600 (the script ends its steps inside the budget, then packs the results)

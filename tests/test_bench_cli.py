@@ -337,3 +337,18 @@ def test_step_cache_writes_each_round_and_part_to_json_as_soon_as_it_is_measured
     ]
     assert rows[0]["x_wall"] == 1.0 and all(r["x_wall"] > 0 for r in rows)
     assert data["settings"]["rounds"] == 3 and not list(out.parent.glob("*.tmp"))
+
+
+def test_gpu_script_pins_every_wheel_it_stages() -> None:
+    """bench/gpu_issue11.sh's staging downloads the wheels the device image lacks: each pinned, av to a version
+    requirements-test.txt allows (an unpinned av took whatever PyPI had that day, untested by this repository)."""
+    from packaging.requirements import Requirement
+
+    script = (REPO / "bench" / "gpu_issue11.sh").read_text()
+    (line,) = [ln for ln in script.splitlines() if "-d .whl" in ln]
+    wanted = line.split("-d .whl", 1)[1].split()
+    assert wanted and all(re.fullmatch(r"[\w.-]+==[\w.]+", w) for w in wanted), wanted
+    pins = {w.split("==")[0]: w.split("==")[1] for w in wanted}
+    test_reqs = (REPO / "requirements-test.txt").read_text().splitlines()
+    (av,) = [Requirement(ln) for ln in test_reqs if re.match(r"av\b", ln)]
+    assert "av" in pins and av.specifier.contains(pins["av"]), (pins, str(av))
