@@ -12,6 +12,7 @@ U-Net tokens, wall time and peak memory beyond the weights, and the ratios (a)/(
 
     python bench/fusion.py --comfyui /path/to/ComfyUI --device cuda --dtype fp16 --steps 20 --caps 4,8 --repeats 3
     python bench/fusion.py --comfyui /path/to/ComfyUI --quick          # CPU smoke run (tiny model, small frames)
+    COMFYUI_PATH=/path/to/ComfyUI python bench/fusion.py --quick       # the checkout from COMFYUI_PATH instead
 
 --caps (CUDA) reruns (a) and (c) at the largest frame under torch.cuda.set_per_process_memory_fraction caps (GB)
 and says which fit. Peak memory: CUDA max_memory_allocated minus what was allocated with the weights loaded
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -149,9 +151,9 @@ def crop(
     return report
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--comfyui", required=True, help="ComfyUI checkout")
+    ap.add_argument("--comfyui", default=os.environ.get("COMFYUI_PATH", ""), help="ComfyUI checkout (or COMFYUI_PATH)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
     ap.add_argument("--steps", type=int, default=20)
@@ -168,13 +170,20 @@ def main() -> None:
     ap.add_argument(
         "--repeats", type=int, default=1, help="interleaved rounds of the crop cases per frame ((a) once); median time"
     )
-    args = ap.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+    args = ap.parse_args(argv)
+    if not args.comfyui:
+        ap.error("needs ComfyUI: --comfyui PATH or COMFYUI_PATH")
     if args.quick:  # tiny models; frames/guides given on the command line are kept
         args.frames = args.frames if args.frames != ap.get_default("frames") else "256,512"
         args.guides = args.guides if args.guides != ap.get_default("guides") else "64,128"
         args.ours_guide = 64
         args.steps = min(args.steps, 2)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
 
     cm.setup_comfy(args.comfyui, cpu=args.device == "cpu", sdpa=True)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import os
 import sys
 import tempfile
 import time
@@ -186,7 +187,11 @@ def main() -> None:
     p.add_argument("--per-frame-anchors", default="", help="anchor values for per_frame mode (default: --anchors)")
     p.add_argument("--denoise", type=float, default=0.45)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a busy shared CPU)")
-    p.add_argument("--comfyui", default="", help="ComfyUI checkout (for --refine sd15)")
+    p.add_argument(
+        "--comfyui",
+        default=os.environ.get("COMFYUI_PATH", ""),
+        help="ComfyUI checkout (or COMFYUI_PATH; --refine sd15/face)",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32")
     p.add_argument("--channels", type=int, default=320, help="U-Net model_channels (320 = real SD1.5 size)")
@@ -203,6 +208,8 @@ def main() -> None:
     if args.quick:  # every code path of the chosen --refine once; the numbers mean nothing
         args.frames, args.stability_frames, args.height, args.guide, args.steps = "30", 30, 360, 64, 2
         args.channels = min(args.channels, 32)
+    if args.refine != "fake" and not args.comfyui:
+        p.error(f"--refine {args.refine} needs ComfyUI: --comfyui PATH or COMFYUI_PATH")
     if importlib.util.find_spec(CLIP_PACKAGE) is None:  # else video_clips raises pytest's Skipped mid-run
         p.error(f"the talking-head clip needs {CLIP_PACKAGE} (requirements-test.txt) in this Python")
     logging.basicConfig(level=logging.WARNING)
