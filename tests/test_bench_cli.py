@@ -376,3 +376,28 @@ def test_fusion_and_video_take_comfyui_from_comfyui_path(monkeypatch: pytest.Mon
     with pytest.raises(SystemExit) as stop:
         video.main()
     assert stop.value.code == 2 and "--comfyui PATH or COMFYUI_PATH" in capsys.readouterr().err
+
+
+def test_scale_ratio_counts_only_finished_items_and_a_missing_report_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """bench/scale.py's 'vs 1' divided the first run's wall time by each run's whatever its ok count, so two workers
+    failing every photo in 3 s read as a 20x speed-up; a run that wrote no report.jsonl crashed the script. Now the
+    ratio is ok items/s over the first run's, only where both runs finished every item, and a missing report is a
+    message with the runner's output."""
+    import subprocess
+
+    scale = _load_bench(monkeypatch, "scale.py")
+    rows = [(1, 60.0, 8, [5.0] * 8, 1, 0), (2, 40.0, 8, [5.0] * 8, 2, 0), (3, 3.0, 0, [], 0, 1)]
+    table = scale.photo_table(rows, 8)
+    cells = {line.split("|")[1].strip(): line.split("|")[-2].strip() for line in table if line.startswith("| ")}
+    assert cells["1"] == "1.00x" and cells["2"] == "1.50x" and cells["3"] == "-", table
+    assert "| 3 | 0/8 |" in "\n".join(table)
+    assert scale.vs_first(8, 30.0, (7, 60.0), 8) == "-"  # the first run itself did not finish every item
+
+    res = subprocess.CompletedProcess(["run"], 1, stdout="", stderr="ray: worker died")
+    assert scale.read_report(tmp_path, res) == []
+    said = capsys.readouterr().out
+    assert "no " in said and "report.jsonl" in said and "exit 1" in said and "ray: worker died" in said
+    (tmp_path / "report.jsonl").write_text('{"status": "ok", "time_s": 1.0}\n{"status": "error", "time_s": 0.1}\n')
+    assert [r["status"] for r in scale.read_report(tmp_path, res)] == ["ok", "error"]
