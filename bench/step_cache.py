@@ -225,6 +225,7 @@ def speed_part(
     sys.path.insert(0, str(REPO / "devkit"))
     import comfy_models as cm
     from astronaut import astronaut_faces, astronaut_frame
+    from bench_report import calibration_origin
     from tokenfuse.scheduling.plan import TokenPlan
 
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
@@ -241,13 +242,19 @@ def speed_part(
     faces = astronaut_faces(a.frame)
     unet = model.model.diffusion_model
     warm = argparse.Namespace(**{**vars(a), "steps": 1})
-    fuse(pack, model, vae, cond, image, faces, warm, None)
+    # Not timed: one 1-step run per variant (eager), so no variant pays its first call inside round 0 (our device-
+    # aware schedules calibrate their levels there). --compile: compiled_speed's untimed compiling run does it.
+    for _name, m, p, _text in [("unpatched", model, None, "")] if a.compile else variants:
+        fuse(pack, m, vae, cond, image, faces, warm, p)
+    calibration = calibration_origin()
     where = torch.cuda.get_device_name(device) if cuda else f"CPU, torch threads {torch.get_num_threads()}"
     print(
         f"# speed: full {a.model.upper()} U-Net (random weights), astronaut frame {a.frame}, face crop at guide "
         f"{a.guide} (latent {a.guide // 8}x{a.guide // 8}), steps {a.steps}, denoise {a.denoise}, cfg {a.cfg} "
         f"(batch {2 if a.cfg != 1.0 else 1}), seed {a.seed}, attention {cm.attention_backend()}, {where}, "
-        f"{a.dtype}, rounds {a.rounds} (min per variant), load average {os.getloadavg()[0]:.1f}",
+        f"{a.dtype}, rounds {a.rounds} (min per variant), load average {os.getloadavg()[0]:.1f}; warm-up: "
+        + ("the unpatched model (each compiled variant: its compiling run)" if a.compile else "every variant, 1 step")
+        + f"; {calibration}",
         flush=True,
     )
     if a.compile:
@@ -279,6 +286,7 @@ def calls_part(pack: Any, a: argparse.Namespace, which: set[str]) -> list[dict[s
     sys.path.insert(0, str(REPO / "devkit"))
     import comfy_models as cm
     from astronaut import astronaut_faces, astronaut_frame
+    from bench_report import calibration_origin
     from tokenfuse.scheduling.plan import TokenPlan
     from tokenfuse.scheduling.schedule import Schedule, parse_schedule_text
     from tokenfuse.scheduling.step_cache import plan_full_steps
@@ -295,13 +303,14 @@ def calls_part(pack: Any, a: argparse.Namespace, which: set[str]) -> list[dict[s
     faces = astronaut_faces(a.frame)
     unet = model.model.diffusion_model
     short = argparse.Namespace(**{**vars(a), "steps": 3})
-    fuse(pack, model, vae, cond, image, faces, argparse.Namespace(**{**vars(a), "steps": 1}), None)  # warm-up
+    for _name, m, p, _text in variants:  # warm-up, 1 step each: no variant's first call (calibration) is timed
+        fuse(pack, m, vae, cond, image, faces, argparse.Namespace(**{**vars(a), "steps": 1}), p)
     print(
         f"# calls: SD1.5 U-Net at {channels} channels (random weights), face crop at guide {a.guide} "
         f"(latent {a.guide // 8}x"
         f"{a.guide // 8}), cfg {a.cfg} (batch {2 if a.cfg != 1.0 else 1}), 3-step runs, projected to {a.steps} "
         f"steps; attention {cm.attention_backend()}, CPU thread time, torch threads {torch.get_num_threads()}, "
-        f"load average {os.getloadavg()[0]:.1f}",
+        f"load average {os.getloadavg()[0]:.1f}; warm-up: every variant, 1 step; {calibration_origin()}",
         flush=True,
     )
     rows = []
@@ -448,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     sys.path.insert(0, str(REPO / "devkit"))
     import comfy_models
-    from bench_report import write_json
+    from bench_report import calibration_origin, write_json
     from pack_loader import load_pack
 
     comfy_models.setup_comfy(a.comfyui, cpu=a.device == "cpu" or a.part != "speed", sdpa=True)
@@ -476,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     both = ("calls" if a.quick else "speed", "quality")
     for part in both if a.part == "both" else (a.part,):
         out[part] = run[part]()
+        out["settings"]["calibration"] = calibration_origin()  # after the part: timed rounds included
         write_json(a.json, out, indent=2)  # after every part: a run stopped by a time cap keeps the finished tables
     if a.json:
         print(f"wrote {a.json} ({time.time() - t0:.0f} s)")

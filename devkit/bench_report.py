@@ -3,12 +3,15 @@
 - write_json: a --json file written through a temporary file and an atomic rename, so a bench rewrites it after
   every finished table and a run stopped mid-way (a step of bench/gpu_issue11.sh reaching its `timeout` cap) leaves
   the last complete file, never a truncated one.
+- calibration_origin: whether the device-aware schedules' level decisions (scheduling/calibrate.py) were measured in
+  this process or read from an earlier run's answers (scheduling/calibration_store.py, per machine on disk).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,3 +26,16 @@ def write_json(path: str | Path, data: Any, indent: int = 1) -> None:
     tmp = target.with_name(target.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=indent, default=str) + "\n", encoding="utf-8")
     os.replace(tmp, target)
+
+
+def calibration_origin() -> str:
+    """One line: how many level decisions this process measured and how many it read from an earlier run's store
+    (their reason ends "(calibrated earlier)"), with the store's folder; from the loaded pack's calibration cache."""
+    calibrate = sys.modules.get("tokenfuse.scheduling.calibrate")
+    store = sys.modules.get("tokenfuse.scheduling.calibration_store")
+    checks = list(getattr(calibrate, "_CACHE", {}).values())
+    if not checks:
+        return "level calibration: none in this run (no device-aware schedule ran, or calibration pinned)"
+    earlier = sum("(calibrated earlier)" in c.reason for c in checks)
+    where = f" ({store.folder()})" if store is not None else ""
+    return f"level calibration: {len(checks) - earlier} measured in this run, {earlier} read from an earlier run{where}"

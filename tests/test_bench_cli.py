@@ -401,3 +401,95 @@ def test_scale_ratio_counts_only_finished_items_and_a_missing_report_is_said(
     assert "no " in said and "report.jsonl" in said and "exit 1" in said and "ray: worker died" in said
     (tmp_path / "report.jsonl").write_text('{"status": "ok", "time_s": 1.0}\n{"status": "error", "time_s": 0.1}\n')
     assert [r["status"] for r in scale.read_report(tmp_path, res)] == ["ok", "error"]
+
+
+def test_video_warms_every_timed_case_up_before_the_first_timed_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench/video.py --refine fake had no warm-up: the first timed row (and the first clip's pass 1) paid the
+    detector's, the encoder's and the flow's first-call costs. Every (mode, anchor) it times now runs once, untimed,
+    on a short clip first, its pass 1 included."""
+    import types
+
+    video = _load_bench(monkeypatch, "video.py")
+    calls: list[str] = []
+    monkeypatch.setattr(video, "make_clip", lambda path, n, **k: calls.append(f"make {n}") or path)
+    monkeypatch.setattr(video, "stability", lambda *a, **k: 1.0)
+    tracks = types.SimpleNamespace(raw_jitter=0.0, smooth_jitter=0.0)
+    stats = types.SimpleNamespace(key_frames=1, flow_failures=0, diffusion_runs=1)
+
+    def track_video(clip: Path, detect: Any, **k: Any) -> Any:
+        calls.append(f"track {clip.name}")
+        return tracks
+
+    def fuse_video(clip: Path, out: Path, tr: Any, refine: Any, opts: Any, progress: Any = None) -> Any:
+        calls.append(f"fuse {out.name} kps {opts.keyframes.per_second}")
+        return stats
+
+    import tokenfuse.faces.detect
+    import tokenfuse.video.fuse_pass
+    import tokenfuse.video.track_pass
+    import tokenfuse.video.tracks
+
+    monkeypatch.setattr(tokenfuse.faces.detect, "RetinaFaceDetector", lambda: None)
+    monkeypatch.setattr(tokenfuse.video.tracks, "make_detect", lambda *a, **k: None)
+    monkeypatch.setattr(tokenfuse.video.track_pass, "track_video", track_video)
+    monkeypatch.setattr(tokenfuse.video.fuse_pass, "fuse_video", fuse_video)
+    monkeypatch.setattr(sys, "argv", ["video.py", "--frames", "40,80", "--workdir", str(tmp_path)])
+    video.main()
+    first_timed = next(i for i, c in enumerate(calls) if c in ("make 40", "track head720_40.mp4"))
+    warm = calls[:first_timed]
+    assert warm[:2] == [f"make {video.WARM_FRAMES}", f"track warmup720_{video.WARM_FRAMES}.mp4"], calls
+    assert sorted(warm[2:]) == ["fuse warmup_keyframes_off.mp4 kps 2.0", "fuse warmup_per_frame_off.mp4 kps 0.0"]
+    assert [c for c in calls[first_timed:] if c.startswith("fuse")] == [
+        f"fuse out_{n}_{mode}_off.mp4 kps {kps}"
+        for n in (40, 80)
+        for mode, kps in (("keyframes", 2.0), ("per_frame", 0.0))
+    ]
+
+
+def test_step_cache_warms_every_variant_up_and_says_where_its_calibration_came_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """bench/step_cache.py's speed part warmed up only the unpatched model, so `ours-tokens` paid the scheduler's
+    level calibration inside round 0. Every variant now runs once (1 step, untimed) before round 0, and the header
+    says whether the calibration was measured in this run or read from an earlier one (scheduling/calibration_store)."""
+    from tokenfuse.scheduling import calibrate
+
+    runs: list[tuple[str, int]] = []
+
+    def fuse(m: Any, steps: int) -> None:
+        runs.append((m.name, steps))
+        m.model.diffusion_model(torch.zeros(1))
+
+    bench = _step_cache_harness(monkeypatch, fuse)
+    monkeypatch.setattr(calibrate, "_CACHE", {})
+    monkeypatch.setenv("TOKENFUSE_CALIBRATION_DIR", str(tmp_path / "cal"))
+    argv = ["--comfyui", "x", "--part", "speed", "--variants", "ours-tokens,ours-both", "--steps", "3"]
+    bench.main([*argv, "--json", str(tmp_path / "s.json")])
+    first_timed = next(i for i, (_, steps) in enumerate(runs) if steps > 1)
+    assert sorted(runs[:first_timed]) == [("ours-both", 1), ("ours-tokens", 1), ("unpatched", 1)], runs
+    out = capsys.readouterr().out
+    assert "warm-up: every variant, 1 step; level calibration: none in this run" in out, out
+    settings = json.loads((tmp_path / "s.json").read_text())["settings"]
+    assert settings["calibration"].startswith("level calibration: none")
+
+
+def test_calibration_origin_counts_measured_and_stored_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """devkit/bench_report.calibration_origin: level decisions measured by this process vs read from an earlier run's
+    store (calibrate.check_level marks those "(calibrated earlier)")."""
+    from tokenfuse.devkit.bench_report import calibration_origin
+    from tokenfuse.scheduling import calibrate, calibration_store
+
+    monkeypatch.setenv("TOKENFUSE_CALIBRATION_DIR", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "tokenfuse.scheduling.calibration_store", calibration_store)
+    monkeypatch.setitem(sys.modules, "tokenfuse.scheduling.calibrate", calibrate)
+    check = calibrate.LevelCheck(8, 4096, True, 2.0, 1.0, "2.00x attention on cpu")
+    monkeypatch.setattr(calibrate, "_CACHE", {})
+    assert calibration_origin().startswith("level calibration: none in this run")
+    monkeypatch.setattr(
+        calibrate,
+        "_CACHE",
+        {"a": check, "b": check._replace(reason=check.reason + " (calibrated earlier)"), "c": check},
+    )
+    assert calibration_origin() == f"level calibration: 2 measured in this run, 1 read from an earlier run ({tmp_path})"
