@@ -10,7 +10,10 @@ test_torch_face_model.py), no ComfyUI needed. Per weights set:
   unscheduled output vs the input face, `balanced` vs unscheduled, and self-attention's weight in the output: PSNR of
   a run with every attn1 output zeroed vs the unscheduled run (lower = the trained attention matters more, so the
   gate can see attention damage).
-Prints one table (old, new) and the ratios.
+Prints one table (old, new) and the ratios, old / new of the error each column measures (>1: the new weights have
+less of it): PSNR columns as mean squared errors (10^(dB difference / 10)), SSIM columns as 1 - SSIM; attn_off_psnr
+the other way round (new / old error without self-attention: >1 = the new model's attention matters more); the step
+counts get none. Attention backend: PyTorch SDPA in plain torch (named in the output).
 """
 
 from __future__ import annotations
@@ -78,6 +81,27 @@ def astronaut_numbers(pack: Any, model: Any) -> dict[str, float]:
     }
 
 
+ATTENTION = "pytorch-sdpa (plain torch)"  # devkit/face_model/torch_unet.py: F.scaled_dot_product_attention
+
+
+def ratios(old: dict[str, Any], new: dict[str, Any]) -> dict[str, float | None]:
+    """Per column, old / new of the error it measures (>1: new has less): PSNR as MSE (10^((new - old) / 10)), SSIM
+    as 1 - SSIM; attn_off_psnr inverted (>1: without self-attention the new model strays further: its attention
+    matters more). None where there is no ratio (step counts, a missing value, an SSIM of 1 in both)."""
+    out: dict[str, float | None] = {}
+    for key in old:
+        a, b = old.get(key), new.get(key)
+        if a is None or b is None or key.endswith("_steps"):
+            out[key] = None
+        elif "ssim" in key:
+            out[key] = (1.0 - float(a)) / (1.0 - float(b)) if float(b) < 1.0 else None
+        elif key == "attn_off_psnr":
+            out[key] = 10.0 ** ((float(a) - float(b)) / 10.0)
+        else:
+            out[key] = 10.0 ** ((float(b) - float(a)) / 10.0)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--new", required=True, help="folder with the candidate unet.safetensors + vae.safetensors")
@@ -101,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     faces, skipped = ([], []) if args.sampling_only else aligned_faces(Path(args.faces), args.size, args.limit)
     mask = face_ellipse(args.size)
     print(
-        f"face model compare: {len(faces)} held-out faces aligned at {args.size} px ({len(skipped)} without a face)",
+        f"face model compare: {len(faces)} held-out faces aligned at {args.size} px ({len(skipped)} without a face) | "
+        f"attention backend: {ATTENTION} | CPU, torch threads {torch.get_num_threads()}",
         flush=True,
     )
     rows = {}
@@ -115,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         rows[label] = row
         print(f"  {label}: {folder} done ({time.time() - t0:.0f} s)", flush=True)
     keys = list(rows["old"])
+    print(f"\nold vs new weights, attention backend {ATTENTION}")
     print(f"{'':<16}" + "".join(f"{k:>15}" for k in keys))
     for label, row in rows.items():
         cells = [float("nan") if v is None else float(v) for v in row.values()]
@@ -122,10 +148,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{label:<16}"
             + "".join(f"{v:>15.4f}" if "ssim" in k else f"{v:>15.2f}" for k, v in zip(keys, cells, strict=True))
         )
+    ratio = ratios(rows["old"], rows["new"])
+    print(f"{'old/new error':<16}" + "".join(f"{'-' if v is None else f'{v:.2f}x':>15}" for v in ratio.values()))
     print(
         "vae_psnr: reconstruction PSNR (dB) on the face ellipse of held-out faces; psnr_vs_input: the astronaut's "
         "unscheduled output vs its input face; balanced_*: vs unscheduled; attn_off_psnr: every attn1 output zeroed vs "
-        "unscheduled (lower = the trained self-attention matters more). Guide 256, 8 steps, denoise 0.45, seed 0."
+        "unscheduled (lower = the trained self-attention matters more). Guide 256, 8 steps, denoise 0.45, seed 0. "
+        "old/new error: old / new of each column's error (PSNR: mean squared error, SSIM: 1 - SSIM; >1 = the new "
+        "weights have less of it); for attn_off_psnr new / old (>1 = the new model's self-attention matters more)."
     )
     return 0
 

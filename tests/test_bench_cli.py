@@ -493,3 +493,22 @@ def test_calibration_origin_counts_measured_and_stored_answers(tmp_path: Path, m
         {"a": check, "b": check._replace(reason=check.reason + " (calibrated earlier)"), "c": check},
     )
     assert calibration_origin() == f"level calibration: 2 measured in this run, 1 read from an earlier run ({tmp_path})"
+
+
+def test_face_model_compare_prints_the_ratios_it_promises_and_its_attention_backend(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """bench/face_model_compare.py's docstring promised "the ratios" and printed none, and named no attention backend.
+    Its ratios are old / new of each column's error (PSNR as MSE, SSIM as 1 - SSIM; the attention-off column the
+    other way round), none for step counts; the backend is named in its docstring and output."""
+    fmc = _load_bench(monkeypatch, "face_model_compare.py")
+    old = {"unet_steps": 100, "vae_psnr_mean": 30.0, "balanced_ssim": 0.96, "attn_off_psnr": 30.0, "x_psnr": None}
+    new = {"unet_steps": 200, "vae_psnr_mean": 33.0, "balanced_ssim": 0.98, "attn_off_psnr": 27.0, "x_psnr": 1.0}
+    r = fmc.ratios(old, new)
+    assert r["unet_steps"] is None and r["x_psnr"] is None
+    assert r["vae_psnr_mean"] == pytest.approx(10**0.3)  # 3 dB more: half the squared error
+    assert r["balanced_ssim"] == pytest.approx(2.0)  # 1 - SSIM: 0.04 -> 0.02
+    assert r["attn_off_psnr"] == pytest.approx(10**0.3)  # 3 dB lower without attention: attention matters more
+    assert fmc.ratios(old, old) == {k: (None if k in ("unet_steps", "x_psnr") else 1.0) for k in old}
+    source = (REPO / "bench" / "face_model_compare.py").read_text()
+    assert "attention backend: {ATTENTION}" in source and fmc.ATTENTION.startswith("pytorch-sdpa")
