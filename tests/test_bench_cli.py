@@ -512,3 +512,37 @@ def test_face_model_compare_prints_the_ratios_it_promises_and_its_attention_back
     assert fmc.ratios(old, old) == {k: (None if k in ("unet_steps", "x_psnr") else 1.0) for k in old}
     source = (REPO / "bench" / "face_model_compare.py").read_text()
     assert "attention backend: {ATTENTION}" in source and fmc.ATTENTION.startswith("pytorch-sdpa")
+
+
+def test_quality_labels_its_gate_column_for_what_it_checks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """bench/quality.py's "gate" column checks the output image only (PSNR, SSIM, identity), so a break only the
+    attention probe catches (devkit/face_model/gate.py, bench/quality_gate.py) read "pass" there. The column is now
+    "image gate", the note under the table says what it leaves out, and the JSON gains "gate_checks" (no key renamed:
+    "gate" and "presets" as before)."""
+    quality = _load_bench(monkeypatch, "quality.py")
+    row = {"photo": "a.jpg", "psnr": 100.0, "ssim": 1.0, "psnr_in": 20.0, "id_dist": None}
+    part = {
+        "rows": {"unscheduled": [row], "balanced": [{**row, "psnr": 40.0, "ssim": 0.99, "psnr_in": 19.5}]},
+        "unet_s": {"unscheduled": 1.0, "balanced": 0.8},
+        "artifacts": {
+            "good_outputs": 2,
+            "false_positives": 0,
+            "true_positives": {"nan": "2/2"},
+            "good_stat_range": {"mean": [0.1, 0.9]},
+        },
+        "faces": 1,
+        "photos": ["a.jpg"],
+        "skipped": [],
+        "settings": {"attention": "pytorch-sdpa"},
+    }
+    (tmp_path / "a.json").write_text(json.dumps(part))
+    assert quality.merge([str(tmp_path / "a.json")], str(tmp_path / "out.json")) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("variant"))
+    assert "image gate" in header and " gate " not in header.replace("image gate", ""), header
+    assert "no attention probe here" in out
+    merged = json.loads((tmp_path / "out.json").read_text())
+    assert merged["gate_checks"] == quality.GATE_CHECKS and merged["gate"]["balanced"]["gate"] is True
+    assert {"presets", "gate", "artifacts", "faces", "rows", "unet_s"} <= set(merged)
