@@ -174,6 +174,16 @@ def _speed_rows(results: Results, step: str) -> tuple[list[dict[str, Any]], dict
     return data.get("speed", []), data.get("settings", {})
 
 
+def _rounds_note(rows: list[dict[str, Any]], settings: dict[str, Any]) -> str:
+    """' (N of M rounds: ...)' when step_cache.py's JSON holds fewer rounds than asked (it rewrites the file after
+    every round, so a step stopped by its cap leaves the rounds it finished); '' otherwise or without the fields."""
+    done = [r["rounds"] for r in rows if "rounds" in r]
+    asked = settings.get("rounds")
+    if not done or asked is None or min(done) >= asked:
+        return ""
+    return f" ({min(done)} of {asked} rounds: the step was stopped before the rest)"
+
+
 def check_crop(results: Results) -> Verdict:
     target = f"step cache + tokens ('ours-both') >= {MIN_CROP_SPEEDUP}x on the 512 face crop"
     rows, settings = _speed_rows(results, "cache512")
@@ -183,7 +193,8 @@ def check_crop(results: Results) -> Verdict:
     values = [f"{r['variant']} {r['x_wall']:.2f}x" for r in rows if r["variant"] != "unpatched"]
     where = f"guide {settings.get('guide', '?')}, {settings.get('steps', '?')} steps, {settings.get('device', '?')}"
     ok = all(r["x_wall"] >= MIN_CROP_SPEEDUP for r in both)
-    return Verdict("cache512", target, "met" if ok else "MISSED", f"{where}: " + _fmt(values))
+    detail = f"{where}: " + _fmt(values) + _rounds_note(rows, settings)
+    return Verdict("cache512", target, "met" if ok else "MISSED", detail)
 
 
 def report_plan(results: Results) -> Verdict:
@@ -200,6 +211,8 @@ def report_compiled_cache(results: Results) -> Verdict:
     if not rows:
         return Verdict("compiled_cache", target, "not measured", "no compiled_cache.json")
     values = [f"{r['variant']} {r['x_wall']:.2f}x" for r in rows if r["variant"] != "unpatched"]
+    if len(rows) < 2:  # step_cache.py writes the compiled variants one by one: only the unpatched one finished
+        values.append("only the unpatched variant finished")
     return Verdict("compiled_cache", target, "report", f"{settings.get('compile', '?')}: " + _fmt(values))
 
 

@@ -206,3 +206,21 @@ def test_a_step_measured_on_the_cpu_decides_nothing_even_without_unet_rows(gv: M
     assert gv.on_cpu({"cache512": cpu_cache})
     assert _status(gv, {**_met(), "cache512": cpu_cache})["cache512"] == "cpu smoke"
     assert _status(gv, _met())["cache512"] == "met"  # the same figure measured on cuda decides
+
+
+def test_a_step_cache_result_stopped_by_its_cap_says_how_many_rounds_it_holds(gv: ModuleType) -> None:
+    """bench/step_cache.py rewrites its JSON after every speed round (and compiled variant), so a step stopped by
+    bench/gpu_issue11.sh's cap leaves a table of fewer rounds than asked: the verdict decides on it and says so."""
+    speed = [
+        {"variant": "unpatched", "x_wall": 1.0, "rounds": 1},
+        {"variant": "ours-both i3 d2", "x_wall": 1.6, "rounds": 1},
+    ]
+    cut = {"settings": {"guide": 512, "steps": 20, "device": "cuda", "rounds": 3}, "speed": speed}
+    (v,) = [v for v in gv.verdicts({**_met(), "cache512": cut}) if v.name == "cache512"]
+    assert v.status == "met" and v.detail.endswith("(1 of 3 rounds: the step was stopped before the rest)")
+    full = {**cut, "speed": [{**r, "rounds": 3} for r in speed]}
+    (v,) = [v for v in gv.verdicts({**_met(), "cache512": full}) if v.name == "cache512"]
+    assert "rounds" not in v.detail
+    only_base = {"settings": {"compile": "inductor", "rounds": 3}, "speed": speed[:1]}
+    (v,) = [v for v in gv.verdicts({**_met(), "compiled_cache": only_base}) if v.name == "compiled_cache"]
+    assert "only the unpatched variant finished" in v.detail
