@@ -26,7 +26,7 @@ const SIZE = {
   preview: [340, 420], // "Detected faces" PreviewImage: the photo with boxes
   plan: [340, 640], // PatchTokenize: widgets, saving panel, plan preview
   fusion: [460, 700], // ScheduledFusion: widgets + 12-line report panel
-  blend: [360, 190], // Blend: widgets + status panel
+  blend: [360, 192], // Blend: widgets + status panel (its minimum in frontend 1.27)
   save: [400, 480], // SaveImage: the result
   note: [400, 560],
   prompt: [320, 190], // CLIPTextEncode
