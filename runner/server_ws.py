@@ -8,7 +8,8 @@ the client id the prompt was queued with:
 - `executed {node, output, prompt_id}`: a node's UI output (ScheduledFusion's report text is one);
 - `execution_error {prompt_id, node_id, node_type, exception_type, exception_message, ...}`;
 - `execution_interrupted {prompt_id, node_id, node_type}` (broadcast to every client), `execution_success`;
-- `tokenfuse.stats` (this pack's live stats, broadcast to every client while a TokenFuse-scheduled model samples):
+- `tokenfuse.stats` (this pack's live stats, sent to the client that queued the prompt, with its `prompt_id`, while a
+  TokenFuse-scheduled model samples):
   the last event of a sampling run carries its summary line, with the peak memory the server process measured.
 Binary frames (previews) and the other types (status, progress_state, execution_cached, feature_flags) are ignored.
 
@@ -65,8 +66,8 @@ class PromptEvents:
     memory_kind: str = NO_MEMORY
 
     def feed(self, kind: str, data: dict[str, Any], progress: Progress | None = None) -> None:
-        if kind == "tokenfuse.stats":  # broadcast without a prompt id: ComfyUI runs one prompt at a time
-            if self.started and not self.finished:
+        if kind == "tokenfuse.stats":  # carries the running prompt's id (older packs: none; one prompt runs at a time)
+            if self.started and not self.finished and data.get("prompt_id", self.prompt_id) == self.prompt_id:
                 self._peak(data)
             return
         if data.get("prompt_id") != self.prompt_id:

@@ -304,6 +304,8 @@ def test_prompt_events_protocol() -> None:
     assert ev.peak_mib == 900 and ev.memory_kind.startswith("server cuda max_memory_allocated")
     ev.feed("tokenfuse.stats", {"summary": None, "peak_mem_mb": 700.0})  # a lower live value keeps the peak
     assert ev.peak_mib == 900
+    ev.feed("tokenfuse.stats", {"summary": "x, peak VRAM 4000 MiB [sd15]", "prompt_id": "p0"})  # not ours
+    assert ev.peak_mib == 900
     ev.feed("execution_interrupted", {"prompt_id": "p1", "node_id": "2", "node_type": "KSampler"})
     ev.feed("executing", {"node": None, "prompt_id": "p1"})
     ev.feed("tokenfuse.stats", {"summary": "x, peak RSS 99999 MiB (process) [sd15]"})  # after ours ended
