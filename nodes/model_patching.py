@@ -20,13 +20,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..scheduling.keys import DISABLED_KEY, OVERRIDE_KEY, PLAN_KEY, PRESET_KEY, STEP_KEY, WRAPPER_KEY
 from ..scheduling.schedule import Schedule
 from ..scheduling.step_state import SamplingSteps
-from .glue import patcher, paths, ui
+from .glue import env, patcher, paths, ui
 from .sampler_steps import make_sampler_step_wrapper
+
+if TYPE_CHECKING:
+    from ..scheduling.telemetry import RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +226,11 @@ def _start_cache_run(cache: Any, schedule: Schedule, executor: Any) -> None:
 def _make_run_wrapper(
     telemetry: Any, schedule: Schedule, device: Any, label: str, live: _LiveStats, cache: Any = None
 ) -> Callable[..., Any]:
-    """OUTER_SAMPLE wrapper: reset per-run state, run sampling, log one summary line (also on error/cancel)."""
+    """OUTER_SAMPLE wrapper: reset per-run state, run sampling, log one summary line (also on error/cancel).
+
+    A run that raised is "cancelled" (ComfyUI's interrupt) or "failed" in its summary line, its live stats' final
+    summary and its telemetry file's summary record; its telemetry goes to `<name>.partial`, never over the complete
+    file of an earlier run (scheduling/telemetry.py TelemetryFile)."""
 
     def tokenfuse_outer_sample(executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         telemetry.reset()
@@ -231,16 +238,22 @@ def _make_run_wrapper(
         if cache is not None:
             _start_cache_run(cache, schedule, executor)
         peak, live.peak_mib = _peak_memory_start(device)
+        status: RunStatus = "failed"
         try:
-            return executor(*args, **kwargs)
+            out = executor(*args, **kwargs)
+            status = "complete"
+            return out
+        except BaseException as exc:
+            status = "cancelled" if env.is_interrupt(exc) else "failed"
+            raise
         finally:
             # summary_line: tokens saved, calls reduced, wall time since reset (= this run), patch time
-            line = f"{telemetry.summary_line()}, {peak()} [{label}{', preset off' if schedule.is_off else ''}]"
+            line = f"{telemetry.summary_line(status)}, {peak()} [{label}{', preset off' if schedule.is_off else ''}]"
             if cache is not None:
                 line += f", {cache.state.summary()}"
                 cache.state.reset()  # the cached features never outlive the run
             log.info("%s", line)
-            if telemetry.calls == 0 and not schedule.is_off:
+            if telemetry.calls == 0 and not schedule.is_off and status == "complete":
                 log.warning(
                     "TokenFuse: no attention call reached the scheduler in this run (%s); check that no "
                     "other node replaces self-attention of this model",
@@ -249,13 +262,22 @@ def _make_run_wrapper(
             if live.step and ui.stats_listener_present():
                 ui.send_stats(STATS_EVENT, live.payload(telemetry, None, final=True, summary=line))
             if schedule.telemetry_jsonl:
-                try:
-                    path = telemetry.write_jsonl(paths.output_file(schedule.telemetry_jsonl))
-                    log.info("TokenFuse: telemetry written to %s", path)
-                except (OSError, paths.OutputPathError) as exc:
-                    log.warning("TokenFuse: telemetry not written: %s", exc)
+                _write_telemetry(telemetry, schedule.telemetry_jsonl, status)
 
     return tokenfuse_outer_sample
+
+
+def _write_telemetry(telemetry: Any, name: str, status: RunStatus) -> None:
+    """The run's telemetry file in the output folder (a run that did not complete: `<name>.partial`)."""
+    try:
+        path = telemetry.write_jsonl(paths.output_file(name), status)
+    except (OSError, paths.OutputPathError) as exc:
+        log.warning("TokenFuse: telemetry not written: %s", exc)
+        return
+    if status == "complete":
+        log.info("TokenFuse: telemetry written to %s", path)
+    else:
+        log.info("TokenFuse: %s run's partial telemetry written to %s (%s is left as it was)", status, path, name)
 
 
 def _make_step_wrapper(telemetry: Any, live: _LiveStats) -> Callable[..., Any]:

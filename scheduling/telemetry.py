@@ -5,18 +5,94 @@ record() is called from inside the patches, so it only adds plain Python numbers
 Aggregation is per (step, level) by default; per-call records are kept only when asked (`per_call=True`: the JSONL
 telemetry file, tests and benches that look at single calls).
 Device-aware schedules note each level's calibration (note_level): the summary says which levels were kept and why.
+
+A run ends with a status (RunStatus): "complete" when sampling returned, "cancelled" (the user's interrupt) or
+"failed" (any other exception). The summary line and the JSONL summary record both carry it, and the JSONL file of a
+run that did not complete never replaces the file of a complete one (TelemetryFile).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import secrets
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import IO, Any, Literal, NamedTuple
 
 log = logging.getLogger(__name__)
+
+RunStatus = Literal["complete", "cancelled", "failed"]
+PARTIAL_SUFFIX = ".partial"
+
+
+def partial_path(path: str | Path) -> Path:
+    """Where the JSONL file of a run that did not complete goes: `<name>.partial` next to `<name>`."""
+    path = Path(path)
+    return path.with_name(path.name + PARTIAL_SUFFIX)
+
+
+class TelemetryFile:
+    """A JSONL file written under a temporary name in its own folder and renamed onto its name when committed.
+
+    A complete run is renamed onto `path` (atomically: a reader sees the previous complete file or the new one, never
+    a half-written one). A cancelled or failed run is renamed onto `path.partial` instead (partial_path) and `path`
+    keeps the last complete run: the file under the asked name always describes a whole run, while the partial data
+    (what a failure looked like up to the exception) is still there to read, under a name that no `*.jsonl` glob
+    picks up, with its summary record's "status" saying why it stopped. Discarded (or never committed), the temporary
+    file is removed.
+
+    The folder must exist (nothing is created above the file); a symlink at the target name is refused rather than
+    replaced, and the temporary file is created with O_EXCL | O_NOFOLLOW under a random name.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        for target in (self.path, partial_path(self.path)):
+            if target.is_symlink():
+                raise OSError(f"refusing to write through the symlink {target}")
+        self.tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(6)}.tmp")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(self.tmp, flags, 0o644)
+        try:
+            self._fh: IO[str] | None = os.fdopen(fd, "w", encoding="utf-8")
+        except BaseException:
+            os.close(fd)
+            os.unlink(self.tmp)
+            raise
+
+    def write(self, row: dict[str, Any]) -> None:
+        """Append one JSON object as one line."""
+        if self._fh is None:
+            raise ValueError(f"telemetry file {self.path} is already closed")
+        self._fh.write(json.dumps(row) + "\n")
+
+    def commit(self, status: RunStatus = "complete") -> Path:
+        """Close and rename onto `path` (complete) or `path.partial` (cancelled, failed); returns where it went."""
+        target = self.path if status == "complete" else partial_path(self.path)
+        try:
+            self._close()
+            if target.is_symlink():
+                raise OSError(f"refusing to write through the symlink {target}")
+            os.replace(self.tmp, target)
+        except BaseException:
+            self.discard()
+            raise
+        return target
+
+    def discard(self) -> None:
+        """Close and remove the temporary file; the files under `path` and `path.partial` stay as they were."""
+        with contextlib.suppress(OSError):
+            self._close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.tmp)
+
+    def _close(self) -> None:
+        fh, self._fh = self._fh, None
+        if fh is not None:
+            fh.close()
 
 
 class CallRecord(NamedTuple):
@@ -134,13 +210,15 @@ class RunTelemetry:
         """Patch time spent outside record() (e.g. the unmerge in the output patch)."""
         self.patch_seconds += seconds
 
-    def summary(self) -> dict[str, Any]:
-        """Totals for the run. *_saved_pct are percent of tokens (or q x kv attention pairs) taken out."""
+    def summary(self, status: RunStatus = "complete") -> dict[str, Any]:
+        """Totals for the run. *_saved_pct are percent of tokens (or q x kv attention pairs) taken out; status: how the
+        run ended (a cancelled or failed run's totals cover the steps it made)."""
 
         def pct(saved_from: int, left: int) -> float:
             return 0.0 if saved_from == 0 else 100.0 * (1.0 - left / saved_from)
 
         return {
+            "status": status,
             "calls": self.calls,
             "reduced_calls": self.reduced_calls,
             "steps": len(self.steps),
@@ -159,43 +237,51 @@ class RunTelemetry:
             },
         }
 
-    def summary_line(self) -> str:
-        s = self.summary()
+    def summary_line(self, status: RunStatus = "complete") -> str:
+        """The run's INFO line; one that did not complete says so first ("TokenFuse: cancelled run (partial): ...")."""
+        s = self.summary(status)
         return (
-            f"TokenFuse: {s['tokens_saved_pct']:.1f}% q+k/v tokens saved, "
+            f"TokenFuse: {'' if status == 'complete' else f'{status} run (partial): '}"
+            f"{s['tokens_saved_pct']:.1f}% q+k/v tokens saved, "
             f"{s['attention_pairs_saved_pct']:.1f}% attention pairs saved, "
             f"{s['reduced_calls']}/{s['calls']} attention calls reduced over {s['steps']} steps, "
             f"{s['wall_seconds']:.2f} s (patches {s['patch_seconds'] * 1000:.1f} ms)"
             + (f"; {self.levels_text()}" if self.levels else "")
         )
 
-    def write_jsonl(self, path: str | Path) -> Path:
-        """One JSON object per call (per (step, level) aggregate when per_call is off), then one {"summary": ...} line.
+    def write_records(self, out: TelemetryFile, **extra: Any) -> None:
+        """The run's rows: one JSON object per call (per (step, level) aggregate when per_call is off), each with
+        `extra` added (e.g. run=3 when several runs share a file)."""
+        for rec in self.records:
+            out.write({**rec._asdict(), **extra})
+        if not self.per_call:
+            for (step, level), a in sorted(self.per_step.items()):
+                row = dict(zip(("calls", "reduced_calls", "q_in", "q_out", "kv_in", "kv_out"), a, strict=True))
+                out.write({"step": step, "level": level, **row, **extra})
 
-        The folder must exist (nothing is created above the file) and a symlink at `path` is refused rather than
-        followed (O_NOFOLLOW where the OS has it)."""
-        path = Path(path)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
-        if path.is_symlink():
-            raise OSError(f"refusing to write through the symlink {path}")
-        with os.fdopen(os.open(path, flags, 0o644), "w", encoding="utf-8") as fh:
-            for rec in self.records:
-                fh.write(json.dumps(rec._asdict()) + "\n")
-            if not self.per_call:
-                for (step, level), a in sorted(self.per_step.items()):
-                    row = dict(zip(("calls", "reduced_calls", "q_in", "q_out", "kv_in", "kv_out"), a, strict=True))
-                    fh.write(json.dumps({"step": step, "level": level, **row}) + "\n")
-            fh.write(json.dumps({"summary": self.summary()}) + "\n")
-        return path
+    def write_jsonl(self, path: str | Path, status: RunStatus = "complete") -> Path:
+        """The run's rows (write_records), then one {"summary": ...} line; returns the path written.
 
-    def finish(self, jsonl_path: str | Path | None = None) -> str:
+        Written through TelemetryFile: a complete run replaces `path` atomically; a cancelled or failed run goes to
+        `path.partial` and leaves `path` (the last complete run) alone. The folder must exist and a symlink at the
+        name is refused rather than followed."""
+        out = TelemetryFile(path)
+        try:
+            self.write_records(out)
+            out.write({"summary": self.summary(status)})
+        except BaseException:
+            out.discard()
+            raise
+        return out.commit(status)
+
+    def finish(self, jsonl_path: str | Path | None = None, status: RunStatus = "complete") -> str:
         """End of a run: log the summary line at INFO (if any call was seen), write JSONL if a path is given."""
-        line = self.summary_line()
+        line = self.summary_line(status)
         if self.calls:
             log.info(line)
         if jsonl_path:
             try:
-                self.write_jsonl(jsonl_path)
+                self.write_jsonl(jsonl_path, status)
             except OSError as exc:
                 log.warning(
                     "TokenFuse: could not write telemetry to %s (%s); fix the path or clear it", jsonl_path, exc

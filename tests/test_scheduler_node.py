@@ -461,3 +461,51 @@ def test_the_report_never_claims_protected_blocks_on_a_dit_model() -> None:
     text = describe_schedule(Schedule(strategy="topk", dit_ratio=0.5, protect_blocks=2), "override")
     assert "protect_blocks ignored (U-Nets only" in text
     assert "first 2 blocks kept" in describe_schedule(Schedule(ratios={8: 0.5}, protect_blocks=2), "unet")
+
+
+class InterruptProcessingException(Exception):  # comfy.model_management's cancel, matched by class name
+    pass
+
+
+def test_a_cancelled_or_failed_run_says_so_and_never_replaces_the_complete_telemetry(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cancelling at step 3 of 6 replaced the complete file with a partial one whose summary record and INFO line read
+    like a finished run. Now: the line and record say cancelled/failed, the complete file stays, the partial run goes
+    to <name>.partial, and no temporary file is left behind."""
+    monkeypatch.setenv(comfy_paths.OUTPUT_DIR_ENV, str(tmp_path))
+    patched, _ = NODE.apply(sd15_model(), "balanced", "preset", 0.0, schedule_text='{"telemetry_jsonl": "run.jsonl"}')
+    (attn1,) = patched.model_options["transformer_options"]["patches"]["attn1_patch"]
+    (wrapper,) = patched.wrappers["outer_sample"]["tokenfuse"]
+    n = torch.randn(2, 16 * 16, 32)
+    extra = {
+        "original_shape": [2, 4, 16, 16],
+        "transformer_index": 0,
+        "block": ("input", 1),
+        "block_index": 0,
+        "sigmas": torch.tensor([14.6]),
+        "sample_sigmas": torch.tensor([14.6, 7.0, 1.0, 0.0]),
+    }
+
+    def steps(k: int, then: BaseException | None = None) -> str:
+        for _ in range(k):
+            attn1(n, n, n, dict(extra))
+        if then is not None:
+            raise then
+        return "done"
+
+    with caplog.at_level(logging.INFO, logger="tokenfuse"):
+        assert wrapper(steps, 3) == "done"
+    complete = (tmp_path / "run.jsonl").read_text()
+    assert json.loads(complete.splitlines()[-1])["summary"]["status"] == "complete"
+    assert not [r for r in caplog.records if "run (partial)" in r.getMessage()]
+    for exc, status in ((InterruptProcessingException(), "cancelled"), (RuntimeError("boom"), "failed")):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="tokenfuse"), pytest.raises(type(exc)):
+            wrapper(steps, 1, exc)
+        assert (tmp_path / "run.jsonl").read_text() == complete, "the complete run's file was replaced"
+        rows = [json.loads(x) for x in (tmp_path / "run.jsonl.partial").read_text().splitlines()]
+        assert rows[-1]["summary"]["status"] == status and rows[-1]["summary"]["calls"] == 1
+        (line,) = [r.getMessage() for r in caplog.records if "tokens saved" in r.getMessage()]
+        assert line.startswith(f"TokenFuse: {status} run (partial): ")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["run.jsonl", "run.jsonl.partial"]

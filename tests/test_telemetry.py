@@ -49,3 +49,33 @@ def test_jsonl_and_finish_log_one_info_line(tmp_path: Path, caplog: pytest.LogCa
     rows = [json.loads(x) for x in (tmp_path / "sub" / "run.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and rows[0]["block"] == "input.1.0" and rows[0]["kv_out"] == 250
     assert rows[-1]["summary"]["calls"] == 3 and rows[-1]["summary"]["records_dropped"] == 1
+
+
+def test_jsonl_is_replaced_whole_and_a_partial_run_goes_next_to_it(tmp_path: Path) -> None:
+    """A complete run replaces the file (through a temporary name in the same folder); a cancelled run's rows go to
+    <name>.partial with status "cancelled" and the complete file is left as it was."""
+    path = tmp_path / "run.jsonl"
+    t = RunTelemetry()
+    _fill(t)
+    assert t.write_jsonl(path) == path
+    complete = path.read_text()
+    assert json.loads(complete.splitlines()[-1])["summary"]["status"] == "complete"
+    t.reset()
+    t.record("input.1.0", 8, 0, 14.6, 1000, 1000, 1000, 250, "todo")
+    assert t.write_jsonl(path, "cancelled") == tmp_path / "run.jsonl.partial"
+    assert path.read_text() == complete
+    rows = [json.loads(x) for x in (tmp_path / "run.jsonl.partial").read_text().splitlines()]
+    assert len(rows) == 2 and rows[-1]["summary"]["status"] == "cancelled" and rows[-1]["summary"]["calls"] == 1
+    assert "cancelled run (partial)" in t.summary_line("cancelled") and "partial" not in t.summary_line()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.jsonl", "run.jsonl.partial"]
+
+
+def test_a_write_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    path.write_text("old\n")
+    t = RunTelemetry()
+    _fill(t)
+    t.records.append(object())  # type: ignore[arg-type]  # not a CallRecord: fails after some rows were written
+    with pytest.raises(AttributeError):
+        t.write_jsonl(path)
+    assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["run.jsonl"]
