@@ -64,7 +64,9 @@ class FusionBackend:
     model_for(attempt) -> (model, note): the model for this attempt (scheduling off / stronger preset); note is "" or
         what could not be done (reported).
     is_oom(exc) -> bool: an out-of-memory error (fallbacks apply). is_fatal(exc) -> bool: must propagate (cancel).
-    progress(): once per face (ComfyUI's cancel point). peak_reset()/peak_bytes(): device memory peak (None = n/a).
+    progress(): once per face, when its batch is done (fallbacks included); ComfyUI's node moves its faces x steps
+        bar from the sampler callback and here only catches up (denoise 0, a failed batch).
+    peak_reset()/peak_bytes(): device memory peak (None = n/a).
     memory_check(batch, side, tiled_vae) -> "" when the estimated peak of sampling `batch` crops of side x side fits
         the device's free memory, else a message with the estimate; a misfit is handled like an OOM before any work
         (so a CPU run that would swap the machine steps down the fallback chain instead).

@@ -350,12 +350,19 @@ class ScheduledFusion:
         scheduler: str,
         denoise: float,
         total: int,
+        *,
+        step_bar: bool = True,
     ) -> Any:
+        """ComfyUI's sampler and VAE as a FusionBackend for `total` faces.
+
+        step_bar: the node's bar counts faces x steps, moved from the sampler callback at every step (env.StepProgress).
+        False (VideoFaceFusion, whose bar counts frames): no bar; the sampler callback and progress() are cancel points
+        only."""
         from ..fusion.run import FusionBackend
 
         env.require_comfy("ScheduledFusion")
         device = env.compute_device(model)
-        pbar = env.progress_bar(total)
+        bar = env.StepProgress(total, steps) if step_bar else None
         cache: dict[tuple[bool, str], tuple[Any, str]] = {}
 
         def model_for(attempt: Any) -> tuple[Any, str]:
@@ -383,6 +390,7 @@ class ScheduledFusion:
                 positive=positive,
                 negative=negative,
                 denoise=denoise,
+                on_step=None if bar is None else bar.on_step(len(seeds)),
             )
 
         return FusionBackend(
@@ -392,7 +400,7 @@ class ScheduledFusion:
             model_for=model_for,
             is_oom=env.is_oom,
             is_fatal=env.is_interrupt,
-            progress=lambda: pbar.update(1),
+            progress=env.throw_if_interrupted if bar is None else bar.face_done,
             peak_reset=lambda: env.peak_reset(device),
             peak_bytes=lambda: env.peak_bytes(device),
             empty_cache=env.empty_cache,

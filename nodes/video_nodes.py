@@ -349,10 +349,9 @@ class VideoFaceFusion:
         )
         backend = self.backend
         if backend is None and face_tracks.tracks:
-            backend = ScheduledFusion._comfy_backend(
-                model, vae, positive, negative, steps, cfg, sampler_name, scheduler, denoise, 1
+            backend = ScheduledFusion._comfy_backend(  # no bar of its own: the frame bar below is the visible one
+                model, vae, positive, negative, steps, cfg, sampler_name, scheduler, denoise, 1, step_bar=False
             )
-            backend = replace(backend, progress=env.throw_if_interrupted)  # the chunk bar below is the visible one
         anchors = None
         if pool_for(anchor_attention) and face_tracks.tracks:
             from ..scheduling.anchor_attention import AnchorStore

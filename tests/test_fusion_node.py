@@ -592,3 +592,101 @@ def test_independent_frames_seed_each_frame_as_if_alone() -> None:
         [100, 101],
         [102, 103],
     ] and not default.independent_frames
+
+
+# ---- ComfyUI's backend (nodes/glue/sampling.py) on stand-ins of comfy.sample / comfy.utils / model_management ----
+class FakeProgressBar:
+    """comfy.utils.ProgressBar: records every (value, total) it would show."""
+
+    shown: list[tuple[int, int]] = []
+
+    def __init__(self, total: int, node_id: Any = None) -> None:
+        self.total, self.current = total, 0
+
+    def update_absolute(self, value: int, total: int | None = None, preview: Any = None) -> None:
+        self.total = self.total if total is None else total
+        self.current = min(value, self.total)
+        FakeProgressBar.shown.append((self.current, self.total))
+
+    def update(self, value: int) -> None:
+        self.update_absolute(self.current + value)
+
+
+@pytest.fixture
+def fake_comfy(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """comfy.sample.sample runs `steps` sampler steps, calling the callback after each as KSAMPLER does, and notes what
+    the bar showed when each step's callback returned; no model is evaluated."""
+    import sys
+    import types
+
+    seen = SimpleNamespace(steps=[], cancels=0)
+
+    def sample(model: Any, noise: Any, steps: int, *a: Any, callback: Any = None, **kw: Any) -> torch.Tensor:
+        latent = a[5]
+        for i in range(steps):
+            callback(i, latent, latent, steps)
+            seen.steps.append(FakeProgressBar.shown[-1] if FakeProgressBar.shown else None)
+        return latent
+
+    def interrupted() -> None:
+        seen.cancels += 1
+
+    FakeProgressBar.shown = []
+    comfy = types.ModuleType("comfy")
+    comfy.sample = SimpleNamespace(  # type: ignore[attr-defined]
+        fix_empty_latent_channels=lambda model, latent: latent,
+        prepare_noise=lambda latent, seed: torch.zeros_like(latent),
+        sample=sample,
+    )
+    comfy.utils = SimpleNamespace(PROGRESS_BAR_ENABLED=False, ProgressBar=FakeProgressBar)  # type: ignore[attr-defined]
+    comfy.model_management = SimpleNamespace(  # type: ignore[attr-defined]
+        throw_exception_if_processing_interrupted=interrupted, soft_empty_cache=lambda: None
+    )
+    for name in ("sample", "utils", "model_management"):
+        monkeypatch.setitem(sys.modules, f"comfy.{name}", getattr(comfy, name))
+    monkeypatch.setitem(sys.modules, "comfy", comfy)
+    return seen
+
+
+class FakeVae:
+    def encode(self, pixels: torch.Tensor) -> torch.Tensor:
+        return F.avg_pool2d(pixels.movedim(-1, 1), 8)
+
+    def decode(self, latent: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(latent, scale_factor=8, mode="bilinear", align_corners=False).movedim(1, -1)
+
+
+@pytest.mark.parametrize(("faces", "per_batch"), [(1, 1), (3, 2)])
+def test_the_node_bar_moves_at_every_sampler_step(fake_comfy: SimpleNamespace, faces: int, per_batch: int) -> None:
+    """The bar counted faces: one face showed 0/1 for the whole sampling, then 1/1. Now it counts faces x steps and
+    the sampler callback (still the cancel point) moves it after every step, as KSampler's bar moves."""
+    steps = 4
+    images, fs = astronaut_faceset(1, faces, crop_size=128)
+    model = SimpleNamespace(load_device=torch.device("cpu"))
+    backend = ScheduledFusion._comfy_backend(model, FakeVae(), "p", "n", steps, 5.0, "euler", "normal", 0.4, faces)
+    args = dict(seed=0, steps=steps, cfg=5.0, sampler_name="euler", scheduler="normal", denoise=0.4, guide_size=128)
+    ScheduledFusion(backend).fuse(
+        *LINKS, torch.from_numpy(images), fs, **args, max_size=1024, crop_factor=1.0, feather=0.04,
+        faces_per_batch=per_batch, fallback="off",
+    )  # fmt: skip
+    total = faces * steps
+    batches = [min(per_batch, faces - k) for k in range(0, faces, per_batch)]
+    expected, done = [], 0
+    for b in batches:
+        expected += [(done * steps + b * (i + 1), total) for i in range(steps)]
+        done += b
+    assert fake_comfy.steps == expected, "the bar must move at every sampler step"
+    assert FakeProgressBar.shown[-1] == (total, total)
+    assert [v for v, _ in FakeProgressBar.shown] == sorted(v for v, _ in FakeProgressBar.shown), "never backwards"
+    assert fake_comfy.cancels >= len(batches) * steps, "every step is still a cancel point"
+
+
+def test_without_a_step_bar_the_backend_shows_nothing(fake_comfy: SimpleNamespace) -> None:
+    """VideoFaceFusion's backend: its frame bar is the visible one, so sampling must not move a bar of its own."""
+    images, fs = astronaut_faceset(1, 1, crop_size=128)
+    model = SimpleNamespace(load_device=torch.device("cpu"))
+    backend = ScheduledFusion._comfy_backend(
+        model, FakeVae(), "p", "n", 4, 5.0, "euler", "normal", 0.4, 1, step_bar=False
+    )
+    ScheduledFusion(backend).fuse(*LINKS, torch.from_numpy(images), fs, *WIDGETS)
+    assert FakeProgressBar.shown == [] and fake_comfy.cancels >= 4

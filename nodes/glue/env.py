@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+from collections.abc import Callable
 from typing import Any
 
 
@@ -52,6 +53,39 @@ def progress_bar(total: int) -> Any:
         except ImportError:
             pass
     return _NoProgress(total)
+
+
+class StepProgress:
+    """ScheduledFusion's bar: faces x sampling steps, moved from the sampler's per-step callback (as KSampler's bar
+    moves), so a photo with one face shows each step instead of 0/1 for the whole sampling.
+
+    A batch of B faces sampled from face `done` on moves the bar from done*steps to (done+B)*steps over its steps;
+    face_done() (once per face when its batch is finished, fallbacks included) moves it to that face's end if the
+    sampler did not (denoise 0, a failed batch). A fallback's rerun walks its batch's span again."""
+
+    def __init__(self, faces: int, steps: int) -> None:
+        self.steps = max(1, int(steps))
+        self.bar = progress_bar(max(1, int(faces)) * self.steps)
+        self.done = 0  # faces finished
+        self.position = 0
+
+    def face_done(self) -> None:
+        self.done += 1
+        if self.done * self.steps > self.position:
+            self._show(self.done * self.steps)
+
+    def on_step(self, batch: int) -> Callable[[int, int], None]:
+        """The sampler callback's part for a batch of `batch` faces: on_step(steps done, steps in this run)."""
+        base, width = self.done * self.steps, max(1, batch) * self.steps
+
+        def step(i: int, total: int) -> None:
+            self._show(base + width * i // max(1, total))
+
+        return step
+
+    def _show(self, value: int) -> None:
+        self.position = value
+        self.bar.update_absolute(value)
 
 
 def throw_if_interrupted() -> None:

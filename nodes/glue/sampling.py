@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ...scheduling.keys import PLAN_KEY
@@ -38,12 +39,15 @@ def sample(
     positive: Any,
     negative: Any,
     denoise: float,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> Any:
     """Sample a batch of face latents through ComfyUI's own sampler path (comfy.sample.sample, as KSampler does).
 
     latent: [B, C, h, w]; noise_mask: [B, 1, S, S] in [0, 1] (1 = may change); seeds: one per batch item, so each
     face's noise is the same whether it is sampled alone or in a batch. plan: a crop-space TokenPlan or None; it
     reaches the attention patches through transformer_options["tokenfuse_plan"] on a clone.
+    on_step(steps done, steps of this run): called from the sampler's callback after every step (the node's progress
+    bar, env.StepProgress); the callback is also the cancel point, checked first.
     """
     require_comfy("ScheduledFusion sampling")
     import comfy.sample
@@ -60,6 +64,8 @@ def sample(
 
     def cancel_point(step: int, x0: Any, x: Any, total: int) -> None:  # every step: cancel works mid-face
         throw_if_interrupted()
+        if on_step is not None:
+            on_step(step + 1, total)
 
     return comfy.sample.sample(
         m,
