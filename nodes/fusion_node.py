@@ -21,7 +21,7 @@ from ..scheduling.vocabulary import PRESET_ORDER
 from .checks import checked_inputs
 from .glue import env, paths, sampling
 from .input_specs import seed_input
-from .model_patching import _transformer_option, repatch_with_preset, strip_tokenfuse
+from .model_patching import _transformer_option, in_sampling_series, repatch_with_preset, strip_tokenfuse
 
 if TYPE_CHECKING:
     from ..fusion.run import FusionBackend
@@ -329,7 +329,8 @@ class ScheduledFusion:
         reports: list[FaceReport] = result.reports
         header = widgets.header(faces.count, faces.batch_size, settings.use_plan) + swap_note
         report = format_report(reports, header)
-        log.info("%s", report.splitlines()[-1])
+        # inside VideoFaceFusion (a call per key-frame batch) the video's own line is the run's INFO line
+        log.log(logging.DEBUG if in_sampling_series() else logging.INFO, "%s", report.splitlines()[-1])
         return out, result.faces, report
 
     def fuse_and_show(self, **inputs: Any) -> dict[str, Any]:

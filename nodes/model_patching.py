@@ -2,7 +2,8 @@
 
 Used by TokenSchedulerController (schedule_model), ScheduledFusion's fallback chain (strip_tokenfuse,
 repatch_with_preset) and the benches. Per-run telemetry is reset in an OUTER_SAMPLE wrapper, which logs one INFO
-summary line per sampling run; a PREDICT_NOISE wrapper sends live stats when a server listens; a SAMPLER_SAMPLE
+summary line per sampling run (at DEBUG inside sampling_series(), which logs one INFO line for all its runs:
+VideoFaceFusion's key-frame batches); a PREDICT_NOISE wrapper sends live stats when a server listens; a SAMPLER_SAMPLE
 wrapper (nodes/sampler_steps.py) keeps the run's step index on the host, so the patches never read a device sigma.
 
 The step cache (Schedule.cache_*, scheduling/step_cache.py) rides on the same clone: a DIFFUSION_MODEL wrapper and an
@@ -19,7 +20,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..scheduling.keys import DISABLED_KEY, OVERRIDE_KEY, PLAN_KEY, PRESET_KEY, STEP_KEY, WRAPPER_KEY
@@ -29,7 +33,7 @@ from .glue import env, patcher, paths, ui
 from .sampler_steps import make_sampler_step_wrapper
 
 if TYPE_CHECKING:
-    from ..scheduling.telemetry import RunStatus
+    from ..scheduling.telemetry import RunSeries, RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -248,23 +252,99 @@ def _make_run_wrapper(
             raise
         finally:
             # summary_line: tokens saved, calls reduced, wall time since reset (= this run), patch time
+            series = _SERIES.get()
             line = f"{telemetry.summary_line(status)}, {peak()} [{label}{', preset off' if schedule.is_off else ''}]"
+            counts = None
             if cache is not None:
                 line += f", {cache.state.summary()}"
+                counts = (cache.state.full_calls, cache.state.cached_calls, cache.state.refreshed)
                 cache.state.reset()  # the cached features never outlive the run
-            log.info("%s", line)
-            if telemetry.calls == 0 and not schedule.is_off and status == "complete":
-                log.warning(
-                    "TokenFuse: no attention call reached the scheduler in this run (%s); check that no "
-                    "other node replaces self-attention of this model",
-                    label,
-                )
+            log.log(logging.INFO if series is None else logging.DEBUG, "%s", line)
+            no_calls = telemetry.calls == 0 and not schedule.is_off and status == "complete"
+            if no_calls and series is None:
+                _warn_no_calls(label, "this run")
             if live.step and ui.stats_listener_present():
                 ui.send_stats(STATS_EVENT, live.payload(telemetry, None, final=True, summary=line))
-            if schedule.telemetry_jsonl:
+            if series is not None:
+                jsonl = None
+                if schedule.telemetry_jsonl:
+                    try:
+                        jsonl = paths.output_file(schedule.telemetry_jsonl)
+                    except paths.OutputPathError as exc:  # reported once, when the series ends
+                        series.unwritable.setdefault(Path(schedule.telemetry_jsonl), str(exc))
+                series.add(telemetry, status, label, counts, jsonl)
+                series.no_calls += int(no_calls)
+            elif schedule.telemetry_jsonl:
                 _write_telemetry(telemetry, schedule.telemetry_jsonl, status)
 
     return tokenfuse_outer_sample
+
+
+def _warn_no_calls(label: str, where: str) -> None:
+    log.warning(
+        "TokenFuse: no attention call reached the scheduler in %s (%s); check that no other node replaces "
+        "self-attention of this model",
+        where,
+        label,
+    )
+
+
+_SERIES: ContextVar[RunSeries | None] = ContextVar("tokenfuse_run_series", default=None)
+
+
+def in_sampling_series() -> bool:
+    """True inside sampling_series(): a node's per-call summary lines go to DEBUG there."""
+    return _SERIES.get() is not None
+
+
+@contextmanager
+def sampling_series(label: str, device: Any = None) -> Iterator[RunSeries]:
+    """Make the sampling runs inside the block one run (VideoFaceFusion: one diffusion run per key-frame batch).
+
+    Inside it each run's summary line is logged at DEBUG and the run is added to a RunSeries (scheduling/telemetry.py);
+    when the block ends, one INFO line sums them (if any run was scheduled) and each telemetry file the runs named
+    holds every run with one summary at the end, renamed into place only when the block completed (`<name>.partial`
+    when it raised: "cancelled" for ComfyUI's interrupt, else "failed"). A context variable, set and reset here: no
+    state outlives the block, also when it raises, and a run outside it (another prompt's KSampler) is not affected.
+    """
+    from ..scheduling.telemetry import RunSeries
+
+    series = RunSeries()
+    peak, _ = _peak_memory_start(device)
+    token = _SERIES.set(series)
+    status: RunStatus = "failed"
+    try:
+        yield series
+        status = "complete"
+    except BaseException as exc:
+        status = "cancelled" if env.is_interrupt(exc) else "failed"
+        raise
+    finally:
+        _SERIES.reset(token)
+        _end_series(series, status, label, peak)
+
+
+def _end_series(series: RunSeries, status: RunStatus, label: str, peak: Callable[[], str]) -> None:
+    if not series.runs:
+        series.discard()
+        return
+    labels = ", ".join(series.labels)
+    log.info("%s, %s [%s: %s]", series.summary_line(status), peak(), label, labels)
+    if series.no_calls:
+        _warn_no_calls(labels, f"{series.no_calls} of {series.runs} sampling runs of {label}")
+    for path, written, error in series.close(status):
+        if written is None:
+            log.warning("TokenFuse: telemetry not written to %s: %s", path, error)
+        elif status == "complete":
+            log.info("TokenFuse: telemetry of %d sampling runs written to %s", series.runs, written)
+        else:
+            log.info(
+                "TokenFuse: %s %s's partial telemetry written to %s (%s is left as it was)",
+                status,
+                label,
+                written,
+                path.name,
+            )
 
 
 def _write_telemetry(telemetry: Any, name: str, status: RunStatus) -> None:

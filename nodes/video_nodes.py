@@ -21,6 +21,7 @@ from .face_nodes import _BACKEND_TIP, _folders, _reference_embedding
 from .glue import env
 from .glue import video as video_glue
 from .input_specs import build_selection, device_input, identity_inputs, seed_input, selection_inputs
+from .model_patching import sampling_series
 
 if TYPE_CHECKING:
     from ..fusion.run import FusionBackend
@@ -373,11 +374,15 @@ class VideoFaceFusion:
         path, window = self.out_path or video_glue.output_path(), self.window
         fused = refine or (lambda crops, seeds: crops)
         shown = lambda done, total: bar.update_absolute(done, total or None)  # noqa: E731
+        # One run for the scheduler's summary: each key-frame batch's sampling line goes to DEBUG, one INFO line and
+        # one telemetry file (if the schedule names one) cover the whole video (model_patching.sampling_series).
+        series = sampling_series("VideoFaceFusion", env.compute_device(model) if face_tracks.tracks else None)
         try:
-            if window is None:
-                stats = fuse_video(source, path, face_tracks, fused, opts, progress=shown)
-            else:
-                stats = fuse_chunk(source, path, face_tracks, fused, window[0], window[1], opts, progress=shown)
+            with series:
+                if window is None:
+                    stats = fuse_video(source, path, face_tracks, fused, opts, progress=shown)
+                else:
+                    stats = fuse_chunk(source, path, face_tracks, fused, window[0], window[1], opts, progress=shown)
         finally:
             if anchors is not None:
                 # The anchors' tokens live on the sampling device (up to ~0.9 GB per track for SD1.5 at 512, `full`)

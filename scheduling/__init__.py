@@ -8,7 +8,8 @@ Public API (import the submodule you need; `schedule` is torch-free so UI code c
              DIFFUSION_MODEL wrapper that keeps them traceable under torch.compile; infer_grid(n, shape).
 - dit_override: build_attention_override(schedule, telemetry) -> override for DiT families; build_dit_hooks adds its
              torch.compile wrapper.
-- telemetry: RunTelemetry (reset / record / summary / summary_line / write_jsonl / finish).
+- telemetry: RunTelemetry (reset / record / summary / summary_line / write_jsonl / finish); RunSeries (several runs
+             as one: summed summary, one JSONL file); TelemetryFile (JSONL renamed into place when complete).
 - merge:     tome_functions, bipartite_soft_matching_2d, random_partition (ToMe merge/unmerge closures).
 - downsample: kv_downsample_functions, pool_tokens, kernel_for_ratio (ToDo K/V pooling).
 - topk:      topk_kv_functions, topk_indices (top-K keys/values).

@@ -287,3 +287,143 @@ class RunTelemetry:
                     "TokenFuse: could not write telemetry to %s (%s); fix the path or clear it", jsonl_path, exc
                 )
         return line
+
+
+_SUMMED = (
+    "calls",
+    "reduced_calls",
+    "steps",
+    "q_tokens_in",
+    "q_tokens_out",
+    "kv_tokens_in",
+    "kv_tokens_out",
+    "patch_seconds",
+    "wall_seconds",
+    "records_dropped",
+)
+
+
+class RunSeries:
+    """Several sampling runs that are one run for the user (VideoFaceFusion: one diffusion run per key-frame batch).
+
+    The node layer logs each run's own line at DEBUG and hands the run here (add); the series sums what can be summed
+    (runs per status, attention calls, steps, tokens and attention pairs in/out, patch and sampling seconds, the step
+    cache's U-Net calls) into one summary and one INFO line. Each telemetry file the runs name holds the whole series:
+    every run's rows with its number added (`"run": k`) and its own summary as {"run": k, "run_summary": {...}}, then
+    one {"summary": ...} of the series at the end (close). Like a single run's file, it is written under a temporary
+    name and renamed onto its name only when the series completes (`<name>.partial` otherwise: TelemetryFile).
+    """
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.statuses: dict[str, int] = {}
+        self.totals: dict[str, float] = dict.fromkeys(_SUMMED, 0)
+        self.pairs_in = self.pairs_out = 0
+        self.levels: dict[str, Any] = {}
+        self.labels: list[str] = []
+        self.no_calls = 0  # runs in which no attention call reached the scheduler (counted by the node layer)
+        self.cache: list[int] | None = None  # step cache: [full, cached, refreshed] U-Net calls, when a run had one
+        self.files: dict[Path, TelemetryFile] = {}
+        self.unwritable: dict[Path, str] = {}  # a file that failed once stays unwritten for the series
+        self.started = time.perf_counter()
+
+    def add(
+        self,
+        telemetry: RunTelemetry,
+        status: RunStatus,
+        label: str = "",
+        cache: tuple[int, int, int] | None = None,
+        jsonl_path: str | Path | None = None,
+    ) -> None:
+        """One finished run (its telemetry not yet reset); jsonl_path: the run's telemetry file, if it names one.
+        An OSError of the file is kept (unwritable) rather than raised: it is reported when the series ends."""
+        self.runs += 1
+        self.statuses[status] = self.statuses.get(status, 0) + 1
+        s = telemetry.summary(status)
+        for key in _SUMMED:
+            self.totals[key] += s[key]
+        self.pairs_in += telemetry.pairs_in
+        self.pairs_out += telemetry.pairs_out
+        self.levels = s["levels"] or self.levels
+        if label and label not in self.labels:
+            self.labels.append(label)
+        if cache is not None:
+            self.cache = [a + b for a, b in zip(self.cache or [0, 0, 0], cache, strict=True)]
+        if jsonl_path is None:
+            return
+        path = Path(jsonl_path)
+        if path in self.unwritable:
+            return
+        try:
+            out = self.files.get(path)
+            if out is None:
+                out = self.files[path] = TelemetryFile(path)
+            telemetry.write_records(out, run=self.runs)
+            out.write({"run": self.runs, "run_summary": s})
+        except OSError as exc:
+            self.unwritable[path] = str(exc)
+            broken = self.files.pop(path, None)
+            if broken is not None:
+                broken.discard()
+
+    def summary(self, status: RunStatus = "complete") -> dict[str, Any]:
+        """Totals of the series; status: how the series ended (runs_by_status: how each run ended)."""
+        t = self.totals
+
+        def pct(saved_from: float, left: float) -> float:
+            return 0.0 if saved_from == 0 else 100.0 * (1.0 - left / saved_from)
+
+        out: dict[str, Any] = {
+            "status": status,
+            "runs": self.runs,
+            "runs_by_status": dict(self.statuses),
+            **{key: t[key] for key in _SUMMED if key != "wall_seconds"},
+            "tokens_saved_pct": pct(t["q_tokens_in"] + t["kv_tokens_in"], t["q_tokens_out"] + t["kv_tokens_out"]),
+            "attention_pairs_saved_pct": pct(self.pairs_in, self.pairs_out),
+            "sampling_seconds": t["wall_seconds"],
+            "wall_seconds": time.perf_counter() - self.started,
+            "levels": self.levels,
+        }
+        if self.cache is not None:
+            out["step_cache"] = dict(zip(("full_calls", "cached_calls", "refreshed"), self.cache, strict=True))
+        return out
+
+    def summary_line(self, status: RunStatus = "complete") -> str:
+        """One INFO line for the series, e.g. 'TokenFuse: 12 sampling runs, 38.5% q+k/v tokens saved, ...'."""
+        s = self.summary(status)
+        others = ", ".join(f"{n} {st}" for st, n in sorted(self.statuses.items()) if st != "complete")
+        line = (
+            f"TokenFuse: {'' if status == 'complete' else f'{status} (partial): '}"
+            f"{s['runs']} sampling run{'' if s['runs'] == 1 else 's'}{f' ({others})' if others else ''}, "
+            f"{s['tokens_saved_pct']:.1f}% q+k/v tokens saved, "
+            f"{s['attention_pairs_saved_pct']:.1f}% attention pairs saved, "
+            f"{s['reduced_calls']}/{s['calls']} attention calls reduced over {s['steps']} steps, "
+            f"sampling {s['sampling_seconds']:.2f} s of {s['wall_seconds']:.2f} s "
+            f"(patches {s['patch_seconds'] * 1000:.1f} ms)"
+        )
+        if self.cache is not None:
+            full, cached, _ = self.cache
+            line += f", step cache {full} full / {cached} cached U-Net calls of {full + cached}"
+        return line
+
+    def close(self, status: RunStatus = "complete") -> list[tuple[Path, Path | None, str]]:
+        """Write the series' summary into each telemetry file and commit it (TelemetryFile.commit(status)).
+
+        Returns (asked path, path written or None, error text or "") per file the runs named."""
+        done: list[tuple[Path, Path | None, str]] = [(p, None, err) for p, err in self.unwritable.items()]
+        summary = self.summary(status)
+        files, self.files = self.files, {}
+        for path, out in files.items():
+            try:
+                out.write({"summary": summary})
+                done.append((path, out.commit(status), ""))
+            except OSError as exc:
+                out.discard()
+                done.append((path, None, str(exc)))
+        return done
+
+    def discard(self) -> None:
+        """Drop every file of the series unwritten (their temporary files removed)."""
+        files, self.files = self.files, {}
+        for out in files.values():
+            out.discard()

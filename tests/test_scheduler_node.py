@@ -509,3 +509,76 @@ def test_a_cancelled_or_failed_run_says_so_and_never_replaces_the_complete_telem
         (line,) = [r.getMessage() for r in caplog.records if "tokens saved" in r.getMessage()]
         assert line.startswith(f"TokenFuse: {status} run (partial): ")
         assert sorted(p.name for p in tmp_path.iterdir()) == ["run.jsonl", "run.jsonl.partial"]
+
+
+def _attn1_steps(patched: FakeModelPatcher):
+    """steps(k, then=None): k attention calls through the patched clone's attn1 patch, then raise `then` if given."""
+    (attn1,) = patched.model_options["transformer_options"]["patches"]["attn1_patch"]
+    n = torch.randn(2, 16 * 16, 32)
+    extra = {
+        "original_shape": [2, 4, 16, 16],
+        "transformer_index": 0,
+        "block": ("input", 1),
+        "block_index": 0,
+        "sigmas": torch.tensor([14.6]),
+        "sample_sigmas": torch.tensor([14.6, 7.0, 1.0, 0.0]),
+    }
+
+    def steps(k: int, then: BaseException | None = None) -> str:
+        for _ in range(k):
+            attn1(n, n, n, dict(extra))
+        if then is not None:
+            raise then
+        return "done"
+
+    return steps
+
+
+def test_a_sampling_series_logs_one_info_line_and_one_telemetry_file_for_all_its_runs(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """VideoFaceFusion samples once per key-frame batch: each run logged its INFO line (~300 for a 5-minute clip) and
+    rewrote the telemetry file, which kept the last batch only. Inside sampling_series the runs log at DEBUG, the
+    series logs one INFO line summing them, and the file holds every run with one summary at the end."""
+    from tokenfuse.nodes.model_patching import in_sampling_series, sampling_series
+
+    monkeypatch.setenv(comfy_paths.OUTPUT_DIR_ENV, str(tmp_path))
+    patched, _ = NODE.apply(sd15_model(), "balanced", "preset", 0.0, schedule_text='{"telemetry_jsonl": "run.jsonl"}')
+    (wrapper,) = patched.wrappers["outer_sample"]["tokenfuse"]
+    steps = _attn1_steps(patched)
+    with caplog.at_level(logging.DEBUG, logger="tokenfuse"):
+        with sampling_series("VideoFaceFusion"):
+            assert in_sampling_series()
+            for k in (1, 2, 3):
+                wrapper(steps, k)
+        assert not in_sampling_series()
+    runs = [r for r in caplog.records if "tokens saved" in r.getMessage()]
+    assert [r.levelno for r in runs] == [logging.DEBUG] * 3 + [logging.INFO]
+    line = runs[-1].getMessage()
+    assert line.startswith("TokenFuse: 3 sampling runs, ") and "6/6 attention calls reduced" in line
+    assert "[VideoFaceFusion: SD15 (sd15)]" in line
+    rows = [json.loads(x) for x in (tmp_path / "run.jsonl").read_text().splitlines()]
+    assert [r["run"] for r in rows if "run_summary" in r] == [1, 2, 3]
+    assert [r["run"] for r in rows if "block" in r] == [1, 2, 2, 3, 3, 3]
+    summary = rows[-1]["summary"]
+    assert summary["status"] == "complete" and summary["runs"] == 3 and summary["calls"] == 6
+    assert [r for r in rows if "summary" in r] == [rows[-1]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.jsonl"]
+    # a series that raises (the user's cancel): the complete file stays, the partial series goes next to it, the
+    # context is reset, and a run after it is a run of its own again (INFO)
+    complete = (tmp_path / "run.jsonl").read_text()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tokenfuse"), pytest.raises(InterruptProcessingException):
+        with sampling_series("VideoFaceFusion"):
+            wrapper(steps, 2)
+            raise InterruptProcessingException()
+    (line,) = [r.getMessage() for r in caplog.records if "tokens saved" in r.getMessage()]
+    assert line.startswith("TokenFuse: cancelled (partial): 1 sampling run, ")
+    assert (tmp_path / "run.jsonl").read_text() == complete
+    partial = [json.loads(x) for x in (tmp_path / "run.jsonl.partial").read_text().splitlines()]
+    assert partial[-1]["summary"]["status"] == "cancelled" and partial[-1]["summary"]["runs"] == 1
+    assert not in_sampling_series()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tokenfuse"):
+        wrapper(steps, 1)
+    assert [r.levelno for r in caplog.records if "tokens saved" in r.getMessage()] == [logging.INFO]

@@ -180,3 +180,44 @@ def test_a_video_made_in_memory_is_encoded_once_and_tracked(tmp_path: Path, monk
     assert not Path(path).exists()  # gone with the VIDEO object (ComfyUI dropping its cached outputs)
     with pytest.raises(TypeError, match="save it with Save Video"):
         stream_source(type("NoSave", (), {"get_stream_source": InMemoryVideo.get_stream_source})())
+
+
+def test_a_video_run_logs_one_scheduler_line_and_one_telemetry_file(
+    tracked, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each key-frame batch is a sampling run of its own: the scheduler logged one INFO line per batch (and
+    ScheduledFusion its report line per batch) and the telemetry file kept the last batch only. Now the batches log at
+    DEBUG, the video run logs one scheduler line summing them, and the file holds every batch."""
+    import json
+    import logging
+
+    from test_scheduler_node import NODE, _attn1_steps, sd15_model
+    from tokenfuse.nodes.glue import paths as comfy_paths
+
+    monkeypatch.setenv(comfy_paths.OUTPUT_DIR_ENV, str(tmp_path))
+    patched, _ = NODE.apply(sd15_model(), "balanced", "preset", 0.0, schedule_text='{"telemetry_jsonl": "v.jsonl"}')
+    (wrapper,) = patched.wrappers["outer_sample"]["tokenfuse"]
+    steps = _attn1_steps(patched)
+
+    class Scheduled(FakeStack):
+        """Every sampler call is one run of the scheduled model (its OUTER_SAMPLE wrapper around the fake sampler)."""
+
+        def sample(self, model: str, latent: torch.Tensor, *a: object) -> torch.Tensor:
+            return wrapper(lambda: (steps(2), FakeStack.sample(self, model, latent, *a))[1])
+
+    video, tracks, _, _ = tracked
+    stack = Scheduled()
+    with caplog.at_level(logging.DEBUG, logger="tokenfuse"):
+        _fuse(video, tracks, tmp_path / "key.mp4", "keyframes", stack)
+    batches = len(stack.ops("sample"))
+    assert batches >= 3
+    info = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    runs = [m for m in info if "tokens saved" in m]
+    assert len(runs) == 1 and runs[0].startswith(f"TokenFuse: {batches} sampling runs, "), info
+    assert f"{2 * batches}/{2 * batches} attention calls reduced" in runs[0]
+    assert not [m for m in info if " face(s), " in m], "ScheduledFusion's per-batch report line is DEBUG here"
+    assert (
+        len([r for r in caplog.records if r.levelno == logging.DEBUG and "tokens saved" in r.getMessage()]) == batches
+    )
+    rows = [json.loads(x) for x in (tmp_path / "v.jsonl").read_text().splitlines()]
+    assert len([r for r in rows if "run_summary" in r]) == batches and rows[-1]["summary"]["runs"] == batches
