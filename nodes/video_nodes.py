@@ -404,7 +404,7 @@ class VideoFaceFusion:
             )
         if notes:
             report += "\n" + "\n".join(sorted(set(notes)))
-        log.info("%s", report.splitlines()[0])
+        log.debug("%s", report.splitlines()[0])  # the fuse pass logged the INFO summary (names, counts)
         return video_glue.video_output(path, temporary=self.out_path is None), report
 
     def fuse_and_show(self, **inputs: Any) -> dict[str, Any]:
