@@ -173,6 +173,7 @@ class FusionReplica:
             fd, name = tempfile.mkstemp(prefix="tokenfuse_upload_", suffix=".mp4")
             os.close(fd)
             spool = Path(name)
+            queued = False
             try:
                 size = await spool_body(request.stream(), int(limit_mb * 2**20), spool)
                 if size is None:
@@ -180,9 +181,13 @@ class FusionReplica:
                 if size == 0:
                     return empty
                 ticket = Ticket(b"", file=spool)
+                queued = True
                 return await self._until_gone(ticket, self._video(ticket))
             finally:
-                self._discard(spool)
+                if queued:  # its work may still read it: removed after that work, on the ComfyUI thread
+                    self._discard(spool)
+                else:  # refused or broken off before any work: up to --max-video-mb, gone now, not after a long run
+                    spool.unlink(missing_ok=True)
         body = await read_body(request.stream(), int(limit_mb * 2**20))
         if body is None:
             return too_big
@@ -308,8 +313,7 @@ class FusionReplica:
                     with self._executing([ticket]):
                         report = {"status": "ok", **fuse_file(path, out, self.core, self.refine, stop_when_gone)}
                 except Exception as e:  # noqa: BLE001 - a bad request fails alone; the replica goes on
-                    text = f"{type(e).__name__}: {e}".replace(str(path), "the video").replace(str(out), "the output")
-                    text = text.replace(tmp + os.sep, "").replace(tmp, "")
+                    text = without_paths(f"{type(e).__name__}: {e}", {path: "the video", out: "the output"}, [tmp])
                     return 400, {"status": "failed", "error": text}, b""  # no server path in the answer
                 return 200, {**report, "width": info.width, "height": info.height}, out.read_bytes()
             if self.video_prompt is None:
@@ -335,6 +339,13 @@ class FusionReplica:
                 for left in (comfy.work / "temp").glob("*"):  # VideoFaceFusion's MP4, the nodes' previews
                     if left.is_file() or left.is_symlink():
                         left.unlink(missing_ok=True)
+            # the row is the runner's: its item is the request's temp path, its error may name staged files
+            row["item"] = "request"
+            if isinstance(row.get("error"), str):
+                staged_path = comfy.work / "input" / staged
+                row["error"] = without_paths(
+                    row["error"], {path: "the video", staged_path: "the video"}, [tmp, comfy.work]
+                )
             videos = [data for name, data in files if Path(name).suffix.lower() in (".mp4", ".mov", ".mkv", ".webm")]
             if row["status"] != "ok" or not videos:
                 row.setdefault("error", "the workflow saved no video (it needs a SaveVideo node)")
@@ -467,6 +478,17 @@ async def read_body(chunks: AsyncIterator[bytes], limit: int) -> bytes | None:
             return None
         parts.append(chunk)
     return b"".join(parts)
+
+
+def without_paths(text: str, named: dict[Path, str], folders: list[str | Path]) -> str:
+    """`text` (an error for the client) with no server path in it: each file of `named` replaced by what it is to the
+    client ("the video"), then each of `folders` (a request's temp folder, the embedded ComfyUI's work folder) cut
+    out, so a file inside one reads as its bare name."""
+    for file, said in named.items():
+        text = text.replace(str(file), said)
+    for folder in folders:
+        text = text.replace(str(folder) + os.sep, "").replace(str(folder), "")
+    return text
 
 
 async def spool_body(chunks: AsyncIterator[bytes], limit: int, dest: Path) -> int | None:

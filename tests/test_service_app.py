@@ -497,3 +497,49 @@ def test_a_video_over_the_frame_or_size_limit_is_refused_before_any_work(tmp_pat
     for cut in (len(clip) // 2, len(clip) - 7):  # damaged: counted up to the damage, answered like before (no 500)
         status, report, _ = replica._video_sync(app.Ticket(clip[:cut]))
         assert status == 400 and report["status"] == "failed", report
+
+
+class _FailingEngine(_SavingEngine):
+    """A video workflow that fails the way ComfyUI reports it: the message names the staged input's server path."""
+
+    def execute(self, prompt: dict[str, Any], step: Any = None) -> ExecResult:
+        name = next(iter(prompt.values()))["inputs"]["file"]
+        return ExecResult(ok=False, error=f"OSError: cannot open {self.work / 'input' / name}: invalid data")
+
+
+def test_a_video_workflow_answer_names_no_server_path(tmp_path: Path) -> None:
+    """The workflow path answered the runner's row as it was: its `item` is the request's temp path (in the 200
+    answer's X-TokenFuse-Report header too) and its error named the staged file in the replica's work folder."""
+    app = _app()
+    clip = _clip(tmp_path / "clip.mp4", 3)
+    for engine, want in ((_SavingEngine, 200), (_FailingEngine, 400)):
+        replica = _replica(app)
+        replica.engine = engine(tmp_path / f"work_{want}")
+        replica.video_prompt = {"1": {"class_type": "LoadVideo", "inputs": {"file": ""}}}
+        replica.video_slot = "1"
+        status, report, _ = replica._video_sync(app.Ticket(clip))
+        assert status == want, report
+        text = json.dumps(report)
+        assert "tokenfuse_req_" not in text and str(tmp_path) not in text and "/" not in text, report
+    assert report["error"] == "OSError: cannot open the video: invalid data", report
+
+
+def test_a_refused_video_upload_is_removed_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refused upload (over --max-video-mb, up to 2 GB spooled) queued its removal behind the ComfyUI thread: while a
+    long video ran, every refused upload stayed on the replica's disk."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    app = _app()
+    replica = _replica(app, max_video_mb=0.01)
+    replica._pool = ThreadPoolExecutor(1)
+    release = threading.Event()
+    replica._pool.submit(release.wait, 30)  # a long execution holds the ComfyUI thread
+    try:
+        status, _ = _call(replica, _Request([b"c" * 3000] * 10, path="/video"))
+        assert status == 413
+        assert _call(replica, _Request([], path="/video"))[0] == 400
+        assert not list(tmp_path.glob("tokenfuse_upload_*")), "removed before the running execution ends"
+    finally:
+        release.set()
+        replica._pool.shutdown()
