@@ -53,8 +53,10 @@ def folder_stem(path: Path) -> str:
     `.` into the output folder itself; Windows drops a folder name's trailing dots and spaces (`a..png` would share
     `a.png`'s folder) and refuses device names (`nul.png`)."""
     stem = path.stem.rstrip(" .") or "item"
-    reserved = stem.casefold() in RESERVED_NAMES or stem.split(".")[0].casefold() in RESERVED_NAMES  # NUL.x too
-    return f"{stem}_" if reserved else stem
+    head, dot, rest = stem.partition(".")
+    if head.rstrip(" ").casefold() in WINDOWS_DEVICE_NAMES:  # Windows reads `nul.x` (and `nul .x`) as NUL: mark the
+        return f"{head}_{dot}{rest}"  # part before the first dot (`nul.x_` would still be the device)
+    return f"{stem}_" if stem.casefold() in RESERVED_NAMES else stem
 
 
 def expand(sources: list[str | Path], known: dict[str, str] | None = None) -> list[Item]:

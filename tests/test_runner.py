@@ -271,6 +271,7 @@ def test_item_folders_stay_inside_the_output_and_off_the_runners_own_names(tmp_p
     (set_aside then tried to move the whole output folder); `report.jsonl.png`'s folder clashed with the report,
     `.replaced.png`'s with the redo folder; `nul.png` cannot be a folder on Windows, `a..png`'s `a.` is `a` there."""
     names = ("...png", "..png", ".replaced.png", "report.jsonl.png", "NUL.png", "com1.x.png", "a.png", "a..png")
+    names += ("aux .y.png", "nula.png")
     (tmp_path / "d").mkdir()
     for name in names:
         (tmp_path / "d" / name).write_bytes(b"x")
@@ -282,7 +283,9 @@ def test_item_folders_stay_inside_the_output_and_off_the_runners_own_names(tmp_p
         ".replaced.png": ".replaced_",
         "report.jsonl.png": "report.jsonl_",
         "NUL.png": "NUL_",
-        "com1.x.png": "com1.x_",
+        "com1.x.png": "com1_.x",  # not `com1.x_`: Windows reads the part before the first dot (COM1)
+        "aux .y.png": "aux _.y",
+        "nula.png": "nula",
         "a..png": "a",  # sorted first
         "a.png": "a_2",
     }, got
