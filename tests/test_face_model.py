@@ -4,6 +4,7 @@ the latent rescaling folded into the VAE, and the committed weight files (fp16, 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,3 +100,34 @@ def test_committed_weights_are_small_fp16_and_self_describing() -> None:
             assert sum(k.endswith("attn1.to_q.weight") for k in keys) == 16
         else:
             assert meta["ddconfig"]["z_channels"] == 4 and "post_quant_conv.weight" in keys
+
+
+def test_prep_keeps_near_copies_out_of_an_existing_held_out_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run again over the folder an earlier prep filled, prep wrote the other held-out photos but left the near copies
+    that earlier prep had put there: the benches still read them as unseen faces."""
+    import argparse
+    from types import SimpleNamespace
+
+    import cv2
+    from tokenfuse.devkit.face_model import train
+
+    rng = np.random.default_rng(1)
+    base = cv2.GaussianBlur(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8), (0, 0), 4)
+    held_names = [n for n in (f"{i}.jpg" for i in range(400)) if data.is_held_out(n)][:2]
+    train_name = next(n for n in (f"{i}.jpg" for i in range(400)) if not data.is_held_out(n))
+    photos = {train_name: base, held_names[0]: base, held_names[1]: 255 - base}  # the first held one copies training
+    images = tmp_path / "images"
+    images.mkdir()
+    for name, rgb in photos.items():
+        (images / name).write_bytes(cv2.imencode(".jpg", rgb[:, :, ::-1])[1].tobytes())
+    out = tmp_path / "out"
+    (out / "heldout").mkdir(parents=True)
+    (out / "heldout" / held_names[0]).write_bytes(b"from an earlier prep")
+    faces = [SimpleNamespace(name=n, crop=np.zeros((8, 8, 3), np.uint8)) for n in photos]
+    monkeypatch.setattr(data, "align_folder", lambda paths, size, progress: (faces, []))
+    monkeypatch.setattr(data, "read_rgb", lambda path: photos[path.name])
+    train.cmd_prep(argparse.Namespace(out=str(out), images=[str(images)], tiny=False, size=8))
+    assert sorted(p.name for p in (out / "heldout").iterdir()) == [held_names[1]]
+    assert (out / "heldout_near_copies.txt").read_text() == f"{held_names[0]}\t{train_name}\n"

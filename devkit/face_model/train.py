@@ -99,7 +99,9 @@ def cmd_prep(args: argparse.Namespace) -> None:
     held_dir = out / "heldout"
     held_dir.mkdir(exist_ok=True)
     for f in held:  # the original photos: bench/quality.py takes photos, not crops; near copies of training kept out
-        if f.name not in copies:
+        if f.name in copies:  # also out of a folder an earlier prep filled (before near copies were found)
+            (held_dir / f.name).unlink(missing_ok=True)
+        else:
             (held_dir / f.name).write_bytes(src[f.name].read_bytes())
     logger.info(
         f"prep: {len(paths)} photos, {len(train)} train faces, {len(held)} held-out ({len(copies)} of them near copies "
