@@ -37,5 +37,8 @@ def calibration_origin() -> str:
     if not checks:
         return "level calibration: none in this run (no device-aware schedule ran, or calibration pinned)"
     earlier = sum("(calibrated earlier)" in c.reason for c in checks)
-    where = f" ({store.folder()})" if store is not None else ""
+    try:
+        where = f" ({store.folder()})" if store is not None else ""
+    except OSError:  # no home folder (a container uid without one): the decisions stayed in the process
+        where = " (no store: no home folder)"
     return f"level calibration: {len(checks) - earlier} measured in this run, {earlier} read from an earlier run{where}"

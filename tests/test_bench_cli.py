@@ -494,6 +494,12 @@ def test_calibration_origin_counts_measured_and_stored_answers(tmp_path: Path, m
     )
     assert calibration_origin() == f"level calibration: 2 measured in this run, 1 read from an earlier run ({tmp_path})"
 
+    def no_home() -> Path:  # calibration_store.folder() without $HOME or a passwd entry: the bench must go on
+        raise OSError("no home folder for the calibration store")
+
+    monkeypatch.setattr(calibration_store, "folder", no_home)
+    assert calibration_origin().endswith("1 read from an earlier run (no store: no home folder)")
+
 
 def test_face_model_compare_prints_the_ratios_it_promises_and_its_attention_backend(
     monkeypatch: pytest.MonkeyPatch,
