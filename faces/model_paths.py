@@ -21,6 +21,11 @@ from typing import Literal
 
 from .models import ModelFileError
 
+# Names Windows keeps for devices, with any extension (`NUL.jsonl` writes to the null device there): never a name the
+# pack writes (telemetry files, the runner's item folders).
+WINDOWS_DEVICE_NAMES = frozenset(
+    {"con", "prn", "aux", "nul"} | {f"{dev}{i}" for dev in ("com", "lpt") for i in range(1, 10)}
+)
 MODELS_ENV = "TOKENFUSE_MODELS"  # a folder with <kind>/ subfolders, searched after ComfyUI's own (and outside it)
 ALLOW_ABSOLUTE_ENV = "TOKENFUSE_ALLOW_ABSOLUTE_MODEL_PATHS"  # "1": the operator allows absolute paths in prompts
 MAX_NAME_CHARS = 255  # a file name limit on common file systems; relative names with subfolders fit easily

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ..nodes.glue.paths import WINDOWS_DEVICE_NAMES
+from ..faces.model_paths import WINDOWS_DEVICE_NAMES
 from .convert import WorkflowError
 
 IMAGE_EXTS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff"})

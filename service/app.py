@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tokenfuse.service")
 UNREADABLE = "not a decodable image"
 GONE = "the client disconnected before its answer"
+NO_VIDEO_WORKFLOW = "no video workflow: start serve with --video-workflow"
 _T = TypeVar("_T")
 
 
@@ -98,6 +99,7 @@ class FusionReplica:
         self._stopped = False  # the running execution was interrupted (counted once)
         self.engine: EmbeddedComfy | None = None  # the embedded ComfyUI (None: the video core serves)
         self.core: CoreSpec | None = None
+        self.video_prompt: dict[str, Any] | None = None  # the --video-workflow prompt (None: photos only)
 
     @property
     def comfy(self) -> EmbeddedComfy:
@@ -109,7 +111,7 @@ class FusionReplica:
     def _start(self, config: dict[str, Any]) -> None:
         cfg = ServiceConfig(**config)
         self.cfg = cfg
-        self.video_prompt: dict[str, Any] | None = None
+        self.video_prompt = None
         if cfg.core is not None:  # no ComfyUI: videos through the pack's video core (runner/core_video.py)
             from tokenfuse.runner.core_video import CoreSpec
 
@@ -167,6 +169,8 @@ class FusionReplica:
         if declared.isdigit() and int(declared) > limit_mb * 2**20:
             return too_big  # before reading the body
         empty = JSONResponse({"error": "empty body: POST the file's bytes"}, status_code=400)
+        if video and self.core is None and self.video_prompt is None:  # before reading up to 2 GB for nothing
+            return JSONResponse({"error": NO_VIDEO_WORKFLOW}, status_code=400)
         if video:  # up to --max-video-mb (2 GB) each, several at once: to disk as it arrives, never whole in memory
             import tempfile
 
@@ -256,6 +260,14 @@ class FusionReplica:
             with self._lock:
                 self._running, self._busy_since = [], None
 
+    def _clear_work(self) -> None:
+        """After a request: the embedded ComfyUI's outputs and temp files (the nodes' previews, VideoFaceFusion's MP4)
+        go, so nothing of a request stays on the replica's disk once answered (its files were read as bytes)."""
+        self.comfy.clear_outputs()
+        for left in (self.comfy.work / "temp").glob("*"):
+            if left.is_file() or left.is_symlink():
+                left.unlink(missing_ok=True)
+
     def _discard(self, spool: Path) -> None:
         """Remove a request's spooled upload once nothing can read it: queued on the one ComfyUI thread, so it runs
         after that request's work, whether it ran, runs now, or was cancelled before it started."""
@@ -317,7 +329,7 @@ class FusionReplica:
                     return 400, {"status": "failed", "error": text}, b""  # no server path in the answer
                 return 200, {**report, "width": info.width, "height": info.height}, out.read_bytes()
             if self.video_prompt is None:
-                return 400, {"status": "failed", "error": "no video workflow: start serve with --video-workflow"}, b""
+                return 400, {"status": "failed", "error": NO_VIDEO_WORKFLOW}, b""
             from tokenfuse.runner.run import process_item
 
             comfy = self.comfy
@@ -335,10 +347,7 @@ class FusionReplica:
                     )
             finally:  # as for photos: nothing of a request stays on the replica's disk once answered (files are bytes)
                 comfy.unstage(staged)
-                comfy.clear_outputs()
-                for left in (comfy.work / "temp").glob("*"):  # VideoFaceFusion's MP4, the nodes' previews
-                    if left.is_file() or left.is_symlink():
-                        left.unlink(missing_ok=True)
+                self._clear_work()
             # the row is the runner's: its item is the request's temp path, its error may name staged files
             row["item"] = "request"
             if isinstance(row.get("error"), str):
@@ -388,9 +397,7 @@ class FusionReplica:
             for members in groups.values():
                 for _, name in members:
                     (self.comfy.work / "input" / name).unlink(missing_ok=True)
-            self.comfy.clear_outputs()
-            for preview in (self.comfy.work / "temp").glob("*.png"):  # the nodes' UI previews
-                preview.unlink(missing_ok=True)
+            self._clear_work()
         self.served += len(tickets)
         self.batches += 1
         return [r if r is not None else {"status": "failed", "error": "lost"} for r in results]

@@ -454,6 +454,10 @@ def test_a_video_upload_goes_to_disk_as_it_arrives(tmp_path: Path, monkeypatch: 
         return 200, {"status": "ok"}, b"fused"
 
     replica._video_sync = video_sync
+    request = _Request([b"a" * 3000], path="/video")
+    status, answer = _call(replica, request)  # no video workflow: refused before a byte is read
+    assert status == 400 and answer["error"] == app.NO_VIDEO_WORKFLOW and request.pulled == 0, answer
+    replica.video_prompt = {"1": {"class_type": "LoadVideo", "inputs": {"file": ""}}}
     response = asyncio.run(replica(_Request([b"a" * 3000, b"b" * 3000], path="/video")))
     assert response.status_code == 200 and response.body == b"fused"
     assert seen == [(b"", b"a" * 3000 + b"b" * 3000)]
@@ -532,6 +536,7 @@ def test_a_refused_video_upload_is_removed_at_once(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     app = _app()
     replica = _replica(app, max_video_mb=0.01)
+    replica.video_prompt = {"1": {"class_type": "LoadVideo", "inputs": {"file": ""}}}
     replica._pool = ThreadPoolExecutor(1)
     release = threading.Event()
     replica._pool.submit(release.wait, 30)  # a long execution holds the ComfyUI thread

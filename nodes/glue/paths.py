@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
-from ...faces.model_paths import MODELS_ENV, Want, resolve_model
+from ...faces.model_paths import MODELS_ENV, WINDOWS_DEVICE_NAMES, Want, resolve_model
 from .env import comfy_available
 
 ModelKind = Literal["facedetection", "insightface", "facerestore_models"]
@@ -130,12 +130,6 @@ def output_dir() -> Path:
         )
     base.mkdir(exist_ok=True)
     return base
-
-
-# Names Windows keeps for devices, with any extension (`NUL.jsonl` writes to the null device there).
-WINDOWS_DEVICE_NAMES = frozenset(
-    {"con", "prn", "aux", "nul"} | {f"{dev}{i}" for dev in ("com", "lpt") for i in range(1, 10)}
-)
 
 
 def output_file(name: str) -> Path:
