@@ -690,3 +690,23 @@ def test_without_a_step_bar_the_backend_shows_nothing(fake_comfy: SimpleNamespac
     )
     ScheduledFusion(backend).fuse(*LINKS, torch.from_numpy(images), fs, *WIDGETS)
     assert FakeProgressBar.shown == [] and fake_comfy.cancels >= 4
+
+
+def test_the_step_bar_never_goes_back_when_a_batch_is_rerun(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After an out-of-memory error a batch of 2 faces is rerun face by face from the same starting point: the bar
+    walked back over the batch's span for each face."""
+    from tokenfuse.nodes.glue import env
+
+    shown: list[int] = []
+    bar = type("Bar", (), {"update_absolute": lambda self, value, total=None: shown.append(value)})()
+    monkeypatch.setattr(env, "progress_bar", lambda total: bar)
+    steps = env.StepProgress(faces=2, steps=4)
+    first = steps.on_step(2)
+    for i in (1, 2, 3):  # the batch of two runs 3 of 4 steps, then runs out of memory
+        first(i, 4)
+    for _ in range(2):  # rerun face by face
+        single = steps.on_step(1)
+        for i in range(1, 5):
+            single(i, 4)
+        steps.face_done()
+    assert shown == sorted(shown) and shown[-1] == 8, shown

@@ -61,7 +61,8 @@ class StepProgress:
 
     A batch of B faces sampled from face `done` on moves the bar from done*steps to (done+B)*steps over its steps;
     face_done() (once per face when its batch is finished, fallbacks included) moves it to that face's end if the
-    sampler did not (denoise 0, a failed batch). A fallback's rerun walks its batch's span again."""
+    sampler did not (denoise 0, a failed batch). The bar never goes back: a fallback's rerun of a batch (split into
+    single faces after an out-of-memory error) holds it where it was until the rerun passes that point."""
 
     def __init__(self, faces: int, steps: int) -> None:
         self.steps = max(1, int(steps))
@@ -79,7 +80,9 @@ class StepProgress:
         base, width = self.done * self.steps, max(1, batch) * self.steps
 
         def step(i: int, total: int) -> None:
-            self._show(base + width * i // max(1, total))
+            value = base + width * i // max(1, total)
+            if value > self.position:  # never backwards: a fallback's rerun of a batch waits where the bar was
+                self._show(value)
 
         return step
 
