@@ -194,9 +194,15 @@ class _LiveStats:
         self.step = max(1, min(self.step, max(self.steps, 1)))
 
     def payload(
-        self, telemetry: Any, step_time: float | None, final: bool = False, summary: str | None = None
+        self,
+        telemetry: Any,
+        step_time: float | None,
+        final: bool = False,
+        summary: str | None = None,
+        status: str | None = None,
     ) -> dict[str, Any]:
-        """Per-level K/V tokens per image (means over the attention calls since the last event)."""
+        """Per-level K/V tokens per image (means over the attention calls since the last event); status on the final
+        event: complete / cancelled / failed (a sampler without a per-step callback may end short of its steps)."""
         window = telemetry.drain_window()  # level -> [calls, kv_in, kv_out] since the last event (per-step aggregate)
         levels = [
             {"level": lv, "tokens_in": a[1] // a[0], "tokens_out": a[2] // a[0]}
@@ -213,6 +219,7 @@ class _LiveStats:
             "levels": levels,
             "final": final,
             "summary": summary,
+            "status": status,
         }
 
 
@@ -264,7 +271,7 @@ def _make_run_wrapper(
             if no_calls and series is None:
                 _warn_no_calls(label, "this run")
             if live.step and ui.stats_listener_present():
-                ui.send_stats(STATS_EVENT, live.payload(telemetry, None, final=True, summary=line))
+                ui.send_stats(STATS_EVENT, live.payload(telemetry, None, final=True, summary=line, status=status))
             if series is not None:
                 jsonl = None
                 if schedule.telemetry_jsonl:

@@ -306,6 +306,19 @@ def test_live_stats_follow_the_web_schema(monkeypatch: pytest.MonkeyPatch) -> No
     assert "tokens saved" in payloads[-1]["summary"] and payloads[-1]["levels"] == []
     # only to the browser that queued the prompt: another one's idle node with the same id showed this run's stats
     assert set(server.sids) == {"browser-a"}
+    assert [p["status"] for p in payloads] == [None] * 3 + ["complete"]
+
+    interrupt = type("InterruptProcessingException", (Exception,), {})  # ComfyUI's cancel, matched by name
+
+    def cancelled() -> None:
+        step(predict_noise, n, sample_sigmas[0].reshape(1), {"transformer_options": {"sample_sigmas": sample_sigmas}})
+        raise interrupt()
+
+    server.events.clear()
+    with pytest.raises(interrupt):
+        run(cancelled)
+    final = [data for event, data in server.events if event == "tokenfuse.stats"][-1]
+    assert final["final"] and final["status"] == "cancelled" and final["step"] == 1, final
 
 
 def test_family_detection_by_comfyui_class_names() -> None:

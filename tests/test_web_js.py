@@ -114,6 +114,7 @@ def test_documented_stats_event_is_accepted() -> None:
         "levels",
         "final",
         "summary",
+        "status",
     }
     got = _node_eval(
         "import { normalizeStats } from './lib/stats.js';"

@@ -10,6 +10,7 @@
 //   "levels": [{"level": 8, "tokens_in": 4096, "tokens_out": 2458}, ...],  // per U-Net level (factor vs image)
 //   "final": false,               // true on the last event of a run
 //   "summary": null | "..."       // one-line run summary, set on the final event
+//   "status": null | "complete" | "cancelled" | "failed"   // how the run ended, set on the final event
 // }
 
 import { PromptWorkflows } from "./prompts.js";
@@ -39,6 +40,7 @@ export function normalizeStats(detail) {
     levels,
     final: detail.final === true,
     summary: typeof detail.summary === "string" && detail.summary ? detail.summary : null,
+    status: ["complete", "cancelled", "failed"].includes(detail.status) ? detail.status : null,
   };
 }
 
@@ -185,7 +187,10 @@ export function statsLines(stats) {
   if (!stats) return [];
   // a run cancelled or failed still sends its final event (with the summary), at the step it reached
   let head = stats.final ? `done ${stats.steps} steps` : `step ${stats.step}/${stats.steps}`;
-  if (stats.final && stats.step < stats.steps) head = `stopped at step ${stats.step}/${stats.steps}`;
+  // the server says how the run ended; older packs do not: a final step short of the steps meant stopped (a sampler
+  // without a per-step callback can end a complete run short, so the status wins where it is given)
+  const stopped = stats.status ? stats.status !== "complete" : stats.step < stats.steps;
+  if (stats.final && stopped) head = `${stats.status === "failed" ? "failed" : "stopped"} at step ${stats.step}/${stats.steps}`;
   else if (!stats.final && stats.stopped) head = `stopped at step ${stats.step}/${stats.steps} (${stats.stopped})`;
   const lines = [`${head} · ${formatSeconds(stats.stepTimeS)}/step · peak ${formatMemMb(stats.peakMemMb)}`];
   if (stats.final && stats.summary) lines.push(stats.summary);

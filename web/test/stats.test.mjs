@@ -147,3 +147,13 @@ test("a run cancelled, failed or cut off by a server restart is not shown as don
   book.add(normalizeStats({ ...EVENT, step: 4, prompt_id: "p" }), "tab"); // the run goes on after a reconnect
   assert.equal(statsLines(book.get("tab", 12))[0].split(" · ")[0], "step 4/20");
 });
+
+test("the final event's status decides, where the server sends it", () => {
+  // a sampler without a per-step callback (dpm_adaptive) matches its last step from the nearest sigma: short of the
+  // steps on a run that completed; and a failed run says failed
+  const lines = (extra) => statsLines(normalizeStats({ ...EVENT, step: 17, steps: 20, final: true, summary: "s", ...extra }));
+  assert.equal(lines({ status: "complete" })[0].split(" · ")[0], "done 20 steps");
+  assert.equal(lines({ status: "cancelled" })[0].split(" · ")[0], "stopped at step 17/20");
+  assert.equal(lines({ status: "failed" })[0].split(" · ")[0], "failed at step 17/20");
+  assert.equal(lines({ status: "bogus" })[0].split(" · ")[0], "stopped at step 17/20"); // unknown: as older packs
+});
