@@ -3,7 +3,9 @@
 //
 // FIELD_CHECKS is a copy of the checks in Schedule.__post_init__, in their order (the first failing check names the
 // error, as in Python). tests/test_web_js.py probes every entry at and beyond its bounds against Python, so a range
-// changed on one side only fails a test.
+// changed on one side only fails a test. One known difference: with several bad `ratios` entries the two may name a
+// different one first (JS objects list integer-like keys first, Python keeps the text's order); both refuse the text.
+// Python's int() also takes non-ASCII digits ("８"), which the chart refuses.
 
 export const MAX_RATIO = 0.9;
 export const SCHEDULE_TEXT_MAX_CHARS = 16_384;
