@@ -237,14 +237,7 @@ def test_attached_patches_reduce_tokens_and_the_run_line_reports_them(caplog: py
     (attn1,), (attn1_out,) = patches["attn1_patch"], patches["attn1_output_patch"]
     (wrapper,) = patched.wrappers["outer_sample"]["tokenfuse"]
     n = torch.randn(2, 16 * 16, 32)  # latent 16x16: level /8 tokens, batch 2 (CFG)
-    extra = {
-        "original_shape": [2, 4, 16, 16],
-        "transformer_index": 0,
-        "block": ("input", 1),
-        "block_index": 0,
-        "sigmas": torch.tensor([14.6]),
-        "sample_sigmas": torch.tensor([14.6, 7.0, 1.0, 0.0]),
-    }
+    extra = _level8_extra()
 
     def sample() -> tuple:
         q, k, v = attn1(n, n, n, dict(extra))
@@ -488,25 +481,8 @@ def test_a_cancelled_or_failed_run_says_so_and_never_replaces_the_complete_telem
     to <name>.partial, and no temporary file is left behind."""
     monkeypatch.setenv(comfy_paths.OUTPUT_DIR_ENV, str(tmp_path))
     patched, _ = NODE.apply(sd15_model(), "balanced", "preset", 0.0, schedule_text='{"telemetry_jsonl": "run.jsonl"}')
-    (attn1,) = patched.model_options["transformer_options"]["patches"]["attn1_patch"]
     (wrapper,) = patched.wrappers["outer_sample"]["tokenfuse"]
-    n = torch.randn(2, 16 * 16, 32)
-    extra = {
-        "original_shape": [2, 4, 16, 16],
-        "transformer_index": 0,
-        "block": ("input", 1),
-        "block_index": 0,
-        "sigmas": torch.tensor([14.6]),
-        "sample_sigmas": torch.tensor([14.6, 7.0, 1.0, 0.0]),
-    }
-
-    def steps(k: int, then: BaseException | None = None) -> str:
-        for _ in range(k):
-            attn1(n, n, n, dict(extra))
-        if then is not None:
-            raise then
-        return "done"
-
+    steps = _attn1_steps(patched)
     with caplog.at_level(logging.INFO, logger="tokenfuse"):
         assert wrapper(steps, 3) == "done"
     complete = (tmp_path / "run.jsonl").read_text()
@@ -524,11 +500,9 @@ def test_a_cancelled_or_failed_run_says_so_and_never_replaces_the_complete_telem
         assert sorted(p.name for p in tmp_path.iterdir()) == ["run.jsonl", "run.jsonl.partial"]
 
 
-def _attn1_steps(patched: FakeModelPatcher):
-    """steps(k, then=None): k attention calls through the patched clone's attn1 patch, then raise `then` if given."""
-    (attn1,) = patched.model_options["transformer_options"]["patches"]["attn1_patch"]
-    n = torch.randn(2, 16 * 16, 32)
-    extra = {
+def _level8_extra() -> dict:
+    """extra_options of an attention call at level /8 (latent 16x16, batch 2) at the first of 3 steps."""
+    return {
         "original_shape": [2, 4, 16, 16],
         "transformer_index": 0,
         "block": ("input", 1),
@@ -536,6 +510,13 @@ def _attn1_steps(patched: FakeModelPatcher):
         "sigmas": torch.tensor([14.6]),
         "sample_sigmas": torch.tensor([14.6, 7.0, 1.0, 0.0]),
     }
+
+
+def _attn1_steps(patched: FakeModelPatcher):
+    """steps(k, then=None): k attention calls through the patched clone's attn1 patch, then raise `then` if given."""
+    (attn1,) = patched.model_options["transformer_options"]["patches"]["attn1_patch"]
+    n = torch.randn(2, 16 * 16, 32)
+    extra = _level8_extra()
 
     def steps(k: int, then: BaseException | None = None) -> str:
         for _ in range(k):

@@ -32,19 +32,23 @@ def wait_history(url: str, prompt_id: str, timeout: float = 180.0) -> dict:
     pytest.fail(f"prompt {prompt_id} did not finish in {timeout} s")
 
 
-def frontend_check(browser_tools: tuple[str, dict[str, str]], url: str) -> dict:
-    """`node tools/make_workflows.mjs check URL workflows/`: the real frontend (headless Chromium) loads every example
-    workflow from the server at `url`; per file: missing node types, the round trip and app.graphToPrompt's prompt.
+def run_node_script(
+    browser_tools: tuple[str, dict[str, str]], script: Path, *args: str, timeout: float = 300, log: Path | None = None
+) -> str:
+    """`node SCRIPT ARGS...` (a headless-Chromium check against a server) from the repository root; its stdout. A
+    failing script fails the test with its stderr (and the end of the server's `log`, when given).
     `browser_tools` is the conftest fixture's (node, env)."""
     node, env = browser_tools
     out = subprocess.run(
-        [node, str(REPO / "tools" / "make_workflows.mjs"), "check", url, str(REPO / "workflows")],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+        [node, str(script), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return dict(json.loads(out.stdout))
+    server = log.read_text()[-3000:] if log is not None else ""
+    assert out.returncode == 0, out.stderr[-3000:] + server
+    return out.stdout
+
+
+def frontend_check(browser_tools: tuple[str, dict[str, str]], url: str) -> dict:
+    """`node tools/make_workflows.mjs check URL workflows/`: the real frontend (headless Chromium) loads every example
+    workflow from the server at `url`; per file: missing node types, the round trip and app.graphToPrompt's prompt."""
+    script = REPO / "tools" / "make_workflows.mjs"
+    return dict(json.loads(run_node_script(browser_tools, script, "check", url, str(REPO / "workflows"))))

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from comfy_http import run_node_script
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "integration" / "browser_check.mjs"
@@ -27,19 +27,8 @@ def _ours(line: str) -> bool:
 def test_scheduler_chart_in_real_frontend(
     browser_tools: tuple[str, dict[str, str]], comfy_server: SimpleNamespace, tmp_path: Path
 ) -> None:
-    node, env = browser_tools
     shot = Path(os.environ.get("TOKENFUSE_SCREENSHOT") or tmp_path / "web.png")
-    out = subprocess.run(
-        [node, str(SCRIPT), comfy_server.url, str(shot)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    res = json.loads(out.stdout)
+    res = json.loads(run_node_script(browser_tools, SCRIPT, comfy_server.url, str(shot), timeout=240))
     assert not res.get("fatal"), res["fatal"]
     assert {"tokenfuse.scheduler", "tokenfuse.planPreview"} <= set(res["extensions"]), res["extensions"]
     assert res["nodeCreated"]
@@ -70,19 +59,9 @@ REFUSED_TEXTS = [
 
 @pytest.fixture(scope="module")
 def editor_state(browser_tools: tuple[str, dict[str, str]], comfy_server: SimpleNamespace) -> dict:
-    node, env = browser_tools
     texts = [*REFUSED_TEXTS, '{"end_percent": 0.6}']
-    out = subprocess.run(
-        [node, str(STATE_SCRIPT), comfy_server.url, json.dumps({"schedule_texts": texts})],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout)
+    out = run_node_script(browser_tools, STATE_SCRIPT, comfy_server.url, json.dumps({"schedule_texts": texts}))
+    return json.loads(out)
 
 
 @pytest.mark.parametrize("text", REFUSED_TEXTS)

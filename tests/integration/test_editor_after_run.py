@@ -29,7 +29,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +38,7 @@ from typing import Any
 import numpy as np
 import pytest
 import server_test_nodes
+from comfy_http import run_node_script
 from comfy_prompts import write_random_gfpgan
 
 pytestmark = pytest.mark.integration
@@ -122,21 +122,12 @@ def editor_server(comfy_server_factory, tmp_path_factory: pytest.TempPathFactory
 def after_run(
     browser_tools, editor_server: SimpleNamespace, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
-    node, env = browser_tools
     shots = Path(os.environ.get("TOKENFUSE_SHOTS_DIR") or tmp_path_factory.mktemp("shots"))
     shots.mkdir(parents=True, exist_ok=True)
-    out = subprocess.run(
-        [node, str(SCRIPT), "shots", editor_server.url, str(REPO / "workflows"), str(shots)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=2400,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-3000:] + editor_server.log.read_text()[-3000:]
-    (shots / "after_run.json").write_text(out.stdout, encoding="utf-8")  # node rectangles and reports, for sizing
-    return {"shots": shots, **json.loads(out.stdout)}
+    args = ("shots", editor_server.url, str(REPO / "workflows"), str(shots))
+    out = run_node_script(browser_tools, SCRIPT, *args, timeout=2400, log=editor_server.log)
+    (shots / "after_run.json").write_text(out, encoding="utf-8")  # node rectangles and reports, for sizing
+    return {"shots": shots, **json.loads(out)}
 
 
 def _by_type(outputs: dict[str, Any], node_type: str) -> list[dict[str, Any]]:
@@ -194,17 +185,7 @@ SEARCHES = {
 def test_node_search_finds_the_nodes(browser_tools, editor_server: SimpleNamespace) -> None:
     """What users type into ComfyUI's node search box finds TokenFuse's nodes (frontend 1.27 searches the node id
     and display name only; see tests/test_editor_ui.py)."""
-    node, env = browser_tools
-    out = subprocess.run(
-        [node, str(REPO / "tests" / "integration" / "search_check.mjs"), editor_server.url, *SEARCHES],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    found = json.loads(out.stdout)
+    script = REPO / "tests" / "integration" / "search_check.mjs"
+    found = json.loads(run_node_script(browser_tools, script, editor_server.url, *SEARCHES))
     for query, name in SEARCHES.items():
         assert any(name in r for r in found[query][:3]), (query, found[query])
