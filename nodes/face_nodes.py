@@ -52,6 +52,17 @@ def _folders(backend: str, model_name: str) -> tuple[list[Path], str]:
     return [path.parent], path.name
 
 
+def model_stamp(backend: str = "auto", model_name: str = "", **_: Any) -> str:
+    """FaceDetect's / FaceTrack's IS_CHANGED: the named YuNet file's or insightface pack's files' stamps, so a model
+    replaced under the same name runs the node again ("" without a model_name: the default model)."""
+    name = str(model_name).strip()
+    if backend == "insightface":
+        return paths.file_stamp("insightface", name, want="dir", candidates=lambda n: (f"models/{n}", n))
+    if backend == "yunet":
+        return paths.file_stamp("facedetection", name, candidates=lambda n: (n, f"{n}.onnx"))
+    return ""
+
+
 def _reference_embedding(reference: Any) -> Any:
     for frame in getattr(reference, "faces", ()):
         for face in frame:
@@ -140,6 +151,8 @@ class FaceDetect:
                 ),
             },
         }
+
+    IS_CHANGED = staticmethod(model_stamp)
 
     @checked_inputs()
     def detect(

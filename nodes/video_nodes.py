@@ -17,7 +17,7 @@ from ..faces.types import DetectorBackend
 from ..scheduling.anchor_mode import AnchorMode, pool_for
 from ..video.encode import Preset
 from .checks import checked_inputs
-from .face_nodes import _BACKEND_TIP, _folders, _reference_embedding
+from .face_nodes import _BACKEND_TIP, _folders, _reference_embedding, model_stamp
 from .glue import env
 from .glue import video as video_glue
 from .input_specs import build_selection, device_input, identity_inputs, seed_input, selection_inputs
@@ -49,6 +49,7 @@ class FaceTrack:
     )
     CATEGORY = "TokenFuse/video"
     FUNCTION = "track_and_show"
+    IS_CHANGED = staticmethod(model_stamp)  # a YuNet file / insightface pack replaced under its name runs it again
     RETURN_TYPES = ("FACE_TRACKS", "IMAGE", "STRING")
     RETURN_NAMES = ("face_tracks", "preview", "report")
     OUTPUT_TOOLTIPS = (

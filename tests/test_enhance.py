@@ -354,3 +354,29 @@ def test_a_model_file_replaced_under_its_name_runs_the_nodes_again(
     assert ScheduledFusion.IS_CHANGED(swap_model="inswapper_128.onnx") != swap_before
     assert GFPGANEnhance.IS_CHANGED(model_name="missing.pth") == ""  # its own check names the problem at run time
     assert ScheduledFusion.IS_CHANGED() == "|"
+
+
+def test_a_detector_model_replaced_under_its_name_runs_face_detect_and_face_track_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tokenfuse.nodes.face_nodes import FaceDetect
+    from tokenfuse.nodes.video_nodes import FaceTrack
+
+    monkeypatch.setenv("TOKENFUSE_MODELS", str(tmp_path))
+    (tmp_path / "facedetection").mkdir()
+    pack = tmp_path / "insightface" / "models" / "mine"
+    pack.mkdir(parents=True)
+    yunet, rec = tmp_path / "facedetection" / "yunet_custom.onnx", pack / "w600k_r50.onnx"
+    yunet.write_bytes(b"old")
+    rec.write_bytes(b"old")
+    before = {
+        "yunet": FaceDetect.IS_CHANGED(backend="yunet", model_name="yunet_custom", max_faces=1),
+        "insightface": FaceTrack.IS_CHANGED(backend="insightface", model_name="mine"),
+    }
+    assert all(before.values()) and FaceDetect.IS_CHANGED(backend="yunet", model_name="yunet_custom") == before["yunet"]
+    for path in (yunet, rec):
+        path.write_bytes(b"new weights")
+        os.utime(path, ns=(1, 2))
+    assert FaceDetect.IS_CHANGED(backend="yunet", model_name="yunet_custom") != before["yunet"]
+    assert FaceTrack.IS_CHANGED(backend="insightface", model_name="mine") != before["insightface"]
+    assert FaceDetect.IS_CHANGED(backend="auto", model_name="") == FaceDetect.IS_CHANGED(backend="mtcnn") == ""

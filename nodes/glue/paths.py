@@ -87,18 +87,25 @@ def model_path(
     return resolve_model(name, model_dirs(kind), what=what, want=want, candidates=candidates, fix=fix)
 
 
-def file_stamp(kind: ModelKind, name: str) -> str:
-    """A model file's identity for a node's IS_CHANGED: real path, mtime and size, so a file replaced under the same
-    name runs the node again (ComfyUI saw the same name and showed the old result); "" when the name does not resolve
-    (the node's own check names the problem when it runs)."""
+def file_stamp(
+    kind: ModelKind,
+    name: str,
+    *,
+    want: Want = "file",
+    candidates: Callable[[str], Sequence[str]] = lambda n: (n,),
+) -> str:
+    """A model file's (or a pack folder's files') identity for a node's IS_CHANGED: real path, mtime and size, so a
+    model replaced under the same name runs the node again (ComfyUI saw the same name and showed the old result); ""
+    when the name does not resolve (the node's own check names the problem when it runs)."""
     if not name or name == "none":
         return ""
     try:
-        path = model_path(kind, name, "model")
-        st = os.stat(path)
+        path = model_path(kind, name, "model", want=want, candidates=candidates)
+        files = sorted(f for f in path.iterdir() if f.is_file()) if path.is_dir() else [path]
+        stats = [(f.name, f.stat()) for f in files]
     except (OSError, ValueError):
         return ""
-    return f"{path}:{st.st_mtime_ns}:{st.st_size}"
+    return f"{path}:" + ";".join(f"{n}:{st.st_mtime_ns}:{st.st_size}" for n, st in stats)
 
 
 # ------------------------------------------------------------------------------------------------ files the pack writes
