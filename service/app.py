@@ -425,21 +425,13 @@ class FusionReplica:
 
     def _video_refusal(self, path: Path, pixels: int) -> tuple[int, str] | None:
         """(413, why) for a video over --max-video-megapixels (its first frame) or --max-video-frames (its video
-        packets, read without decoding: a header's count or duration need not match what the stream holds); None
-        to go on."""
-        import av
+        packets, read without decoding: video.decode.count_packets); None to go on."""
+        from tokenfuse.video.decode import count_packets
 
         if pixels > self.cfg.max_video_megapixels * 1e6:
             return 413, f"its frames are over this service's {self.cfg.max_video_megapixels:g} megapixel limit"
-        frames = 0
-        try:
-            with av.open(str(path), "r") as container:
-                for packet in container.demux(container.streams.video[0]):
-                    frames += packet.size > 0
-                    if frames > self.cfg.max_video_frames:
-                        return 413, f"it is over this service's {self.cfg.max_video_frames} frame limit"
-        except (av.error.FFmpegError, OSError):  # damaged further on: the frames before it were counted, and
-            pass  # decoding stops where demuxing did (the reader reports it)
+        if count_packets(path, self.cfg.max_video_frames) > self.cfg.max_video_frames:
+            return 413, f"it is over this service's {self.cfg.max_video_frames} frame limit"
         return None
 
     def __del__(self) -> None:
