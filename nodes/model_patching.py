@@ -255,7 +255,7 @@ def _make_run_wrapper(
             status = "complete"
             return out
         except BaseException as exc:
-            status = "cancelled" if env.is_interrupt(exc) else "failed"
+            status = _ended_by(exc)
             raise
         finally:
             # summary_line: tokens saved, calls reduced, wall time since reset (= this run), patch time
@@ -285,6 +285,11 @@ def _make_run_wrapper(
                 _write_telemetry(telemetry, schedule.telemetry_jsonl, status)
 
     return tokenfuse_outer_sample
+
+
+def _ended_by(exc: BaseException) -> RunStatus:
+    """How a run that raised `exc` ended: "cancelled" for ComfyUI's interrupt, "failed" otherwise."""
+    return "cancelled" if env.is_interrupt(exc) else "failed"
 
 
 def _warn_no_calls(label: str, where: str) -> None:
@@ -324,7 +329,7 @@ def sampling_series(label: str, device: Any = None) -> Iterator[RunSeries]:
         yield series
         status = "complete"
     except BaseException as exc:
-        status = "cancelled" if env.is_interrupt(exc) else "failed"
+        status = _ended_by(exc)
         raise
     finally:
         _SERIES.reset(token)

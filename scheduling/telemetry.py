@@ -28,6 +28,11 @@ RunStatus = Literal["complete", "cancelled", "failed"]
 PARTIAL_SUFFIX = ".partial"
 
 
+def _saved_pct(saved_from: float, left: float) -> float:
+    """Percent of `saved_from` (tokens, attention pairs) taken out when `left` remain."""
+    return 0.0 if saved_from == 0 else 100.0 * (1.0 - left / saved_from)
+
+
 def partial_path(path: str | Path) -> Path:
     """Where the JSONL file of a run that did not complete goes: `<name>.partial` next to `<name>`."""
     path = Path(path)
@@ -214,9 +219,6 @@ class RunTelemetry:
         """Totals for the run. *_saved_pct are percent of tokens (or q x kv attention pairs) taken out; status: how the
         run ended (a cancelled or failed run's totals cover the steps it made)."""
 
-        def pct(saved_from: int, left: int) -> float:
-            return 0.0 if saved_from == 0 else 100.0 * (1.0 - left / saved_from)
-
         return {
             "status": status,
             "calls": self.calls,
@@ -226,8 +228,8 @@ class RunTelemetry:
             "q_tokens_out": self.q_out,
             "kv_tokens_in": self.kv_in,
             "kv_tokens_out": self.kv_out,
-            "tokens_saved_pct": pct(self.q_in + self.kv_in, self.q_out + self.kv_out),
-            "attention_pairs_saved_pct": pct(self.pairs_in, self.pairs_out),
+            "tokens_saved_pct": _saved_pct(self.q_in + self.kv_in, self.q_out + self.kv_out),
+            "attention_pairs_saved_pct": _saved_pct(self.pairs_in, self.pairs_out),
             "patch_seconds": self.patch_seconds,
             "wall_seconds": time.perf_counter() - self.started,
             "records_dropped": self.dropped,
@@ -370,16 +372,15 @@ class RunSeries:
         """Totals of the series; status: how the series ended (runs_by_status: how each run ended)."""
         t = self.totals
 
-        def pct(saved_from: float, left: float) -> float:
-            return 0.0 if saved_from == 0 else 100.0 * (1.0 - left / saved_from)
-
         out: dict[str, Any] = {
             "status": status,
             "runs": self.runs,
             "runs_by_status": dict(self.statuses),
             **{key: t[key] for key in _SUMMED if key != "wall_seconds"},
-            "tokens_saved_pct": pct(t["q_tokens_in"] + t["kv_tokens_in"], t["q_tokens_out"] + t["kv_tokens_out"]),
-            "attention_pairs_saved_pct": pct(self.pairs_in, self.pairs_out),
+            "tokens_saved_pct": _saved_pct(
+                t["q_tokens_in"] + t["kv_tokens_in"], t["q_tokens_out"] + t["kv_tokens_out"]
+            ),
+            "attention_pairs_saved_pct": _saved_pct(self.pairs_in, self.pairs_out),
             "sampling_seconds": t["wall_seconds"],
             "wall_seconds": time.perf_counter() - self.started,
             "levels": self.levels,
