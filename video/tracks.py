@@ -301,11 +301,6 @@ _ORDER: dict[str, Callable[[np.ndarray, float], float]] = {
 }
 
 
-def rank_tracks(tracks: Sequence[Track], order: str) -> list[Track]:
-    """Tracks sorted by FaceDetect's order (judged by each track's median box and mean detection score)."""
-    return sorted(tracks, key=lambda tr: _ORDER[order](tr.median_box(), float(tr.scores[tr.detected].mean())))
-
-
 def rank_people(tracks: Sequence[Track], order: str) -> list[list[Track]]:
     """The people of `tracks` (their tracks in start order) sorted by FaceDetect's order, each judged by the median
     box and mean score over all its detections."""
