@@ -72,10 +72,19 @@ def _encoded(video: Any) -> str:
     log.debug("VIDEO has no file (e.g. from Create Video): encoded once to %s to stream it", path)
     try:
         _ENCODED[video] = path
-        weakref.finalize(video, _remove, path)
+    except TypeError:
+        pass
+    remove_with(video, path)
+    return path
+
+
+def remove_with(owner: Any, path: str) -> None:
+    """Delete the file at `path` when `owner` (a VIDEO object) is collected, as ComfyUI drops a cached output; at
+    exit when it cannot be weakly referenced."""
+    try:
+        weakref.finalize(owner, _remove, path)
     except TypeError:
         atexit.register(_remove, path)
-    return path
 
 
 def _remove(path: str) -> None:
@@ -108,8 +117,5 @@ def video_output(path: str, temporary: bool = False) -> Any:
         except ImportError:
             pass
     if temporary:
-        try:
-            weakref.finalize(video, _remove, path)
-        except TypeError:  # not weak-referenceable: deleted at exit
-            atexit.register(_remove, path)
+        remove_with(video, path)
     return video
