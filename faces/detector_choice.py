@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import logging
+import re
 from pathlib import Path
 
 from .types import DetectorBackend
@@ -43,15 +44,31 @@ SHARED_MODULES: dict[str, tuple[tuple[str, ...], str]] = {
     ),
 }
 
+# The first release of each compiled build the pack imports that loads under NumPy 2: older ones were compiled against
+# NumPy 1's C API and fail at import ("numpy.core.multiarray failed to import" / "_ARRAY_API not found"). A ComfyUI
+# install moved to NumPy 2 keeps them (they satisfy their own metadata), so face detection and blending would fail at
+# the first run. requirements.txt's floors are these releases.
+NUMPY2_FIRST_RELEASES: dict[str, tuple[int, int]] = {
+    "opencv-python-headless": (4, 10),
+    "opencv-python": (4, 10),
+    "opencv-contrib-python": (4, 10),
+    "opencv-contrib-python-headless": (4, 10),
+    "onnxruntime": (1, 19),
+    "onnxruntime-gpu": (1, 19),
+}
+
 _logged = False
 
 
-def _installed(distribution: str) -> bool:
+def _version(distribution: str) -> str | None:
     try:
-        importlib.metadata.version(distribution)
+        return importlib.metadata.version(distribution)
     except (importlib.metadata.PackageNotFoundError, ValueError):
-        return False
-    return True
+        return None
+
+
+def _installed(distribution: str) -> bool:
+    return _version(distribution) is not None
 
 
 def shared_module_clashes() -> list[str]:
@@ -65,6 +82,32 @@ def shared_module_clashes() -> list[str]:
                 f"installed decides what every pack imports, and uninstalling one breaks the others. Keep one "
                 f"({keep}): `python -m pip uninstall -y {' '.join(found)}`, then `python -m pip install` the one kept"
             )
+    return lines
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The leading numeric release of a version string: "4.8.1.78" -> (4, 8, 1, 78), "2.0.0rc1" -> (2, 0, 0)."""
+    match = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(part) for part in match.group().split(".")) if match else ()
+
+
+def numpy2_stale_builds() -> list[str]:
+    """One warning per installed cv2 / onnxruntime build compiled for NumPy 1 when NumPy 2 is installed (see
+    NUMPY2_FIRST_RELEASES); metadata only, nothing is imported."""
+    numpy_version = _version("numpy")
+    if numpy_version is None or _release(numpy_version)[:1] < (2,):
+        return []
+    lines = []
+    for distribution, first in NUMPY2_FIRST_RELEASES.items():
+        version = _version(distribution)
+        if version is None or _release(version)[:2] >= first:
+            continue
+        floor = ".".join(map(str, first))
+        lines.append(
+            f"TokenFuse: {distribution} {version} was built for NumPy 1 and fails to import under the installed NumPy "
+            f"{numpy_version} (face detection and blending will fail with 'numpy.core.multiarray failed to import'): "
+            f'run `python -m pip install -U "{distribution}>={floor}"` in ComfyUI\'s Python and restart'
+        )
     return lines
 
 
@@ -123,5 +166,5 @@ def log_default_detector_once() -> None:
     _logged = True
     level, message = default_detector_line()
     log.log(level, message)
-    for line in shared_module_clashes():
+    for line in (*shared_module_clashes(), *numpy2_stale_builds()):
         log.warning(line)

@@ -204,12 +204,7 @@ def test_start_up_warns_when_two_builds_share_cv2_or_onnxruntime(
     onnxruntime-gpu another pack needs: pip check stays clean while cv2.ximgproc or the CUDA provider vanish for every
     pack. The start-up log names the clash and the fix."""
     dists = ("opencv_python_headless-5.0.0.93", "opencv_contrib_python-5.1.0", "onnxruntime-1.32.0")
-    for dist in (*dists, "onnxruntime_gpu-1.22.0"):
-        info = tmp_path / f"{dist}.dist-info"
-        info.mkdir()
-        name, version = dist.rsplit("-", 1)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    _fake_distributions(tmp_path, monkeypatch, (*dists, "onnxruntime_gpu-1.22.0"))
     cv2_line, ort_line = detector_choice.shared_module_clashes()
     assert "opencv-python-headless" in cv2_line and "opencv-contrib-python" in cv2_line and "`cv2`" in cv2_line
     assert "onnxruntime, onnxruntime-gpu" in ort_line and "pip uninstall -y onnxruntime onnxruntime-gpu" in ort_line
@@ -217,3 +212,60 @@ def test_start_up_warns_when_two_builds_share_cv2_or_onnxruntime(
     with caplog.at_level(logging.WARNING, logger=detector_choice.__name__):
         detector_choice.log_default_detector_once()
     assert [r.getMessage() for r in caplog.records if "share the" in r.getMessage()] == [cv2_line, ort_line]
+
+
+def _fake_distributions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dists: tuple[str, ...]) -> None:
+    for dist in dists:
+        info = tmp_path / f"{dist}.dist-info"
+        info.mkdir()
+        name, version = dist.rsplit("-", 1)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def test_start_up_warns_when_cv2_or_onnxruntime_predate_numpy2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ComfyUI install moved to NumPy 2 keeps an opencv 4.8 / onnxruntime 1.18 that fail at import ("numpy.core.
+    multiarray failed to import", seen with opencv-python-headless 4.8.1.78 and onnxruntime 1.18.1 beside numpy 2.4.6):
+    the start-up log names the build and the upgrade; builds from the first NumPy 2 release on pass."""
+    _fake_distributions(
+        tmp_path, monkeypatch, ("numpy-2.4.6", "opencv_python_headless-4.8.1.78", "onnxruntime_gpu-1.18.1")
+    )
+    cv2_line, ort_line = detector_choice.numpy2_stale_builds()
+    assert "opencv-python-headless 4.8.1.78" in cv2_line and "NumPy 2.4.6" in cv2_line
+    assert 'pip install -U "opencv-python-headless>=4.10"' in cv2_line
+    assert 'pip install -U "onnxruntime-gpu>=1.19"' in ort_line
+    monkeypatch.setattr(detector_choice, "_logged", False)
+    with caplog.at_level(logging.WARNING, logger=detector_choice.__name__):
+        detector_choice.log_default_detector_once()
+    assert [r.getMessage() for r in caplog.records if "built for NumPy 1" in r.getMessage()] == [cv2_line, ort_line]
+
+
+@pytest.mark.parametrize(
+    "dists",
+    [
+        ("numpy-1.26.4", "opencv_python_headless-4.8.1.78", "onnxruntime-1.17.0"),  # NumPy 1: old builds are fine
+        ("numpy-2.0.0rc1", "opencv_python_headless-4.10.0.84", "onnxruntime-1.19.0"),  # first NumPy 2 builds
+        ("numpy-2.4.6", "opencv_contrib_python-5.1.0", "onnxruntime-1.32.0"),
+    ],
+)
+def test_no_numpy2_warning_for_matching_builds(
+    dists: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_distributions(tmp_path, monkeypatch, dists)
+    assert detector_choice.numpy2_stale_builds() == []
+
+
+def test_requirement_floors_load_under_numpy2() -> None:
+    """requirements.txt must not admit a cv2 / onnxruntime build that NumPy 2 (what ComfyUI installs get) breaks."""
+    repo = Path(__file__).resolve().parents[1]
+    floors = {}
+    for line in (repo / "requirements.txt").read_text(encoding="utf-8").splitlines():
+        if ">=" in line and not line.lstrip().startswith("#"):
+            name, floor = line.split(">=", 1)
+            floors[name.strip()] = detector_choice._release(floor.strip())
+    for distribution, first in detector_choice.NUMPY2_FIRST_RELEASES.items():
+        if distribution in floors:
+            assert floors[distribution][:2] >= first, distribution
+    assert {"opencv-python-headless", "onnxruntime"} <= floors.keys()
