@@ -67,7 +67,11 @@ def test_pyproject_registry_fields() -> None:
     project = pyproject["project"]
     assert project["name"] == "tokenfuse"
     assert re.fullmatch(r"\d+\.\d+\.\d+", project["version"])
-    assert isinstance(project["license"], dict)
+    # PEP 639: an SPDX expression and the licence file; setuptools drops the table form on 2027-02-18 and refuses
+    # licence classifiers next to an expression. The Comfy registry and ComfyUI's reader take the string as text.
+    assert project["license"] == "MIT" and project["license-files"] == ["LICENSE"]
+    assert (REPO / "LICENSE").is_file()
+    assert not [c for c in project["classifiers"] if c.startswith("License ::")]
     assert project["classifiers"]
     assert pyproject["tool"]["comfy"]["PublisherId"]
     assert pyproject["tool"]["comfy"]["DisplayName"] == "TokenFuse"
