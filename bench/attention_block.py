@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "devkit"))
+from bench_report import quick_settings  # noqa: E402  (devkit/bench_report.py)
 from pack_loader import load_pack  # noqa: E402  (devkit/pack_loader.py)
 
 load_pack()
@@ -94,20 +95,22 @@ def timeit(fn: Callable[[], Any], iters: int, cuda: bool) -> float:
     return (time.perf_counter() - t0) / iters * 1000.0
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny shapes, 3 iterations: a CPU smoke run")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     ap.add_argument("--json", default="", help="write {'rows': [{case, batch, device, variant, ms, vs_base}]}")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.quick:  # an explicit --iters is kept
+        quick_settings(ap, args, argv, {"iters": 3})
     if args.threads:
         torch.set_num_threads(args.threads)
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
     dtype = torch.float16 if cuda else torch.float32
-    cases, iters = (QUICK_CASES, min(args.iters, 3)) if args.quick else (CASES, args.iters)
+    cases, iters = (QUICK_CASES if args.quick else CASES), args.iters
     name = torch.cuda.get_device_name() if cuda else f"cpu, {torch.get_num_threads()} threads"
     print(
         f"TokenFuse attention_block bench | {name} | {dtype} | attention backend: pytorch-sdpa "

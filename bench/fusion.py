@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "devkit"))
 import comfy_models as cm  # noqa: E402  (devkit/comfy_models.py)
 from astronaut import astronaut_faces, astronaut_frame  # noqa: E402  (devkit/astronaut.py)
+from bench_report import quick_settings  # noqa: E402  (devkit/bench_report.py)
 from pack_loader import load_pack  # noqa: E402  (devkit/pack_loader.py)
 
 
@@ -173,11 +174,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if not args.comfyui:
         ap.error("needs ComfyUI: --comfyui PATH or COMFYUI_PATH")
-    if args.quick:  # tiny models; frames/guides given on the command line are kept
-        args.frames = args.frames if args.frames != ap.get_default("frames") else "256,512"
-        args.guides = args.guides if args.guides != ap.get_default("guides") else "64,128"
-        args.ours_guide = 64
-        args.steps = min(args.steps, 2)
+    if args.quick:  # tiny models; options given on the command line are kept
+        quick_settings(ap, args, argv, {"frames": "256,512", "guides": "64,128", "ours_guide": 64, "steps": 2})
     return args
 
 

@@ -449,15 +449,16 @@ def main(argv: list[str] | None = None) -> int:
         help="smoke run: the calls part (U-Net width 32) instead of speed, 2 steps, guide 64, 1 face",
     )
     a = ap.parse_args(argv)
-    if a.quick:  # every code path of the calls and quality parts once; the numbers mean nothing
-        a.steps, a.guide, a.frame, a.limit = 2, 64, 256, 1
+    sys.path.insert(0, str(REPO / "devkit"))
+    from bench_report import calibration_origin, quick_settings, write_json
+
+    if a.quick:  # every code path of the calls and quality parts once (options given explicitly are kept)
+        quick_settings(ap, a, argv, {"steps": 2, "guide": 64, "frame": 256, "limit": 1})
     if not a.comfyui:
         ap.error("needs ComfyUI: --comfyui PATH or COMFYUI_PATH")
     a.cache = a.cache or [DEFAULT_CACHE]
     torch.set_num_threads(a.threads)
-    sys.path.insert(0, str(REPO / "devkit"))
     import comfy_models
-    from bench_report import calibration_origin, write_json
     from pack_loader import load_pack
 
     comfy_models.setup_comfy(a.comfyui, cpu=a.device == "cpu" or a.part != "speed", sdpa=True)

@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "devkit"))
 import comfy_models  # noqa: E402  (devkit/comfy_models.py)
 import unet_bench as ub  # noqa: E402  (devkit/unet_bench.py)
-from bench_report import write_json  # noqa: E402  (devkit/bench_report.py)
+from bench_report import quick_settings, write_json  # noqa: E402  (devkit/bench_report.py)
 from pack_loader import load_pack  # noqa: E402  (devkit/pack_loader.py)
 
 DEFAULT_SIZES = {"sd15": [512, 768], "sdxl": [768]}
@@ -276,7 +276,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     if args.quick:
         sizes = sizes or [128]
-        args.repeats = args.repeats if args.repeats != p.get_default("repeats") else 2
+        quick_settings(p, args, argv, {"repeats": 2})
     args.model_sizes = {m: sizes or DEFAULT_SIZES.get(m, [768]) for m in args.models}
     return args
 

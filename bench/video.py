@@ -47,6 +47,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "devkit"))
 sys.path.insert(0, str(REPO / "tests"))  # the clip helpers and the stand-in sampler the tests use
+from bench_report import quick_settings  # noqa: E402
 from pack_loader import load_pack  # noqa: E402
 
 load_pack()  # video_clips imports the stand-in sampler from the pack (tokenfuse.devkit.standin); the root is light
@@ -178,7 +179,7 @@ def table_row(r: dict[str, Any]) -> str:
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--frames", default="1000,4000", help="clip lengths (frames at 30 fps)")
     p.add_argument("--modes", default="keyframes,per_frame")
@@ -205,10 +206,10 @@ def main() -> None:
     p.add_argument("--stability-frames", type=int, default=600)
     p.add_argument("--workdir", default="", help="keep clips and outputs here (default: a temp folder)")
     p.add_argument("--quick", action="store_true", help="smoke run: one 30-frame 640x360 clip, guide 64, 2 steps")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.quick:  # every code path of the chosen --refine once; the numbers mean nothing
-        args.frames, args.stability_frames, args.height, args.guide, args.steps = "30", 30, 360, 64, 2
-        args.channels = min(args.channels, 32)
+        quick = {"frames": "30", "stability_frames": 30, "height": 360, "guide": 64, "steps": 2, "channels": 32}
+        quick_settings(p, args, argv, quick)  # options given on the command line are kept
     if args.refine != "fake" and not args.comfyui:
         p.error(f"--refine {args.refine} needs ComfyUI: --comfyui PATH or COMFYUI_PATH")
     if importlib.util.find_spec(CLIP_PACKAGE) is None:  # else video_clips raises pytest's Skipped mid-run

@@ -3,15 +3,20 @@
 - write_json: a --json file written through a temporary file and an atomic rename, so a bench rewrites it after
   every finished table and a run stopped mid-way (a step of bench/gpu_issue11.sh reaching its `timeout` cap) leaves
   the last complete file, never a truncated one.
+- quick_settings: a --quick smoke run's small values, for the options the command line did not give (an explicit
+  `--repeats 5 --quick` keeps 5 repeats, even when 5 is the default).
 - calibration_origin: whether the device-aware schedules' level decisions (scheduling/calibrate.py) were measured in
   this process or read from an earlier run's answers (scheduling/calibration_store.py, per machine on disk).
 """
 
 from __future__ import annotations
 
+import argparse
+import copy
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +31,27 @@ def write_json(path: str | Path, data: Any, indent: int = 1) -> None:
     tmp = target.with_name(target.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=indent, default=str) + "\n", encoding="utf-8")
     os.replace(tmp, target)
+
+
+def given_options(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> set[str]:
+    """The dests of the options `argv` (default: sys.argv[1:]) sets explicitly, whatever their values: argv parsed
+    again by a copy of `parser` whose defaults are all suppressed, so only what was given lands in the namespace."""
+    probe = copy.deepcopy(parser)
+    for action in probe._actions:
+        action.default = argparse.SUPPRESS
+        action.required = False
+    given, _ = probe.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    return set(vars(given))
+
+
+def quick_settings(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str] | None, values: dict[str, Any]
+) -> None:
+    """--quick: set each of `values` (dest -> the smoke run's value) on args, except the options argv gave."""
+    given = given_options(parser, argv)
+    for dest, value in values.items():
+        if dest not in given:
+            setattr(args, dest, value)
 
 
 def calibration_origin() -> str:

@@ -552,3 +552,36 @@ def test_quality_labels_its_gate_column_for_what_it_checks(
     merged = json.loads((tmp_path / "out.json").read_text())
     assert merged["gate_checks"] == quality.GATE_CHECKS and merged["gate"]["balanced"]["gate"] is True
     assert {"presets", "gate", "artifacts", "faces", "rows", "unet_s"} <= set(merged)
+
+
+def test_quick_keeps_the_options_given_on_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--quick fills in its small values only where the command line gave none: an explicit `--repeats 5` (the
+    default's value) or `--steps 4` stays as asked instead of being replaced by the smoke run's value."""
+    unet = _load_bench(monkeypatch, "unet_step.py")
+    assert unet.parse_args(["--comfyui", "x", "--quick"]).repeats == 2
+    assert unet.parse_args(["--comfyui", "x", "--quick", "--repeats", "5"]).repeats == 5
+    assert unet.parse_args(["--comfyui", "x", "--quick", "--repeats=5"]).repeats == 5
+    assert unet.parse_args(["--comfyui", "x"]).repeats == 5
+    fusion = _load_bench(monkeypatch, "fusion.py")
+    quick = fusion.parse_args(["--comfyui", "x", "--quick"])
+    assert (quick.steps, quick.ours_guide, quick.frames, quick.guides) == (2, 64, "256,512", "64,128")
+    asked = fusion.parse_args(["--comfyui", "x", "--quick", "--steps", "4", "--ours-guide", "128", "--guides", "128"])
+    assert (asked.steps, asked.ours_guide, asked.frames, asked.guides) == (4, 128, "256,512", "128")
+
+
+def test_given_options_sees_explicit_values_only() -> None:
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_report_under_test", REPO / "devkit" / "bench_report.py")
+    assert spec is not None and spec.loader is not None
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    given_options = report.given_options
+    p = argparse.ArgumentParser()
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--name", required=True)
+    assert given_options(p, ["--repeats", "5", "--quick"]) == {"repeats", "quick"}
+    assert given_options(p, []) == set()
+    assert p.parse_args(["--name", "a"]).repeats == 5  # the parser itself is left as it was
