@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+GATE_PSNR, GATE_SSIM = 30.0, 0.95  # devkit/face_model/gate.py (test_bench_cli holds them equal)
 DEFAULT_CACHE = '{"cache_interval": 3, "cache_depth": 2}'
 
 
@@ -157,7 +158,7 @@ def fuse(pack: Any, model: Any, vae: Any, cond: Any, image: Any, faces: Any, a: 
 def table(rows: list[dict[str, Any]], quality: bool) -> None:
     head = f"{'variant':<28} {'U-Net calls':>11} {'wall s':>8} {'cpu s':>8} {'x wall':>7} {'x cpu':>7}"
     if quality:
-        head += f" {'PSNR dB':>8} {'PSNR p5':>8} {'SSIM':>7} {'SSIM p5':>8} {'gate':>5}"
+        head += f" {'PSNR dB':>8} {'PSNR p5':>8} {'SSIM':>7} {'SSIM p5':>8} {'means':>5}"
     print(head)
     for r in rows:
         line = (
@@ -165,7 +166,7 @@ def table(rows: list[dict[str, Any]], quality: bool) -> None:
             f"{r['x_wall']:>7.2f} {r['x_cpu']:>7.2f}"
         )
         if quality:
-            g = "pass" if r["psnr_mean"] >= 30.0 and r["ssim_mean"] >= 0.95 else "FAIL"
+            g = "pass" if r["psnr_mean"] >= GATE_PSNR and r["ssim_mean"] >= GATE_SSIM else "FAIL"
             line += f" {r['psnr_mean']:>8.2f} {r['psnr_p5']:>8.2f} {r['ssim_mean']:>7.4f} {r['ssim_p5']:>8.4f} {g:>5}"
         print(line, flush=True)
 
@@ -409,7 +410,11 @@ def quality_part(pack: Any, a: argparse.Namespace, which: set[str]) -> tuple[lis
             }
         )
     table(rows, quality=True)
-    print("# 100 dB = identical to unpatched; gate: PSNR mean >= 30 dB and SSIM mean >= 0.95")
+    print(
+        f"# 100 dB = identical to unpatched; means: PSNR mean >= {GATE_PSNR:g} dB and SSIM mean >= {GATE_SSIM:g} (the "
+        "issue's absolute bar on the means; the p5 columns show the worst faces; the full gate with its relative parts "
+        "is bench/quality_gate.py)"
+    )
     return rows, used
 
 

@@ -585,3 +585,12 @@ def test_given_options_sees_explicit_values_only() -> None:
     assert given_options(p, ["--repeats", "5", "--quick"]) == {"repeats", "quick"}
     assert given_options(p, []) == set()
     assert p.parse_args(["--name", "a"]).repeats == 5  # the parser itself is left as it was
+
+
+def test_step_cache_bench_bar_is_the_gate_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/step_cache.py's pass/FAIL column uses the trained-model gate's absolute thresholds (one bar, not two
+    copies that can drift)."""
+    from tokenfuse.devkit.face_model import gate
+
+    bench = _load_bench(monkeypatch, "step_cache.py")
+    assert (bench.GATE_PSNR, bench.GATE_SSIM) == (gate.GATE_PSNR, gate.GATE_SSIM)
