@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import secrets
 import time
 from pathlib import Path
@@ -26,6 +27,8 @@ log = logging.getLogger(__name__)
 
 RunStatus = Literal["complete", "cancelled", "failed"]
 PARTIAL_SUFFIX = ".partial"
+STALE_TMP_S = 24 * 3600  # a temporary JSONL untouched this long was left by a killed process
+_OPEN_TMPS: set[str] = set()  # this process's temporary files (never swept, however long a series runs)
 
 
 def _saved_pct(saved_from: float, left: float) -> float:
@@ -50,7 +53,9 @@ class TelemetryFile:
     file is removed.
 
     The folder must exist (nothing is created above the file); a symlink at the target name is refused rather than
-    replaced, and the temporary file is created with O_EXCL | O_NOFOLLOW under a random name.
+    replaced, and the temporary file is created with O_EXCL | O_NOFOLLOW under a random name. Temporary files of the
+    same name that a killed process left (untouched for STALE_TMP_S) are removed when the next one is opened, so a
+    telemetry folder does not collect them run after crashed run.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -58,6 +63,7 @@ class TelemetryFile:
         for target in (self.path, partial_path(self.path)):
             if target.is_symlink():
                 raise OSError(f"refusing to write through the symlink {target}")
+        sweep_stale_tmps(self.path)
         self.tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(6)}.tmp")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
         fd = os.open(self.tmp, flags, 0o644)
@@ -67,6 +73,7 @@ class TelemetryFile:
             os.close(fd)
             os.unlink(self.tmp)
             raise
+        _OPEN_TMPS.add(os.path.abspath(self.tmp))
 
     def write(self, row: dict[str, Any]) -> None:
         """Append one JSON object as one line."""
@@ -96,8 +103,33 @@ class TelemetryFile:
 
     def _close(self) -> None:
         fh, self._fh = self._fh, None
+        _OPEN_TMPS.discard(os.path.abspath(self.tmp))
         if fh is not None:
             fh.close()
+
+
+def sweep_stale_tmps(path: Path, now: float | None = None) -> int:
+    """Remove `.<name>.<12 hex>.tmp` files beside `path` (TelemetryFile's temporary names) untouched for STALE_TMP_S,
+    except this process's own; returns how many. Only that exact pattern is touched, and a link is removed as a link."""
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{12}}\.tmp")
+    cutoff = (time.time() if now is None else now) - STALE_TMP_S
+    removed = 0
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return 0
+    for entry in entries:
+        if not pattern.fullmatch(entry.name) or os.path.abspath(entry.path) in _OPEN_TMPS:
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                os.unlink(entry.path)
+                removed += 1
+        except OSError:  # gone meanwhile, or not ours to remove
+            continue
+    if removed:
+        log.info("removed %d stale temporary telemetry file(s) beside %s (left by a killed run)", removed, path)
+    return removed
 
 
 class CallRecord(NamedTuple):

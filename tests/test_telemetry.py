@@ -79,3 +79,34 @@ def test_a_write_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path
     with pytest.raises(AttributeError):
         t.write_jsonl(path)
     assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["run.jsonl"]
+
+
+def test_temporary_files_a_killed_run_left_are_swept_when_the_next_file_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process killed mid-write leaves `.run.jsonl.<hex>.tmp`; the next TelemetryFile of that name removes such
+    files once untouched for a day. A fresh one (another process writing now), this process's own open file, other
+    names and other patterns stay."""
+    import os
+    import time
+
+    from tokenfuse.scheduling.telemetry import STALE_TMP_S, TelemetryFile
+
+    day_old = time.time() - STALE_TMP_S - 60
+    stale = tmp_path / ".run.jsonl.0123456789ab.tmp"
+    fresh = tmp_path / ".run.jsonl.ba9876543210.tmp"
+    other = tmp_path / ".other.jsonl.0123456789ab.tmp"
+    mine = tmp_path / "run.jsonl.0123456789ab.tmp"  # not the pattern (no leading dot)
+    for f in (stale, fresh, other, mine):
+        f.write_text("x")
+    for f in (stale, other, mine):
+        os.utime(f, (day_old, day_old))
+    monkeypatch.chdir(tmp_path)
+    first = TelemetryFile("run.jsonl")  # a relative path, as a bench or test may give
+    os.utime(first.tmp, (day_old, day_old))  # this process's own file, however long its series runs
+    second = TelemetryFile(tmp_path / "run.jsonl")
+    assert not stale.exists() and fresh.exists() and other.exists() and mine.exists()
+    assert (tmp_path / first.tmp).exists() and second.tmp.exists()
+    first.discard()
+    second.commit()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([fresh.name, other.name, mine.name, "run.jsonl"])
