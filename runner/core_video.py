@@ -22,7 +22,7 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from .core_refine import RefineName, make_refine
@@ -177,6 +177,7 @@ class _Video:
     refs: tuple[Any, ...] = ()
     key: str = ""
     blobs: dict[int, bytes] = field(default_factory=dict)
+    written: dict[int, list[tuple[str, bytes]]] = field(default_factory=dict)  # chunk -> the pack's files (telemetry)
     chunks: dict[int, dict[str, Any]] = field(default_factory=dict)
     files: list[tuple[str, bytes]] | None = None  # set when the item ended without chunks (failed, no faces)
 
@@ -222,7 +223,8 @@ def _prepare(pool: RayPool, index: int, item: Item, spec: CoreSpec) -> _Video:
 
 def chunk_outcome(out: Outcome) -> tuple[dict[str, Any], bytes | None]:
     """One chunk job's report entry (range, attempts, retries, worker, stats or error) and its video blob (None when
-    the chunk failed)."""
+    the chunk failed). The files a workflow chunk's nodes wrote (its stats' "written", chunk_files) stay out of the
+    report."""
     c = out.job[1]
     info: dict[str, Any] = {"index": c.index, "start": c.start, "stop": c.stop, "boundary": c.boundary}
     info["attempts"] = out.attempt
@@ -235,8 +237,23 @@ def chunk_outcome(out: Outcome) -> tuple[dict[str, Any], bytes | None]:
     if blob is None:
         info["error"] = stats.get("error", "chunk failed")
         return info, None
-    info.update(stats)
+    info.update({k: s for k, s in stats.items() if k != "written"})
     return info, blob
+
+
+def chunk_files(out: Outcome) -> list[tuple[str, bytes]]:
+    """(name, bytes) of the files a workflow chunk's nodes wrote besides its video (the schedule's telemetry JSONL,
+    named relative to ComfyUI's output folder: `tokenfuse/run.jsonl`), carried in its stats as "written"; none for a
+    failed or lost chunk."""
+    if out.value is None or out.value[0] is None:
+        return []
+    return [(str(name), bytes(data)) for name, data in out.value[1].get("written", [])]
+
+
+def chunk_file_name(name: str, index: int) -> str:
+    """`tokenfuse/run.jsonl` of chunk 2 -> `tokenfuse/run.chunk2.jsonl`: every chunk's file kept beside the video."""
+    path = PurePosixPath(name)
+    return str(path.with_name(f"{path.stem}.chunk{index}{path.suffix}"))
 
 
 def _record(v: _Video, out: Outcome) -> None:
@@ -244,6 +261,7 @@ def _record(v: _Video, out: Outcome) -> None:
     info, blob = chunk_outcome(out)
     if blob is not None:
         v.blobs[info["index"]] = blob
+        v.written[info["index"]] = chunk_files(out)
     v.chunks[info["index"]] = info
 
 
@@ -277,6 +295,7 @@ def _join(v: _Video, metadata: dict[str, str] | None = None) -> tuple[dict[str, 
         return row, []
     for k in ("frames", "faces", "key_frames", "flow_failures", "diffusion_runs", "crops_refined"):
         row[k] = sum(c[k] for c in row["chunks"])
+    files += [(chunk_file_name(n, i), data) for i in sorted(v.written) for n, data in v.written.pop(i)]
     row["join"] = "copied" if join.copied else f"re-encoded ({join.reason})"
     row.update(audio_packets=join.audio_packets, status="ok", time_s=v.elapsed())
     return row, files

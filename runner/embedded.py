@@ -29,6 +29,9 @@ PACK_DIR = Path(__file__).absolute().parents[1]
 REPORT_SLOTS = {"TokenFuseScheduledFusion": 2, "TokenFuseGFPGANEnhance": 2, "TokenFuseTokenSchedulerController": 1}
 
 
+# Where the pack's nodes write their own files (telemetry JSONL) under ComfyUI's output folder: nodes/glue/paths.py
+# output_dir() without $TOKENFUSE_OUTPUT_DIR (with it, the operator's folder keeps them).
+PACK_OUTPUT_SUBFOLDER = "tokenfuse"
 NAME_MAX_BYTES = 255  # one file-name component on ext4, APFS, NTFS (UTF-8 bytes; NTFS counts UTF-16 units, fewer)
 
 
@@ -150,6 +153,8 @@ class EmbeddedComfy:
         import torch
 
         prompt_id = str(uuid.uuid4())
+        pack_output = self.work / "output" / PACK_OUTPUT_SUBFOLDER
+        before = file_stamps(pack_output)
         valid, error, outputs, node_errors = asyncio.run(self._execution.validate_prompt(prompt_id, prompt, None))
         refused = validation_error(valid, error, node_errors)
         if refused:
@@ -178,6 +183,12 @@ class EmbeddedComfy:
         for e in (e for entries in saved.values() for e in entries):
             local = self.work / "output" / e.get("subfolder", "") / e["filename"]
             files.append(OutputFile(e["filename"], e.get("subfolder", ""), local.read_bytes, local))
+        saved_paths = {f.local for f in files}  # a save node's prefix `tokenfuse/...` writes into that folder too
+        written = [
+            OutputFile(path.name, PACK_OUTPUT_SUBFOLDER, path.read_bytes, path)
+            for path in changed_files(pack_output, before)
+            if path not in saved_paths
+        ]
         texts: dict[str, str] = {}
         for nid, node in prompt.items():
             slot = REPORT_SLOTS.get(node["class_type"])
@@ -185,7 +196,7 @@ class EmbeddedComfy:
             if cached is not None:
                 value = getattr(cached, "outputs", cached)[slot]
                 texts[nid] = "\n".join(str(v) for v in value)
-        return ExecResult(ok=True, outputs=files, texts=texts, peak_memory_mib=peak, memory_kind=kind)
+        return ExecResult(ok=True, outputs=files, texts=texts, written=written, peak_memory_mib=peak, memory_kind=kind)
 
     def interrupt(self) -> None:
         self._nodes.interrupt_processing(True)
@@ -193,6 +204,28 @@ class EmbeddedComfy:
     def close(self) -> None:
         if self._own_dir:
             shutil.rmtree(self.work, ignore_errors=True)
+
+
+def file_stamps(folder: Path) -> dict[str, tuple[int, int]]:
+    """name -> (mtime_ns, size) of the visible plain files directly in `folder` ({} when it does not exist)."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return {}
+    stamps = {}
+    for e in entries:
+        try:
+            if not e.name.startswith(".") and e.is_file(follow_symlinks=False):
+                st = e.stat(follow_symlinks=False)
+                stamps[e.name] = (st.st_mtime_ns, st.st_size)
+        except OSError:  # removed meanwhile
+            continue
+    return stamps
+
+
+def changed_files(folder: Path, before: dict[str, tuple[int, int]]) -> list[Path]:
+    """The files of `folder` that are new or changed since `before` (file_stamps), by name: what one prompt wrote."""
+    return [folder / name for name, stamp in sorted(file_stamps(folder).items()) if before.get(name) != stamp]
 
 
 def _peak_memory(cuda: bool) -> tuple[float | None, str]:

@@ -32,13 +32,17 @@ class OutputFile:
 
 @dataclass
 class ExecResult:
-    """The outcome of one prompt. `texts`: the pack's STRING report outputs per node id (embedded only)."""
+    """The outcome of one prompt. `texts`: the pack's STRING report outputs per node id (embedded only).
+    `written`: files the pack's nodes wrote into the engine's own output folder besides the save nodes' outputs (the
+    telemetry JSONL a schedule's `telemetry_jsonl` asks for; embedded only: that folder is temporary, a --server
+    ComfyUI keeps its own)."""
 
     ok: bool
     error: str = ""
     interrupted: bool = False
     outputs: list[OutputFile] = field(default_factory=list)
     texts: dict[str, str] = field(default_factory=dict)
+    written: list[OutputFile] = field(default_factory=list)
     peak_memory_mib: float | None = None
     memory_kind: str = ""
 

@@ -172,7 +172,7 @@ class RunnerWorker:
         video (its bytes are staged once per worker, whatever number of its chunks run here). Returns the chunk's
         MP4 (video only; None when the prompt failed), its stats (or {"error": ...}) and this worker's pid."""
         from .chunk_node import JOBS, ChunkJob
-        from .run import bind
+        from .run import bind, output_name
 
         names = {
             nid: self._inputs.stage(constant_key(n, b), n, b) for nid, (n, b) in constants.items() if nid in prompt
@@ -188,10 +188,14 @@ class RunnerWorker:
             result = self.engine.execute(staged)
             if not result.ok:
                 return None, {"error": result.error}, self.pid
-            return out.read_bytes(), JOBS[job].stats.counts(), self.pid
+            written = [
+                (output_name(f), f.read()) for f in result.written
+            ]  # the telemetry JSONL: core_video.chunk_files
+            return out.read_bytes(), {**JOBS[job].stats.counts(), "written": written}, self.pid
         finally:
             JOBS.pop(job, None)
             out.unlink(missing_ok=True)
+            self.engine.clear_outputs()  # what the chunk's nodes wrote is in `written` already
 
     def cleanup(self) -> None:
         """Delete this worker's scratch files and its ComfyUI work folder (inputs, outputs, temp previews: all in the

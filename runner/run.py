@@ -172,7 +172,7 @@ def process_item(
         row["peak_memory_mib"] = None if result.peak_memory_mib is None else round(result.peak_memory_mib, 1)
         row["memory_kind"] = result.memory_kind
         if result.ok:
-            files = [(output_name(out), out.read()) for out in result.outputs]
+            files = [(output_name(out), out.read()) for out in [*result.outputs, *result.written]]
             row.update(summarize_texts(result.texts))
             row["reports"] = result.texts
             row["status"] = "ok"

@@ -631,3 +631,50 @@ def test_staging_keeps_a_long_input_name_one_valid_file_name(tmp_path: Path) -> 
     assert name.startswith("00000_é") and name.endswith(".png") and len(name.encode()) <= 255
     assert staged_name("tokenfuse_0123abcd_", "中" * 85 + ".jpg").endswith("中.jpg")  # whole characters only
     assert staged_name("p_", "short name.png") == "p_short name.png"
+
+
+def test_files_the_pack_wrote_during_a_prompt_are_found_by_name_and_stamp(tmp_path: Path) -> None:
+    """The embedded engine's temporary output folder holds the pack's telemetry JSONL (`telemetry_jsonl`): what one
+    prompt wrote there (new or rewritten; hidden temporary files aside) is what it carries back with the item."""
+    import os
+
+    from tokenfuse.runner.embedded import changed_files, file_stamps
+
+    folder = tmp_path / "tokenfuse"
+    assert file_stamps(folder) == {}  # no folder yet: nothing written before the first run
+    folder.mkdir()
+    (folder / "kept.jsonl").write_text("earlier item\n")
+    (folder / "run.jsonl").write_text("earlier item\n")
+    before = file_stamps(folder)
+    (folder / "run.jsonl").write_text("this item, longer\n")
+    os.utime(folder / "kept.jsonl", ns=(before["kept.jsonl"][0], before["kept.jsonl"][0]))
+    (folder / "new.jsonl").write_text("{}\n")
+    (folder / ".new.jsonl.0123456789ab.tmp").write_text("half")
+    (folder / "sub").mkdir()
+    assert [p.name for p in changed_files(folder, before)] == ["new.jsonl", "run.jsonl"]
+
+
+def test_an_items_files_include_what_the_pack_wrote_besides_the_save_nodes(tmp_path: Path) -> None:
+    """A schedule's telemetry JSONL lives in the embedded engine's temporary output folder (removed when the run
+    ends, a Ray worker's with its scratch folder): the item carries it as `tokenfuse/<name>` next to the saved image,
+    so it lands in `<output>/<item>/tokenfuse/`."""
+    from tokenfuse.runner.engine import ExecResult, OutputFile
+    from tokenfuse.runner.items import Item
+    from tokenfuse.runner.run import process_item
+
+    class Engine:
+        def stage(self, path: Path) -> str:
+            return path.name
+
+        def execute(self, prompt: dict[str, Any], progress: Any = None) -> ExecResult:
+            image = OutputFile("fused_00001_.png", "", lambda: b"png")
+            jsonl = OutputFile("run.jsonl", "tokenfuse", lambda: b'{"summary": {}}\n')
+            return ExecResult(ok=True, outputs=[image], written=[jsonl])
+
+    photo = tmp_path / "a.png"
+    photo.write_bytes(b"x")
+    prompt = {"1": {"class_type": "LoadImage", "inputs": {"image": ""}}}
+    row, files = process_item(Engine(), prompt, "1", {}, Item(path=photo, name="a", kind="image"))  # type: ignore[arg-type]
+    assert row["status"] == "ok"
+    assert files == [("fused_00001_.png", b"png"), ("tokenfuse/run.jsonl", b'{"summary": {}}\n')]
+    assert save_outputs(files, tmp_path / "out" / "a")[1] == str(tmp_path / "out" / "a" / "tokenfuse" / "run.jsonl")

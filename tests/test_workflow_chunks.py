@@ -227,8 +227,32 @@ def test_chunk_outcomes_file_blobs_and_errors() -> None:
     )
     lost = Outcome(("item", c), 3, None, None, error="worker lost 3 time(s)")
     assert chunk_outcome(lost)[0]["error"] == "worker lost 3 time(s)" and chunk_outcome(lost)[1] is None
-    v = SimpleNamespace(blobs={}, chunks={})
+    v = SimpleNamespace(blobs={}, chunks={}, written={})
     _record(v, failed)  # type: ignore[arg-type]
-    assert v.blobs == {} and v.chunks[1]["error"].startswith("VideoReadError")
+    assert v.blobs == {} and v.written == {} and v.chunks[1]["error"].startswith("VideoReadError")
     _record(v, ok)  # type: ignore[arg-type]
-    assert v.blobs == {1: b"mp4"} and v.chunks[1]["worker"] == "w1"
+    assert v.blobs == {1: b"mp4"} and v.written == {1: []} and v.chunks[1]["worker"] == "w1"
+
+
+def test_a_workflow_chunks_telemetry_comes_back_beside_the_video_not_in_the_report() -> None:
+    """A RunnerWorker's chunk returns the files its nodes wrote (the schedule's telemetry JSONL) in its stats as
+    "written": they are filed on the video, one per chunk under its own name, and never land in the JSON report."""
+    from types import SimpleNamespace
+
+    from tokenfuse.runner.core_video import _record, chunk_file_name, chunk_files, chunk_outcome
+    from tokenfuse.runner.ray_pool import Outcome
+
+    c = SimpleNamespace(index=2, start=70, stop=105, boundary="gap")
+    stats = {"frames": 35, "written": [("tokenfuse/run.jsonl", b'{"summary": {}}\n')]}
+    ok = Outcome(("item", c), 1, None, (b"mp4", stats, "w1"))
+    info, blob = chunk_outcome(ok)
+    assert blob == b"mp4" and "written" not in info and info["frames"] == 35
+    assert json.dumps(info)  # the report row stays JSON
+    assert chunk_files(ok) == [("tokenfuse/run.jsonl", b'{"summary": {}}\n')]
+    v = SimpleNamespace(blobs={}, chunks={}, written={})
+    _record(v, ok)  # type: ignore[arg-type]
+    assert v.written == {2: [("tokenfuse/run.jsonl", b'{"summary": {}}\n')]}
+    failed = Outcome(("item", c), 1, None, (None, {"error": "boom", "written": [("x.jsonl", b"")]}, "w0"))
+    assert chunk_files(failed) == [] and chunk_files(Outcome(("item", c), 3, None, None, error="lost")) == []
+    assert chunk_file_name("tokenfuse/run.jsonl", 2) == "tokenfuse/run.chunk2.jsonl"
+    assert chunk_file_name("run", 0) == "run.chunk0"

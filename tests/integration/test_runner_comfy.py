@@ -176,11 +176,17 @@ def test_cli_demo_folder_bad_item_resume(comfyui_path: Path, photos: SimpleNames
     (folder / "a_astronaut.png").write_bytes(photos.astronaut.read_bytes())
     (folder / "b_broken.png").write_bytes(b"not a png at all")
     out = tmp_path / "out"
-    res = _cli(["--demo", str(folder), "-o", str(out), "--cpu", "--quiet", *SHRINK], tmp_path, timeout=600)
+    telemetry = ["--set", "schedule.schedule_text=telemetry_jsonl: run.jsonl"]  # YAML: kept as text by --set
+    res = _cli(["--demo", str(folder), "-o", str(out), "--cpu", "--quiet", *SHRINK, *telemetry], tmp_path, timeout=600)
     assert res.returncode == 1, res.stderr[-3000:]
     assert "1 ok, 1 failed" in res.stderr and "b_broken.png" in res.stderr
     rows = [json.loads(line) for line in (out / "report.jsonl").read_text().splitlines()]
     assert [r["status"] for r in rows] == ["ok", "failed"], rows
+    # the schedule's telemetry JSONL comes back with the item (the engine's output folder is temporary)
+    jsonl = out / "a_astronaut" / "tokenfuse" / "run.jsonl"
+    assert str(jsonl) in rows[0]["outputs"], rows[0]["outputs"]
+    summary = json.loads(jsonl.read_text().splitlines()[-1])["summary"]
+    assert summary["status"] == "complete" and summary["calls"] > 0, summary
     assert rows[0]["faces"] == 1 and rows[0]["fallbacks"] == [] and "LoadImage" in rows[1]["error"]
     fused = sorted((out / "a_astronaut").glob("*.png"))
     assert len(fused) == 1

@@ -56,6 +56,8 @@ def demo_video_prompt(defs: dict[str, Any]) -> dict[str, dict[str, Any]]:
         steps=2, cfg=1.0, denoise=0.5, guide_size=64, crf=0, preset="ultrafast", faces_per_batch=1
     )
     prompt[track]["inputs"].update(detect_size=160)
+    sched = next(n for n, k in kinds.items() if k == "TokenFuseTokenSchedulerController")
+    prompt[sched]["inputs"]["schedule_text"] = "telemetry_jsonl: video.jsonl"  # one file per video run / per chunk
     return prompt
 
 
@@ -108,8 +110,17 @@ def test_video_workflow_chunked_equals_one_worker(comfyui_path: Path, tmp_path: 
     assert row["chunks"][1]["attempts"] == 2 and "worker lost" in row["chunks"][1]["retried"][0], row
     assert row["join"] == "copied" and row["frames"] == 105 and row["diffusion_runs"] > 0, row
     assert row["tracks"] == 2 and row["cuts"] >= 2, row
-    (out,) = row["outputs"]
-    (ref_out,) = ref["outputs"]
+    out, *chunk_jsonl = row["outputs"]
+    ref_out, ref_jsonl = ref["outputs"]
+    # each chunk's telemetry comes back with the video (a worker's output folder goes with the pool's scratch)
+    assert [Path(p).relative_to(tmp_path / "chunked") for p in chunk_jsonl] == [
+        Path(clip.stem) / "tokenfuse" / f"video.chunk{i}.jsonl" for i in range(3)
+    ], row["outputs"]
+    # the workflow's SaveVideo writes into tokenfuse/ too: the item's files share it, so they are filed flat
+    assert Path(ref_jsonl).relative_to(tmp_path / "one") == Path(clip.stem) / "video.jsonl"
+    runs = [json.loads(Path(p).read_text().splitlines()[-1])["summary"] for p in (*chunk_jsonl, ref_jsonl)]
+    assert all(r["status"] == "complete" for r in runs), runs
+    assert sum(r["runs"] for r in runs[:3]) == row["diffusion_runs"] and runs[3]["runs"] > 0, (runs, row)
     assert Path(out).name == Path(ref_out).name  # named as the workflow's SaveVideo names it
     frames, expected, source = read_frames(Path(out)), read_frames(Path(ref_out)), read_frames(clip)
     assert len(frames) == len(expected) == len(source) == 105
