@@ -226,12 +226,32 @@ SCHEDULE_TEXTS = [
 ]
 
 
+CASES_TABLE = WEB / "test" / "schedule_cases.json"  # shared with web/test/schedule_check.test.mjs
+
+
+def test_shared_schedule_cases_hold_for_python() -> None:
+    """The table the chart's JS test checks against says what a run says: Python's message for each refused text
+    (the first bad `ratios` entry in the text's order), the levels it keeps for an accepted one."""
+    from tokenfuse.nodes.scheduler_node import schedule_from_widgets
+
+    table = json.loads(CASES_TABLE.read_text(encoding="utf-8"))
+    w = table["widgets"]
+    assert len(table["cases"]) >= 20
+    for case in table["cases"]:
+        assert _python_verdict(case["text"], w["preset"]) == case["error"], case["text"]
+        if case["error"] is None:
+            sched = schedule_from_widgets(w["preset"], w["strategy"], w["ratio"], w["family"], case["text"])
+            assert {str(k): v for k, v in sched.ratios.items()} == case["ratios"], case["text"]
+
+
 @needs_node
 def test_js_schedule_text_verdicts_match_python() -> None:
     """The chart refuses exactly the schedule_text a run refuses, with the server's message (JSON text; YAML is
     left to the run and only noted)."""
-    js = _js_verdicts(SCHEDULE_TEXTS)
-    for text, got in zip(SCHEDULE_TEXTS, js, strict=True):
+    table = [c["text"] for c in json.loads(CASES_TABLE.read_text(encoding="utf-8"))["cases"]]
+    texts = SCHEDULE_TEXTS + table
+    js = _js_verdicts(texts)
+    for text, got in zip(texts, js, strict=True):
         assert got == _python_verdict(text), text[:120]
 
 

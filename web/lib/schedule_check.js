@@ -3,8 +3,9 @@
 //
 // FIELD_CHECKS is a copy of the checks in Schedule.__post_init__, in their order (the first failing check names the
 // error, as in Python). tests/test_web_js.py probes every entry at and beyond its bounds against Python, so a range
-// changed on one side only fails a test. One known difference: with several bad `ratios` entries the two may name a
-// different one first (JS objects list integer-like keys first, Python keeps the text's order); both refuse the text.
+// changed on one side only fails a test; web/test/schedule_cases.json is a table of texts with the server's verdict
+// that both sides are tested against. Mappings keep the text's key order (JS objects would list integer-like keys
+// such as "16" and "8" first), so the first bad `ratios` entry is the one Python names. One known difference:
 // Python's int() also takes non-ASCII digits ("８"), which the chart refuses.
 
 export const MAX_RATIO = 0.9;
@@ -84,6 +85,9 @@ export function pyFloat(x) {
   return s.includes(".") ? s : `${s}.0`;
 }
 
+// What Python's repr() escapes: characters str.isprintable() rejects (other, separators), the space excepted.
+const NOT_PRINTABLE = /^[\p{Cc}\p{Cf}\p{Cs}\p{Co}\p{Cn}\p{Zl}\p{Zp}\p{Zs}]$/u;
+
 function pyStr(s) {
   const quote = s.includes("'") && !s.includes('"') ? '"' : "'";
   let out = "";
@@ -93,8 +97,10 @@ function pyStr(s) {
     else if (ch === "\n") out += "\\n";
     else if (ch === "\r") out += "\\r";
     else if (ch === "\t") out += "\\t";
-    else if (c < 0x20 || c === 0x7f) out += `\\x${c.toString(16).padStart(2, "0")}`;
-    else out += ch;
+    else if (ch !== " " && NOT_PRINTABLE.test(ch)) {
+      const [prefix, width] = c < 0x100 ? ["x", 2] : c < 0x10000 ? ["u", 4] : ["U", 8];
+      out += `\\${prefix}${c.toString(16).padStart(width, "0")}`;
+    } else out += ch;
   }
   return `${quote}${out}${quote}`;
 }
@@ -190,19 +196,49 @@ function nestingDepth(text) {
 
 const NUMBER_OR_STRING = /"(?:[^"\\]|\\.)*"|-?(?:0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?|-?Infinity|NaN/g;
 const MARK = "\u0000tokenfuse-number:";
+const KEY_MARK = "\u0000tokenfuse-key:"; // keeps every key non-integer-like while parsing: insertion order holds
+const KEY_ORDER = Symbol("tokenfuse.keyOrder");
+
+/** A parsed mapping's [key, value] pairs in the text's order (Python's dict order; duplicates: the last value). */
+export function entriesInTextOrder(obj) {
+  const order = obj?.[KEY_ORDER];
+  return order ? order.map((k) => [k, obj[k]]) : Object.entries(obj ?? {});
+}
+
+/** An object parsed with marked keys, with its real keys, and their text order kept under KEY_ORDER. */
+function unmarkKeys(marked) {
+  const out = {};
+  const order = [];
+  for (const key of Object.keys(marked)) {
+    const real = key.slice(KEY_MARK.length);
+    // defineProperty: a "__proto__" key stays a key, as in JSON.parse and Python
+    Object.defineProperty(out, real, { value: marked[key], enumerable: true, writable: true, configurable: true });
+    order.push(real);
+  }
+  Object.defineProperty(out, KEY_ORDER, { value: order });
+  return out;
+}
 
 /**
  * Python's json.loads for schedule text: numbers keep Python's int / float split (ints exact), NaN and Infinity
  * are accepted as Python accepts them. Returns {ok: true, data} or {ok: false} when the text is not JSON.
  */
 export function parseJsonLikePython(text) {
-  const marked = text.replace(NUMBER_OR_STRING, (tok, frac, exp) => {
-    if (tok.startsWith('"')) return tok;
+  const marked = text.replace(NUMBER_OR_STRING, (tok, frac, exp, offset, whole) => {
+    if (tok.startsWith('"')) {
+      if (!/^\s*:/.test(whole.slice(offset + tok.length))) return tok;
+      try {
+        return JSON.stringify(KEY_MARK + JSON.parse(tok)); // a key: marked so JS keeps the text's order
+      } catch {
+        return tok; // not a JSON string: JSON.parse below refuses the text
+      }
+    }
     const kind = frac !== undefined || exp !== undefined || /Infinity|NaN/.test(tok) ? "float" : "int";
     return JSON.stringify(`${MARK}${kind}:${tok}`);
   });
   try {
     const data = JSON.parse(marked, (_key, v) => {
+      if (v && typeof v === "object" && !Array.isArray(v) && !(v instanceof PyNumber)) return unmarkKeys(v);
       if (typeof v !== "string" || !v.startsWith(MARK)) return v;
       const [kind, tok] = v.slice(MARK.length).split(/:(.*)/s);
       if (kind === "int") return new PyNumber("int", BigInt(tok));
@@ -252,8 +288,8 @@ export function checkScheduleText(textValue, base = {}) {
   if (error) return { fields: null, error, yaml: false };
   const fields = plain(data);
   if ("ratios" in fields) {
-    // the levels as Schedule keeps them: int keys, the last of duplicates ("8" and "08") wins
-    fields.ratios = Object.fromEntries(Object.entries(fields.ratios).map(([k, x]) => [pyIntOfString(k), x]));
+    // the levels as Schedule keeps them: int keys, the last of duplicates ("8" and "08") in the text's order wins
+    fields.ratios = Object.fromEntries(entriesInTextOrder(data.ratios).map(([k, x]) => [pyIntOfString(k), plain(x)]));
   }
   return { fields, error: null, yaml: false };
 }
@@ -281,7 +317,7 @@ function validate(data, base) {
   if (!ratios || typeof ratios !== "object" || Array.isArray(ratios) || ratios instanceof PyNumber) {
     return `Schedule field 'ratios' must be a mapping {level: ratio}, got ${echo(ratios)}`;
   }
-  for (const [key, value] of Object.entries(ratios)) {
+  for (const [key, value] of entriesInTextOrder(ratios)) {
     const level = typeof key === "number" ? key : pyIntOfString(key);
     if (!LEVELS.includes(level)) return `Schedule field 'ratios' keys must be level factors (${LEVELS.join(", ")}), got ${echo(key)}`;
     const err = rangeError(`ratios[${level}]`, pyValue(value), "float", 0, MAX_RATIO);
@@ -309,9 +345,12 @@ function validate(data, base) {
   return null;
 }
 
-// Python sorts str by code point; JS's default sort compares UTF-16 units (the same for the ASCII field names).
+// Python sorts str by code point; JS's < compares UTF-16 units, which puts U+10000 and above before U+E000..U+FFFF.
 function pySort(a, b) {
-  return a < b ? -1 : a > b ? 1 : 0;
+  const x = Array.from(a, (ch) => ch.codePointAt(0));
+  const y = Array.from(b, (ch) => ch.codePointAt(0));
+  for (let i = 0; i < Math.min(x.length, y.length); i++) if (x[i] !== y[i]) return x[i] - y[i];
+  return x.length - y.length;
 }
 
 function plain(v) {

@@ -1,30 +1,36 @@
 import test from "node:test";
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
 
 import { resolveSchedule } from "../lib/pyramid.js";
-import { checkScheduleText, echo, parseJsonLikePython, pyFloat } from "../lib/schedule_check.js";
+import { checkScheduleText, echo, entriesInTextOrder, parseJsonLikePython, pyFloat } from "../lib/schedule_check.js";
 
-// What the server says for each text (scheduling/schedule.py; tests/test_web_js.py compares more cases live).
-const REFUSED = {
-  '{"protect_blocks": 99}': "Schedule field 'protect_blocks' must be an integer in [0, 64], got 99",
-  '{"protect_blocks": 2.0}': "Schedule field 'protect_blocks' must be an integer in [0, 64], got 2.0",
-  '{"ramp_step": 0.7}': "Schedule field 'ramp_step' must be a number in [0.0, 0.5], got 0.7",
-  '{"strategy": "bogus"}': "Schedule field 'strategy' must be one of ('tome', 'todo', 'topk'), got 'bogus'",
-  '{"pool": "max"}': "Schedule field 'pool' must be one of ('avg', 'nearest'), got 'max'",
-  '{"start_percent": 0.5, "end_percent": 0.2}': "Schedule field 'end_percent' must be >= start_percent (0.5), got 0.2",
-  '{"ratios": {"8": "0.5"}}': "Schedule field 'ratios[8]' must be a number in [0.0, 0.9], got '0.5'",
-  '{"ratios": {"8.0": 0.5}}': "Schedule field 'ratios' keys must be level factors (8, 16, 32, 64), got '8.0'",
-  '{"adaptive": NaN}': "Schedule field 'adaptive' must be a number in [0.0, 1.0], got nan",
-  '{"time_calls": 1}': "Schedule field 'time_calls' must be true or false, got 1",
-  '{"seed": 9223372036854775808}': "Schedule field 'seed' must be an integer in [0, 9223372036854775807], got 9223372036854775808",
-};
+// What a run says about each text (web/test/schedule_cases.json, shared with tests/test_web_js.py, which also checks
+// that Python still says it).
+const TABLE = JSON.parse(readFileSync(new URL("./schedule_cases.json", import.meta.url), "utf8"));
 
 test("schedule_text the server refuses is refused by the chart, with the server's message", () => {
-  for (const [text, message] of Object.entries(REFUSED)) {
-    const s = resolveSchedule({ preset: "balanced", schedule_text: text });
-    assert.equal(s.textError, message, text);
+  const refused = TABLE.cases.filter((c) => c.error !== null);
+  assert.ok(refused.length >= 10);
+  for (const { text, error } of refused) {
+    const s = resolveSchedule({ ...TABLE.widgets, schedule_text: text }, TABLE.widgets.family);
+    assert.equal(s.textError, error, text);
     assert.deepEqual(s.ratios, { 8: 0.75, 16: 0.75 }, "a refused text changes nothing in the chart");
   }
+});
+
+test("schedule_text the server accepts draws the levels the server keeps (text order: the last duplicate wins)", () => {
+  for (const c of TABLE.cases.filter((x) => x.error === null)) {
+    const s = resolveSchedule({ ...TABLE.widgets, schedule_text: c.text }, TABLE.widgets.family);
+    assert.equal(s.textError, null, c.text);
+    assert.deepEqual(Object.fromEntries(Object.entries(s.ratios).map(([k, v]) => [String(k), v])), c.ratios, c.text);
+  }
+});
+
+test("several bad ratios: the first in the text is named, as Python names it", () => {
+  const { error } = checkScheduleText('{"ratios": {"32": 2, "8": 2}}');
+  assert.match(error, /'ratios\[32\]'/);
+  assert.deepEqual(entriesInTextOrder(parseJsonLikePython('{"16": 1, "8": 2, "16": 3}').data).map(([k]) => k), ["16", "8"]);
 });
 
 test("schedule_text the server accepts is drawn", () => {
