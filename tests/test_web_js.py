@@ -61,6 +61,32 @@ def test_js_presets_match_python_schedule(family: str) -> None:
 
 
 @needs_node
+def test_js_dit_chart_matches_python_schedule() -> None:
+    """DiT has no U-Net levels: the chart draws one bar, the share of K/V the DiT override drops in every attention
+    call (dit_ratio), for every preset and the ratio / schedule_text widgets, and the run's level-0 stats mean DiT."""
+    from tokenfuse.nodes.scheduler_node import schedule_from_widgets
+
+    cases = [
+        {"preset": p, "strategy": "preset", "ratio": 0.0, "schedule_text": ""}
+        for p in ["off", "balanced", "lowvram_8gb", "lowvram_6gb", "lowvram_4gb"]
+    ] + [
+        {"preset": "balanced", "strategy": "tome", "ratio": 0.3, "schedule_text": ""},
+        {"preset": "lowvram_4gb", "strategy": "preset", "ratio": 0.0, "schedule_text": '{"dit_ratio": 0.2}'},
+    ]
+    js = _node_eval(
+        "import { chartFamily, resolveSchedule, pyramidSeries } from './lib/pyramid.js';"
+        f"const out = {json.dumps(cases)}.map((c) => {{ const s = resolveSchedule(c, 'dit');"
+        " return { protect: s.protectBlocks, strategy: s.strategy, series: pyramidSeries(s, 'dit') }; });"
+        "console.log(JSON.stringify({ out, family: chartFamily(undefined, [{ level: 0 }]) }));"
+    )
+    assert js["family"] == "dit"
+    for case, got in zip(cases, js["out"], strict=True):
+        sched = schedule_from_widgets(case["preset"], case["strategy"], case["ratio"], "dit", case["schedule_text"])
+        assert got["series"] == [{"index": 0, "level": 0, "ratio": pytest.approx(sched.dit_ratio)}], case
+        assert (got["protect"], got["strategy"]) == (sched.protect_blocks, sched.strategy), case
+
+
+@needs_node
 @pytest.mark.parametrize("family", ["sd15", "sdxl"])
 def test_js_widgets_match_python_schedule_from_widgets(family: str) -> None:
     """Widget values → chart: the same Schedule the node builds (preset, strategy, ratio, schedule_text)."""

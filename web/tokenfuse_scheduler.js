@@ -10,7 +10,7 @@ import { chartFamily, MAX_RATIO, pyramidSeries, resolveSchedule } from "./lib/py
 import { levelLabel, normalizeStats, removedFraction, StatsBook, statsLines } from "./lib/stats.js";
 import { openWorkflowOf, pagePrompts, wrapQueuePrompt } from "./lib/prompts.js";
 import { columnBars, levelColor, rowBars, windowSpan } from "./lib/layout.js";
-import { chartHeader, chartNote, familyFromModelName, legendText, linkedWidgets, percentText, wrapText } from "./lib/labels.js";
+import { chartHeader, chartNote, DIT_LEGEND, familyFromModelName, legendText, linkedWidgets, percentText, wrapText } from "./lib/labels.js";
 
 const NODE_TYPE = "TokenFuseTokenSchedulerController";
 const LINE = 13; // px per text line at the chart's 10 px font
@@ -112,7 +112,7 @@ function familyOf(node, values, stats) {
     return { family: chartFamily(undefined, stats.levels), source: "run" };
   }
   const widget = values.family ?? values.model_family;
-  if (widget === "sd15" || widget === "sdxl") return { family: widget, source: "checkpoint" };
+  if (widget === "sd15" || widget === "sdxl" || widget === "dit") return { family: widget, source: "checkpoint" };
   const guess = familyFromModelName(name);
   return guess ? { family: guess, source: "checkpoint" } : { family: "sd15", source: "default" };
 }
@@ -173,6 +173,12 @@ function drawPyramid(ctx, rect, node, values, stats, linked = []) {
   if (note.level !== "info" && noteLines.length > 1) {
     const second = noteLines.length > 2 ? `${wrapText(noteLines.slice(1).join(" "), rect.w - 12, measureWith(ctx))[0]} …` : noteLines[1];
     text(ctx, second, rect.x, legendY, noteColor);
+    return;
+  }
+  if (family === "dit") {
+    // one bar, no U-Net levels: say so rather than a legend of levels
+    const fitted = wrapText(DIT_LEGEND, rect.w, measureWith(ctx))[0] ?? "";
+    text(ctx, fitted === DIT_LEGEND ? fitted : `${fitted}…`, rect.x, legendY, DIM);
     return;
   }
   // Legend on its own line: the level colours and what /8 … /64 means.

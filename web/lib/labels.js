@@ -38,12 +38,19 @@ export function percentText(ratio) {
 export function chartHeader(schedule, values, family, familySource) {
   const fam = FAMILY_LABELS[family] ?? family;
   const src = familySource === "run" ? "from the last run" : familySource === "checkpoint" ? "from the checkpoint name" : "assumed";
-  const anyOn = Object.values(schedule.ratios ?? {}).some((r) => r > 0);
-  if (!anyOn) return `% of tokens removed per block · ${fam} (${src}) · preset ${schedule.preset}: nothing removed`;
+  const dit = family === "dit";
+  // DiT: one sequence, no U-Net blocks or levels; the strategy widget does not apply (top-K keys always)
+  const what = dit ? "% of K/V tokens dropped per attention call" : "% of tokens removed per block";
+  const anyOn = dit ? schedule.ditRatio > 0 : Object.values(schedule.ratios ?? {}).some((r) => r > 0);
+  if (!anyOn) return `${what} · ${fam} (${src}) · preset ${schedule.preset}: nothing removed`;
   const ratio = Number(values?.ratio);
   const detail = ratio > 0 ? ` · ratio ${ratio.toFixed(2)}` : "";
-  return `% of tokens removed per block · ${fam} (${src}) · ${schedule.preset} · ${strategyText(values?.strategy, schedule.strategy)}${detail}`;
+  const strategy = dit ? STRATEGY_LABELS.topk : strategyText(values?.strategy, schedule.strategy);
+  return `${what} · ${fam} (${src}) · ${schedule.preset} · ${strategy}${detail}`;
 }
+
+/** What the DiT chart's one bar means (the chart is per U-Net level; DiT models have none). */
+export const DIT_LEGEND = "DiT: one bar for every attention call (no U-Net levels; the bars are per level for U-Nets)";
 
 /** The legend: what the /8 … /64 colours mean. */
 export function legendText(levels) {
@@ -116,12 +123,15 @@ export function isWarning(line) {
 
 /**
  * The model family a checkpoint / UNet file name suggests, before any run: "sdxl" for SDXL-family names
- * (sd_xl_base_1.0, juggernautXL_v9, ponyDiffusionV6XL, RealVisXL), else null (the chart keeps its default).
+ * (sd_xl_base_1.0, juggernautXL_v9, ponyDiffusionV6XL, RealVisXL), "dit" for the DiT families the scheduler reaches
+ * (flux1-dev, wan2.1_t2v, qwen_image, hunyuan_video, ltx-video), else null (the chart keeps its default).
  */
 export function familyFromModelName(name) {
   if (typeof name !== "string" || !name) return null;
   const base = name.split(/[\\/]/).pop().toLowerCase();
-  return /sd_?xl|xl(?![a-z])/.test(base) ? "sdxl" : null;
+  if (/sd_?xl|xl(?![a-z])/.test(base)) return "sdxl";
+  // DiT families the scheduler reaches through the attention override (DESIGN.md §5)
+  return /flux|(^|[^a-z])wan_?2|qwen[_-]?image|hunyuan[_-]?video|(^|[^a-z])ltx/.test(base) ? "dit" : null;
 }
 
 /**

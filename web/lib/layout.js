@@ -44,7 +44,7 @@ export function windowSpan(startPercent, endPercent, rect) {
   return { x: rect.x + s * rect.w, y: rect.y, w: (e - s) * rect.w, h: rect.h };
 }
 
-/** Stable colour per U-Net level (factor 8, 16, 32, 64; others grey). */
+/** Stable colour per U-Net level (factor 8, 16, 32, 64), DiT's one level (0); others grey. */
 export function levelColor(level) {
-  return { 8: "#4fa3e0", 16: "#59c27a", 32: "#e0b44f", 64: "#d9675b" }[level] ?? "#999999";
+  return { 0: "#a98be0", 8: "#4fa3e0", 16: "#59c27a", 32: "#e0b44f", 64: "#d9675b" }[level] ?? "#999999";
 }

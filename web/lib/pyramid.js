@@ -72,12 +72,12 @@ export function presetSchedule(name, family = "sd15") {
   if (name === "off") return d;
   if (name === "balanced") {
     if (family === "sdxl") return { ...d, strategy: "todo", ratios: { 16: 0.75, 32: 0.5 }, protectBlocks: 0 };
-    if (family === "dit") return { ...d, strategy: "topk", ditRatio: 0.5, protectBlocks: 2 };
+    if (family === "dit") return { ...d, strategy: "topk", ditRatio: 0.5, protectBlocks: 0 };
     return { ...d, strategy: "todo", ratios: { 8: 0.75, 16: 0.75 }, protectBlocks: 0 };
   }
   const table = LOWVRAM[name];
   if (!table) return null;
-  if (family === "dit") return { ...d, strategy: "topk", ditRatio: table.dit, protectBlocks: 1 };
+  if (family === "dit") return { ...d, strategy: "topk", ditRatio: table.dit, protectBlocks: 0 };
   return {
     ...d,
     strategy: "todo",
@@ -145,20 +145,31 @@ export function resolveSchedule(values, family = "sd15") {
 }
 
 /**
+ * The level DiT runs report (scheduling/dit_override.py records every attention call at level 0): DiT models have no
+ * U-Net levels, their tokens are one sequence at one resolution.
+ */
+export const DIT_LEVEL = 0;
+
+/**
  * Model family for the chart: a `family` widget when the node has one, else what the last run's stats showed
- * (SDXL has attention only at /16 and /32), else SD1.5.
+ * (SDXL has attention only at /16 and /32, DiT reports the one level DIT_LEVEL), else SD1.5.
  * @param {string|undefined} widgetFamily
  * @param {{level: number}[]|undefined} statsLevels
  */
 export function chartFamily(widgetFamily, statsLevels) {
-  if (widgetFamily === "sd15" || widgetFamily === "sdxl") return widgetFamily;
+  if (widgetFamily === "sd15" || widgetFamily === "sdxl" || widgetFamily === "dit") return widgetFamily;
   const levels = Array.isArray(statsLevels) ? statsLevels.map((l) => l?.level) : [];
+  if (levels.length && levels.every((lv) => lv === DIT_LEVEL)) return "dit";
   if (levels.length && levels.every((lv) => lv === 16 || lv === 32)) return "sdxl";
   return "sd15";
 }
 
-/** Chart series: one bar per transformer index with its level and ratio. */
+/**
+ * Chart series: one bar per transformer index with its level and ratio. DiT: one bar at DIT_LEVEL, the share of
+ * K/V dropped in every attention call (dit_ratio; ComfyUI's DiT models give attention no block index to protect).
+ */
 export function pyramidSeries(schedule, family = "sd15") {
+  if (family === "dit") return [{ index: 0, level: DIT_LEVEL, ratio: round4(clamp(num(schedule.ditRatio, 0), 0, MAX_RATIO)) }];
   const levels = BLOCK_LEVELS[family] ?? BLOCK_LEVELS.sd15;
   return levels.map((level, index) => ({ index, level, ratio: ratioFor(schedule.ratios?.[level] ?? 0, index, schedule) }));
 }

@@ -176,10 +176,14 @@ export function removedFraction(level) {
   return 1 - keptFraction(level);
 }
 
-/** Label of one level's bar, in the chart's unit: "/8  4.1k → 2.5k tokens, −40 % removed". */
+/**
+ * Label of one level's bar, in the chart's unit: "/8  4.1k → 2.5k tokens, −40 % removed"; a DiT run's one level
+ * (0: no U-Net levels, scheduling/dit_override.py) is "DiT  4.1k → 2k K/V tokens, −50 % removed".
+ */
 export function levelLabel(level) {
   const pct = Math.round(removedFraction(level) * 100);
-  return `/${level.level}  ${formatTokens(level.tokensIn)} → ${formatTokens(level.tokensOut)} tokens, −${pct} % removed`;
+  const [name, unit] = level.level === 0 ? ["DiT", "K/V tokens"] : [`/${level.level}`, "tokens"];
+  return `${name}  ${formatTokens(level.tokensIn)} → ${formatTokens(level.tokensOut)} ${unit}, −${pct} % removed`;
 }
 
 /** Header lines for the node: progress, step time and peak memory, then the summary when the run is done. */

@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  chartHeader, familyFromModelName, isWarning, legendText, orderTemplates, percentText, reportLines, strategyText, wrapText,
+  chartHeader, DIT_LEGEND, familyFromModelName, isWarning, legendText, orderTemplates, percentText, reportLines, strategyText, wrapText,
   chartNote, linkedWidgets,
 } from "../lib/labels.js";
 import { pyramidSeries, resolveSchedule } from "../lib/pyramid.js";
@@ -75,9 +75,20 @@ test("the checkpoint name tells SDXL before any run", () => {
   for (const n of ["sd_xl_base_1.0.safetensors", "juggernautXL_v9.safetensors", "ponyDiffusionV6XL.safetensors", "SDXL/realvisxl_v4.safetensors", "sdxl_lightning_4step.safetensors"]) {
     assert.equal(familyFromModelName(n), "sdxl", n);
   }
-  for (const n of ["v1-5-pruned-emaonly-fp16.safetensors", "pixlart.safetensors", "xlabs_flux.safetensors", "", undefined]) {
+  for (const n of ["v1-5-pruned-emaonly-fp16.safetensors", "pixlart.safetensors", "swan_v2.safetensors", "", undefined]) {
     assert.equal(familyFromModelName(n), null, String(n));
   }
+  for (const n of ["flux1-dev-fp8.safetensors", "xlabs_flux.safetensors", "wan2.1_t2v_1.3B_fp16.safetensors", "qwen_image_fp8_e4m3fn.safetensors", "hunyuan_video_t2v_720p_bf16.safetensors", "ltx-video-2b-v0.9.safetensors"]) {
+    assert.equal(familyFromModelName(n), "dit", n);
+  }
+});
+
+test("a DiT chart says what its one bar is: K/V dropped per attention call, no U-Net levels", () => {
+  const values = { preset: "balanced", strategy: "tome" };
+  const h = chartHeader(resolveSchedule(values, "dit"), values, "dit", "run");
+  assert.match(h, /^% of K\/V tokens dropped per attention call · DiT \(from the last run\) · balanced · top-K keys$/);
+  assert.match(chartHeader(resolveSchedule({ preset: "off" }, "dit"), { preset: "off" }, "dit", "default"), /nothing removed$/);
+  assert.match(DIT_LEGEND, /no U-Net levels/);
 });
 
 test("templates are ordered by GPU budget, 4 GB first", () => {

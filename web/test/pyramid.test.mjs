@@ -89,5 +89,18 @@ test("chart family: widget, then the levels the last run reported, then SD1.5", 
   assert.equal(chartFamily(undefined, [{ level: 16 }, { level: 32 }]), "sdxl");
   assert.equal(chartFamily(undefined, [{ level: 8 }, { level: 16 }]), "sd15");
   assert.equal(chartFamily(undefined, []), "sd15");
-  assert.equal(chartFamily("dit", null), "sd15");
+  assert.equal(chartFamily("dit", null), "dit");
+  assert.equal(chartFamily(undefined, [{ level: 0 }]), "dit", "a DiT run reports its one level as 0");
+});
+
+test("DiT: one bar, the preset's dit_ratio (never an SD1.5 pyramid of zeros)", () => {
+  for (const [preset, ratio] of [["off", 0], ["balanced", 0.5], ["lowvram_8gb", 0.6], ["lowvram_6gb", 0.65], ["lowvram_4gb", 0.75]]) {
+    const s = presetSchedule(preset, "dit");
+    assert.equal(s.protectBlocks, preset === "off" ? 2 : 0, preset); // preset_schedule(..., "dit")
+    assert.deepEqual(pyramidSeries(s, "dit"), [{ index: 0, level: 0, ratio }], preset);
+  }
+  const widgets = resolveSchedule({ preset: "balanced", ratio: 0.3 }, "dit");
+  assert.deepEqual(pyramidSeries(widgets, "dit"), [{ index: 0, level: 0, ratio: 0.3 }]);
+  const text = resolveSchedule({ preset: "balanced", schedule_text: '{"dit_ratio": 0.2}' }, "dit");
+  assert.deepEqual(pyramidSeries(text, "dit"), [{ index: 0, level: 0, ratio: 0.2 }]);
 });

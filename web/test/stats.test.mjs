@@ -56,6 +56,7 @@ test("formatting helpers", () => {
 test("level label and removed fraction use the chart's unit", () => {
   const l = { level: 8, tokensIn: 4096, tokensOut: 2458 };
   assert.equal(levelLabel(l), "/8  4.1k → 2.5k tokens, −40 % removed"); // one unit: removed, as on the bars
+  assert.equal(levelLabel({ level: 0, tokensIn: 4096, tokensOut: 2048 }), "DiT  4.1k → 2.0k K/V tokens, −50 % removed");
   assert.equal(keptFraction({ level: 8, tokensIn: 0, tokensOut: 0 }), 1);
   assert.equal(removedFraction({ level: 8, tokensIn: 0, tokensOut: 0 }), 0);
   assert.ok(Math.abs(removedFraction(l) - 0.3999) < 1e-3);
