@@ -46,11 +46,11 @@ export function normalizeStats(detail) {
 
 /**
  * The stats a node shows after an event: the new event, with fields it leaves empty (the final event of a run
- * usually carries no step time or level counts) kept from the previous event of the same run.
+ * usually carries no step time or level counts) kept from the previous event of the same run (same prompt).
  */
 export function mergeStats(prev, next) {
   if (!next) return prev ?? null;
-  if (!prev || next.step < prev.step) return next;
+  if (!prev || next.step < prev.step || prev.promptId !== next.promptId) return next;
   return {
     ...next,
     stepTimeS: next.stepTimeS ?? prev.stepTimeS,
@@ -98,10 +98,17 @@ export class StatsBook {
     this.prompts = prompts;
   }
 
-  /** A run started: that workflow's numbers are cleared. Returns the workflow key. */
+  /**
+   * A run started: that workflow's numbers become its previous run's (shown as such). They are kept until this run
+   * sends numbers for the same node, never dropped by the start itself: a run without the node (a workflow with no
+   * TokenSchedulerController, the node bypassed, another client's prompt) keeps the last report of the run that
+   * had it. Returns the workflow key.
+   */
   start(promptId, fallback) {
     const workflow = this.prompts.start(promptId, fallback);
-    this.byWorkflow.delete(workflow);
+    const nodes = this.byWorkflow.get(workflow);
+    const run = typeof promptId === "string" && promptId ? promptId : null;
+    for (const [key, stats] of nodes ?? []) if (run === null || stats.promptId !== run) nodes.set(key, { ...stats, previous: true });
     return workflow;
   }
 
@@ -111,6 +118,10 @@ export class StatsBook {
     let nodes = this.byWorkflow.get(workflow);
     if (!nodes) this.byWorkflow.set(workflow, (nodes = new Map()));
     const key = stats.node ?? "*";
+    if (key === "*") {
+      // an event for every node: a node's own numbers from earlier runs would hide it (get() prefers them)
+      for (const [k, s] of nodes) if (s.promptId !== stats.promptId || s.previous) nodes.delete(k);
+    }
     const merged = mergeStats(nodes.get(key), stats);
     nodes.delete(key); // most recent last
     nodes.set(key, merged);
@@ -191,12 +202,14 @@ export function statsLines(stats) {
   if (!stats) return [];
   // a run cancelled or failed still sends its final event (with the summary), at the step it reached
   let head = stats.final ? `done ${stats.steps} steps` : `step ${stats.step}/${stats.steps}`;
+  // a run of the workflow started since (a new run's numbers replace these when they come)
+  const previous = stats.previous ? "previous run: " : "";
   // the server says how the run ended; older packs do not: a final step short of the steps meant stopped (a sampler
   // without a per-step callback can end a complete run short, so the status wins where it is given)
   const stopped = stats.status ? stats.status !== "complete" : stats.step < stats.steps;
   if (stats.final && stopped) head = `${stats.status === "failed" ? "failed" : "stopped"} at step ${stats.step}/${stats.steps}`;
   else if (!stats.final && stats.stopped) head = `stopped at step ${stats.step}/${stats.steps} (${stats.stopped})`;
-  const lines = [`${head} · ${formatSeconds(stats.stepTimeS)}/step · peak ${formatMemMb(stats.peakMemMb)}`];
+  const lines = [`${previous}${head} · ${formatSeconds(stats.stepTimeS)}/step · peak ${formatMemMb(stats.peakMemMb)}`];
   if (stats.final && stats.summary) lines.push(stats.summary);
   return lines;
 }

@@ -158,3 +158,28 @@ test("the final event's status decides, where the server sends it", () => {
   assert.equal(lines({ status: "failed" })[0].split(" · ")[0], "failed at step 17/20");
   assert.equal(lines({ status: "bogus" })[0].split(" · ")[0], "stopped at step 17/20"); // unknown: as older packs
 });
+
+test("a run without the node keeps the summary of the last run that had it, marked as the previous run", () => {
+  const book = new StatsBook();
+  const tab = { path: "a.json" };
+  book.prompts.queued(tab)("p1");
+  book.start("p1", tab);
+  book.add(normalizeStats({ ...EVENT, prompt_id: "p1" }), tab);
+  book.add(normalizeStats({ ...EVENT, step: 20, steps: 20, levels: [], final: true, status: "complete", summary: "TokenFuse: p1", prompt_id: "p1" }), tab);
+  // the same tab queues a run with no TokenSchedulerController in it (bypassed, deleted, another workflow loaded)
+  book.prompts.queued(tab)("p2");
+  book.start("p2", tab);
+  const kept = book.get(tab, 12);
+  assert.equal(kept?.summary, "TokenFuse: p1", "the start of a run without the node cleared its report");
+  assert.deepEqual(statsLines(kept), ["previous run: done 20 steps · 410 ms/step · peak 3.05 GiB", "TokenFuse: p1"]);
+  // a run that has the node replaces its numbers with its own, nothing carried over from p1
+  book.start("p3", tab);
+  book.add(normalizeStats({ ...EVENT, step: 3, levels: [], prompt_id: "p3", step_time_s: null }), tab);
+  assert.equal(book.get(tab, 12).summary, null);
+  assert.deepEqual(book.get(tab, 12).levels, [], "levels of another run are not merged in");
+  assert.equal(statsLines(book.get(tab, 12))[0], "step 3/20 · —/step · peak 3.05 GiB");
+  // an event for every node (no node id) is not hidden by a node's own numbers from an earlier run
+  book.start("p4", tab);
+  book.add(normalizeStats({ ...EVENT, node: null, step: 2, prompt_id: "p4" }), tab);
+  assert.equal(book.get(tab, 12).step, 2);
+});
