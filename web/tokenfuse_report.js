@@ -10,7 +10,7 @@
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { reportLines, wrapText } from "./lib/labels.js";
-import { openWorkflowOf, pagePrompts, wrapQueuePrompt } from "./lib/prompts.js";
+import { forgetClosed, isOpenWorkflowOf, openWorkflowOf, pagePrompts, touch, wrapQueuePrompt } from "./lib/prompts.js";
 
 const LINE = 13;
 const WIDGET = "tokenfuse_report";
@@ -34,8 +34,16 @@ function openWorkflow() {
 }
 
 function clearedOf(workflow) {
-  if (!cleared.has(workflow)) cleared.set(workflow, new Set());
+  if (!touch(cleared, workflow)) {
+    cleared.set(workflow, new Set());
+    forgetClosedTabs();
+  }
   return cleared.get(workflow);
+}
+
+// closed tabs' entries go (and the least recently used beyond a bound): a long session opens and closes many tabs
+function forgetClosedTabs() {
+  forgetClosed(cleared, (workflow) => isOpenWorkflowOf(app, workflow, ANY_WORKFLOW));
 }
 
 function inRoot(node) {
@@ -140,6 +148,7 @@ app.registerExtension({
     // queued it (another tab's run leaves this tab's reports alone)
     api.addEventListener("execution_start", (event) => {
       const open = openWorkflow();
+      forgetClosedTabs();
       if (pagePrompts.start(event?.detail?.prompt_id, open) !== open) return;
       const ids = clearedOf(open);
       for (const node of allNodes()) {

@@ -8,7 +8,7 @@ import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { chartFamily, MAX_RATIO, pyramidSeries, resolveSchedule } from "./lib/pyramid.js";
 import { levelLabel, normalizeStats, removedFraction, StatsBook, statsLines } from "./lib/stats.js";
-import { openWorkflowOf, pagePrompts, wrapQueuePrompt } from "./lib/prompts.js";
+import { isOpenWorkflowOf, openWorkflowOf, pagePrompts, wrapQueuePrompt } from "./lib/prompts.js";
 import { columnBars, levelColor, rowBars, windowSpan } from "./lib/layout.js";
 import { chartHeader, chartNote, DIT_LEGEND, familyFromModelName, legendText, linkedWidgets, percentText, wrapText } from "./lib/labels.js";
 
@@ -292,16 +292,25 @@ function watchWidgets(node) {
   }
 }
 
+/** The numbers of closed workflow tabs go (a long session opens and closes many). */
+function forgetClosedTabs() {
+  book.retain((workflow) => isOpenWorkflowOf(app, workflow, ANY_WORKFLOW));
+}
+
 function onStats(event) {
   const stats = normalizeStats(event?.detail);
   if (!stats) return;
   const open = openWorkflow();
-  if (book.add(stats, open) === open) redrawCanvas();
+  const filed = book.add(stats, open);
+  forgetClosedTabs();
+  if (filed === open) redrawCanvas();
 }
 
 function onExecutionStart(event) {
   const open = openWorkflow();
-  if (book.start(event?.detail?.prompt_id, open) === open) redrawCanvas();
+  const started = book.start(event?.detail?.prompt_id, open);
+  forgetClosedTabs();
+  if (started === open) redrawCanvas();
 }
 
 app.registerExtension({

@@ -6,6 +6,8 @@
 // arrive. A workflow key is anything with identity: the frontend's workflow object, or a string.
 
 const PROMPTS_KEPT = 64;
+/** Workflow tabs whose per-tab state (live stats, cleared reports) is kept at most, most recently used first. */
+export const WORKFLOWS_KEPT = 16;
 
 export class PromptWorkflows {
   constructor() {
@@ -78,6 +80,37 @@ export function wrapQueuePrompt(api, openWorkflow, tracker = pagePrompts) {
   queuePrompt.__tokenfuse = true;
   api.queuePrompt = queuePrompt;
   return true;
+}
+
+/**
+ * Per-tab state of closed tabs goes: keys of `map` (workflow keys) for which isOpen(key) is false are deleted, then
+ * the least recently used beyond `kept` (a Map iterates oldest first; touch() moves a key last). Returns the map.
+ */
+export function forgetClosed(map, isOpen, kept = WORKFLOWS_KEPT) {
+  for (const key of [...map.keys()]) if (!isOpen(key)) map.delete(key);
+  while (map.size > kept) map.delete(map.keys().next().value);
+  return map;
+}
+
+/** Mark `key` of `map` as used now (last in iteration order); returns its value. */
+export function touch(map, key) {
+  const value = map.get(key);
+  if (map.delete(key)) map.set(key, value);
+  return value;
+}
+
+/**
+ * Whether a workflow key is a tab still open in the frontend (the workflow store's isOpen); true where that cannot
+ * be told (`none`, the one key of frontends without tabs, an older store), so nothing is dropped on a guess.
+ */
+export function isOpenWorkflowOf(app, workflow, none) {
+  if (workflow === none) return true;
+  try {
+    const isOpen = app?.extensionManager?.workflow?.isOpen;
+    return typeof isOpen === "function" ? isOpen(workflow) !== false : true;
+  } catch {
+    return true;
+  }
 }
 
 /** The open workflow tab of the frontend (ComfyUI frontend >= 1.x: app.extensionManager.workflow), or `none`. */

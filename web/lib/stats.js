@@ -13,7 +13,7 @@
 //   "status": null | "complete" | "cancelled" | "failed"   // how the run ended, set on the final event
 // }
 
-import { PromptWorkflows } from "./prompts.js";
+import { forgetClosed, PromptWorkflows, touch, WORKFLOWS_KEPT } from "./prompts.js";
 
 /**
  * A clean copy of an event payload, or null when it is not a usable stats payload.
@@ -93,9 +93,15 @@ export function matchEventToNodes(eventNode, candidates) {
  * numbers. Keyed by node id, not by node object: undo, redo and a tab switch rebuild the node objects.
  */
 export class StatsBook {
-  constructor(prompts = new PromptWorkflows()) {
+  constructor(prompts = new PromptWorkflows(), kept = WORKFLOWS_KEPT) {
     this.byWorkflow = new Map(); // workflow key -> Map(event node id ("12", "7:12", "*" = every node) -> stats)
     this.prompts = prompts;
+    this.kept = kept; // workflows kept at most, least recently used dropped first: a long session stays bounded
+  }
+
+  /** Drop the numbers of workflows closed since (isOpen(workflow) false), and the oldest beyond the bound. */
+  retain(isOpen) {
+    forgetClosed(this.byWorkflow, isOpen, this.kept);
   }
 
   /**
@@ -106,7 +112,7 @@ export class StatsBook {
    */
   start(promptId, fallback) {
     const workflow = this.prompts.start(promptId, fallback);
-    const nodes = this.byWorkflow.get(workflow);
+    const nodes = touch(this.byWorkflow, workflow);
     const run = typeof promptId === "string" && promptId ? promptId : null;
     for (const [key, stats] of nodes ?? []) if (run === null || stats.promptId !== run) nodes.set(key, { ...stats, previous: true });
     return workflow;
@@ -115,8 +121,9 @@ export class StatsBook {
   /** File a normalized event; returns the workflow key it went to. */
   add(stats, fallback) {
     const workflow = this.prompts.workflowOf(stats.promptId, fallback);
-    let nodes = this.byWorkflow.get(workflow);
+    let nodes = touch(this.byWorkflow, workflow);
     if (!nodes) this.byWorkflow.set(workflow, (nodes = new Map()));
+    forgetClosed(this.byWorkflow, () => true, this.kept);
     const key = stats.node ?? "*";
     if (key === "*") {
       // an event for every node: a node's own numbers from earlier runs would hide it (get() prefers them)

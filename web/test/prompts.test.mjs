@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { PromptWorkflows, wrapQueuePrompt } from "../lib/prompts.js";
+import { forgetClosed, isOpenWorkflowOf, PromptWorkflows, touch, wrapQueuePrompt, WORKFLOWS_KEPT } from "../lib/prompts.js";
 
 test("queuePrompt is wrapped once and files each prompt under the tab open when it was queued", async () => {
   let open = "tab A";
@@ -30,4 +30,19 @@ test("a refused queue request leaves nothing pending", async () => {
   await assert.rejects(api.queuePrompt(0, {}));
   assert.deepEqual(tracker.pending, []);
   assert.equal(tracker.workflowOf("other", "tab B"), "tab B");
+});
+
+test("per-tab state: closed tabs are forgotten, the least recently used beyond the bound too", () => {
+  const map = new Map([["a", 1], ["b", 2], ["c", 3]]);
+  assert.deepEqual([...forgetClosed(map, (k) => k !== "b").keys()], ["a", "c"]);
+  touch(map, "a");
+  assert.deepEqual([...forgetClosed(map, () => true, 1).keys()], ["a"], "the most recently used is kept");
+  // the frontend's workflow store says which tabs are open (by path); no store, or the one key without tabs: kept
+  const wa = { path: "a.json" };
+  const app = { extensionManager: { workflow: { isOpen: (w) => w.path === "b.json" } } };
+  assert.equal(isOpenWorkflowOf(app, wa, "none"), false);
+  assert.equal(isOpenWorkflowOf(app, "none", "none"), true);
+  assert.equal(isOpenWorkflowOf({}, wa, "none"), true);
+  assert.equal(isOpenWorkflowOf({ extensionManager: { workflow: { isOpen: () => { throw new Error("x"); } } } }, wa, "none"), true);
+  assert.ok(WORKFLOWS_KEPT >= 8);
 });

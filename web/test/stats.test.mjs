@@ -183,3 +183,23 @@ test("a run without the node keeps the summary of the last run that had it, mark
   book.add(normalizeStats({ ...EVENT, node: null, step: 2, prompt_id: "p4" }), tab);
   assert.equal(book.get(tab, 12).step, 2);
 });
+
+test("live stats of closed workflow tabs are dropped, and a long session stays bounded", () => {
+  const book = new StatsBook(undefined, 4);
+  const tabs = Array.from({ length: 40 }, (_, i) => ({ path: `w${i}.json` }));
+  tabs.forEach((tab, i) => {
+    book.prompts.queued(tab)(`p${i}`);
+    book.start(`p${i}`, tab);
+    book.add(normalizeStats({ ...EVENT, prompt_id: `p${i}` }), tab);
+  });
+  assert.equal(book.byWorkflow.size, 4, "every tab of the session was kept");
+  assert.equal(book.get(tabs[39], 12).step, 3, "the most recent tab keeps its numbers");
+  book.start("p38", tabs[38]); // a tab in use again is not the first to go
+  book.add(normalizeStats({ ...EVENT, prompt_id: "p-new" }), { path: "new.json" });
+  assert.notEqual(book.get(tabs[38], 12), null);
+  assert.equal(book.get(tabs[36], 12), null);
+  // closing tabs drops their numbers at once
+  const open = new Set([tabs[39]]);
+  book.retain((w) => open.has(w));
+  assert.deepEqual([...book.byWorkflow.keys()], [tabs[39]]);
+});
