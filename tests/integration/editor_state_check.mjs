@@ -133,6 +133,40 @@ const SCENARIOS = {
     out.afterChange = header();
     return out;`,
 
+  // A DiT run (its stats report the one level 0): what the chart and the live rows say.
+  ditChart: `
+    const node = add("TokenFuseTokenSchedulerController");
+    api.dispatchCustomEvent("tokenfuse.stats", {
+      node: String(node.id), prompt_id: "p-dit", step: 4, steps: 20, step_time_s: 0.4, peak_mem_mb: null,
+      levels: [{ level: 0, tokens_in: 4096, tokens_out: 2048 }], final: false, summary: null,
+    });
+    return { drawn: drawn(node, "tokenfuse_chart") };`,
+
+  // The tab's run had the controller; the next run of the same tab does not reach it (bypassed): its summary stays.
+  runWithoutController: `
+    const node = add("TokenFuseTokenSchedulerController");
+    await queueAs("p-with");
+    api.dispatchCustomEvent("execution_start", { prompt_id: "p-with", timestamp: 1 });
+    api.dispatchCustomEvent("tokenfuse.stats", {
+      node: String(node.id), prompt_id: "p-with", step: 20, steps: 20, step_time_s: 0.4, peak_mem_mb: null,
+      levels: [], final: true, summary: "TokenFuse: the run with the node", status: "complete",
+    });
+    node.mode = 4;
+    await queueAs("p-without");
+    api.dispatchCustomEvent("execution_start", { prompt_id: "p-without", timestamp: 2 });
+    api.dispatchCustomEvent("executing", null);
+    return { drawn: drawn(node, "tokenfuse_chart") };`,
+
+  // What the pack asks the workflow store when it forgets a closed tab's numbers.
+  closedTab: `
+    const a = wfs.activeWorkflow;
+    await newTab();
+    const out = { isOpenFn: typeof wfs.isOpen, openBefore: wfs.isOpen(a) };
+    await wfs.closeWorkflow(a);
+    out.openAfter = wfs.isOpen(a);
+    out.activeOpen = wfs.isOpen(wfs.activeWorkflow);
+    return out;`,
+
   // PatchTokenize run three times (the same workflow queued again): its size after each run.
   planPreviewRuns: `
     const plan = add("TokenFusePatchTokenize");

@@ -137,3 +137,28 @@ def test_chart_family_follows_a_checkpoint_changed_after_the_run(editor_state: d
 def test_editor_scenarios_log_no_errors_from_the_pack(editor_state: dict) -> None:
     ours = [e for e in editor_state["errors"] if _ours(e)]
     assert not ours, ours
+
+
+def test_dit_chart_is_one_bar_of_dropped_kv(editor_state: dict) -> None:
+    """After a DiT run (stats at level 0) the chart says DiT, draws its one bar and says it has no U-Net levels (it
+    drew an SD1.5 pyramid of zeros "from the last run" and a "/0" live row)."""
+    drawn = editor_state["ditChart"]["drawn"]
+    assert any(
+        t.startswith("% of K/V tokens dropped per attention call") and "DiT (from the last run)" in t for t in drawn
+    )
+    assert any("no U-Net levels" in t for t in drawn), drawn
+    assert "DiT  4.1k → 2.0k K/V tokens, −50 % removed" in drawn, drawn
+    assert not any("SD1.5" in t or "/0" in t for t in drawn), drawn
+
+
+def test_summary_survives_a_run_without_the_controller(editor_state: dict) -> None:
+    """The same tab runs again with the controller bypassed: the last summary stays, marked as the previous run."""
+    drawn = editor_state["runWithoutController"]["drawn"]
+    assert "TokenFuse: the run with the node" in drawn, drawn
+    assert any(t.startswith("previous run: done 20 steps") for t in drawn), drawn
+
+
+def test_workflow_store_tells_closed_tabs(editor_state: dict) -> None:
+    """The frontend API the chart uses to forget a closed tab's numbers (web/lib/prompts.js isOpenWorkflowOf)."""
+    res = editor_state["closedTab"]
+    assert res == {"isOpenFn": "function", "openBefore": True, "openAfter": False, "activeOpen": True}, res
