@@ -47,7 +47,8 @@ WORKFLOW_EQUIVALENTS: dict[str, str] = {
     "sampler": "nothing: a workflow's loader nodes pick the model (run --demo: the small trained face model)",
     "steps": f"--set {_PHOTO}.steps=N (videos: {_VIDEO}.steps; run --demo: fuse.steps)",
     "denoise": f"--set {_PHOTO}.denoise=X (videos: {_VIDEO}.denoise; run --demo: fuse.denoise)",
-    "preset": f"--set TokenFuseTokenSchedulerController.preset=NAME (videos: {_VIDEO}.preset; run --demo: "
+    # a video workflow's scheduling preset is on its TokenSchedulerController too: VideoFaceFusion's `preset` is x264's
+    "preset": "--set TokenFuseTokenSchedulerController.preset=NAME (photo and video workflows; run --demo: "
     "schedule.preset)",
     "crop_size": f"--set {_PHOTO}.guide_size=N (videos: {_VIDEO}.guide_size; run --demo: fuse.guide_size)",
     "seed": f"--set {_PHOTO}.seed=N (videos: {_VIDEO}.seed; run --demo: fuse.seed)",

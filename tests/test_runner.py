@@ -8,9 +8,11 @@ runs are in tests/integration/test_runner_comfy.py.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -678,3 +680,32 @@ def test_an_items_files_include_what_the_pack_wrote_besides_the_save_nodes(tmp_p
     assert row["status"] == "ok"
     assert files == [("fused_00001_.png", b"png"), ("tokenfuse/run.jsonl", b'{"summary": {}}\n')]
     assert save_outputs(files, tmp_path / "out" / "a")[1] == str(tmp_path / "out" / "a" / "tokenfuse" / "run.jsonl")
+def _input_spec(kind: str, name: str) -> Any:
+    types = NODE_CLASS_MAPPINGS[kind].INPUT_TYPES()
+    return {**types.get("required", {}), **types.get("optional", {})}.get(name)
+
+
+def test_core_option_hints_name_inputs_that_take_the_options_values() -> None:
+    """The error for a core-engine option outside --engine core names the --set to use instead; every input it names
+    (class or demo-graph title) must exist and, for an option with choices, take every one of them. The --preset hint
+    sent video workflows to TokenFuseVideoFaceFusion.preset, which is the x264 speed preset (ultrafast ... veryslow):
+    `--set TokenFuseVideoFaceFusion.preset=balanced` is refused, the scheduling preset is on the controller there."""
+    from tokenfuse.runner.core_cli import CORE_DEFAULTS, WORKFLOW_EQUIVALENTS, add_core_arguments
+    from tokenfuse.runner.demo import demo_prompt
+
+    parser = argparse.ArgumentParser()
+    add_core_arguments(parser)
+    choices = {a.dest: a.choices for a in parser._actions if a.choices and a.dest in CORE_DEFAULTS}
+    titles = {n["_meta"]["title"]: n["class_type"] for n in demo_prompt().values()}
+    for option, hint in WORKFLOW_EQUIVALENTS.items():
+        for node, name in re.findall(r"\b([A-Za-z]\w*)\.(\w+)\b", hint):
+            kind = node if node in NODE_CLASS_MAPPINGS else titles.get(node)
+            assert kind in NODE_CLASS_MAPPINGS, f"--{option} hint names {node}.{name}: no such node or demo title"
+            spec = _input_spec(kind, name)
+            assert spec is not None, f"--{option} hint names {node}.{name}: {kind} has no input {name!r}"
+            if option in choices:
+                assert isinstance(spec[0], (list, tuple)), f"--{option} hint: {node}.{name} is not a choice"
+                missing = set(choices[option]) - set(spec[0])
+                assert not missing, f"--{option} hint: {node}.{name} does not take {sorted(missing)}"
+            elif isinstance(CORE_DEFAULTS[option], (int, float)):
+                assert spec[0] in ("INT", "FLOAT"), f"--{option} hint: {node}.{name} is not a number"
