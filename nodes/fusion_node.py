@@ -192,8 +192,10 @@ class ScheduledFusion:
                 "token_plan": (
                     "TOKEN_PLAN",
                     {
-                        "tooltip": "When connected (or given to TokenSchedulerController), a crop-space plan built "
-                        "from each face mask protects face tokens (this plan's protect threshold is used)."
+                        "tooltip": "When connected (or given to TokenSchedulerController), each crop gets its own "
+                        "plan from its face mask and landmarks: the eyes and mouth are protected, the rest of the "
+                        "face can be reduced like the background (this plan's protect_threshold at 0.4 or lower "
+                        "protects the whole face)."
                     },
                 ),
                 "swap_model": (

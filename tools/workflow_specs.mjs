@@ -104,7 +104,7 @@ export const WORKFLOWS = [
       "SETTINGS AND TRADE-OFFS:",
       "- Only the aligned face crop is sampled (guide_size 512 = 4096 latent tokens, whatever the photo size).",
       "- preset lowvram_4gb: strongest K/V pooling / merging, ramped over sampling; fastest and lightest, loses some fine skin detail. Try lowvram_6gb or balanced when memory allows.",
-      "- PatchTokenize's plan protects eyes/mouth/face tokens: the background of the crop is reduced first.",
+      "- PatchTokenize's plan reaches the face crops: their eyes and mouth are protected, the rest is reduced.",
       "- denoise 0.3-0.5 refines and keeps identity; above 0.6 the face changes.",
       "- faces_per_batch 1 keeps the peak low; fallback auto splits batches, tiles the VAE and lowers guide_size on OOM.",
       "- GFPGAN visibility 0.6 mixes restoration with the diffusion detail (1 = fully restored, smoother skin).",
