@@ -150,3 +150,40 @@ def test_readme_tests_section_names_every_test_requirement() -> None:
     assert names, "requirements-test.txt lists nothing"
     missing = [n for n in names if not re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", section, re.IGNORECASE)]
     assert not missing, f"README's Tests section does not name these test requirements: {missing}"
+
+
+_COMMAND = re.compile(r"(?:\btokenfuse|ComfyUI-TokenFuse)\s+(run|serve)\b([^`|#;\n]*)")
+
+
+def runner_flags_used(text: str) -> list[tuple[str, str, str]]:
+    """(sub-command, flag, the command) for every `tokenfuse run|serve ...` / `python ComfyUI-TokenFuse run ...` in
+    code (fenced blocks and inline spans): the flags a reader will type."""
+    out = []
+    for m in _COMMAND.finditer(text):
+        for flag in re.findall(r"(?<![\w-])(--?[a-z][a-z0-9-]*)", m.group(2)):
+            out.append((m.group(1), flag, m.group(0).strip()))
+    return out
+
+
+def test_runner_flags_parser() -> None:
+    text = "`tokenfuse run x.json --demo -o out/` and\n```\npython ComfyUI-TokenFuse serve --port 1  # --not-me\n```"
+    assert [(c, f) for c, f, _ in runner_flags_used(text)] == [("run", "--demo"), ("run", "-o"), ("serve", "--port")]
+
+
+def test_readme_runner_commands_use_real_flags_and_inputs() -> None:
+    """Every flag of a README runner command is an option of that sub-command, and every
+    `--set TokenFuseNode.input=` names an input the node has."""
+    from tokenfuse import NODE_CLASS_MAPPINGS
+    from tokenfuse.runner.cli import build_parser
+
+    subs = next(a for a in build_parser()._actions if a.dest == "command").choices
+    options = {name: {o for a in sub._actions for o in a.option_strings} for name, sub in subs.items()}
+    text = _readme()
+    used = runner_flags_used(text)
+    assert len(used) > 20, "the runner command parser found too few commands in the README"
+    wrong = [f"{flag} in `{cmd}`" for sub, flag, cmd in used if flag not in options[sub]]
+    for node, name in re.findall(r"--set\s+(TokenFuse\w+)\.(\w+)=", text):
+        types = NODE_CLASS_MAPPINGS[node].INPUT_TYPES() if node in NODE_CLASS_MAPPINGS else {}
+        if name not in {**types.get("required", {}), **types.get("optional", {})}:
+            wrong.append(f"--set {node}.{name}: no such node input")
+    assert not wrong, f"README runner commands the runner would refuse: {wrong}"
