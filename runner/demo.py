@@ -64,7 +64,12 @@ def demo_photo(folder: Path) -> Path:
     try:
         from skimage import data
     except ImportError as e:
-        raise FileNotFoundError("--demo without --input needs scikit-image (pip install scikit-image)") from e
+        # not a requirement of the pack (ComfyUI does not ship it either); `--input NAME=FILE` binds the demo's
+        # only loader and leaves no item, so the way round it is a photo as the item
+        raise FileNotFoundError(
+            "--demo's sample photo needs scikit-image (python -m pip install scikit-image), or give a photo of "
+            "yours: run --demo photo.jpg"
+        ) from e
     import cv2
 
     path = folder / "astronaut.png"

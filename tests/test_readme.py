@@ -187,3 +187,15 @@ def test_readme_runner_commands_use_real_flags_and_inputs() -> None:
         if name not in {**types.get("required", {}), **types.get("optional", {})}:
             wrong.append(f"--set {node}.{name}: no such node input")
     assert not wrong, f"README runner commands the runner would refuse: {wrong}"
+
+
+def test_quick_start_installs_what_the_demo_needs() -> None:
+    """`run --demo` without a photo takes scikit-image's astronaut; scikit-image is not in requirements.txt, so the
+    Quick start must install it before the demo line (a fresh install stopped there with exit 2)."""
+    section = _readme().split("\n## Quick start", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```(?:bash|sh)?\n(.*?)```", section, re.DOTALL)
+    assert block, "## Quick start has no fenced command block"
+    lines = [ln.split("#", 1)[0].strip() for ln in block.group(1).splitlines()]
+    demo = next(i for i, ln in enumerate(lines) if re.search(r"\brun --demo\s*$", ln))
+    assert "scikit-image" not in (REPO / "requirements.txt").read_text(encoding="utf-8")
+    assert any("pip install" in ln and "scikit-image" in ln for ln in lines[:demo]), lines

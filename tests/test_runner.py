@@ -709,3 +709,15 @@ def test_core_option_hints_name_inputs_that_take_the_options_values() -> None:
                 assert not missing, f"--{option} hint: {node}.{name} does not take {sorted(missing)}"
             elif isinstance(CORE_DEFAULTS[option], (int, float)):
                 assert spec[0] in ("INT", "FLOAT"), f"--{option} hint: {node}.{name} is not a number"
+
+
+def test_demo_without_scikit_image_says_how_to_run_anyway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """scikit-image is not a requirement (nor ComfyUI's), so after the README's install `run --demo` stopped with
+    "--demo without --input needs scikit-image": but `--input image=FILE` binds the demo's only loader and fails too.
+    The message names the install and the way that works, the photo as the item."""
+    from tokenfuse.runner.demo import demo_photo
+
+    monkeypatch.setitem(sys.modules, "skimage", None)  # import skimage -> ImportError
+    with pytest.raises(FileNotFoundError) as err:
+        demo_photo(tmp_path)
+    assert "python -m pip install scikit-image" in str(err.value) and "run --demo photo.jpg" in str(err.value)
