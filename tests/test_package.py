@@ -16,8 +16,8 @@ else:  # Python 3.10, which the pack supports (requires-python): the tomli backp
     tomllib = pytest.importorskip("tomli", reason="Python 3.10 reads pyproject.toml with tomli (pip install tomli)")
 
 REPO = Path(__file__).resolve().parents[1]
-PACK_DIRS = ("nodes", "scheduling", "faces", "fusion")
-PURE_DIRS = ("scheduling", "faces", "fusion")
+PACK_DIRS = ("nodes", "scheduling", "faces", "fusion", "video")
+PURE_DIRS = ("scheduling", "faces", "fusion", "video")
 COMFY_ROOTS = {
     "comfy",
     "comfy_extras",
