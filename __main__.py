@@ -1,7 +1,7 @@
 """`python <pack folder> run ...`: the headless runner (runner/cli.py), whatever the folder is called.
 
 ComfyUI never imports this file (it imports the package's __init__.py). Run as a script, the folder is not a
-package, so the pack is loaded here under the fixed name `tokenfuse` (as tools/pack_loader.py does) and its
+package, so the pack is loaded here under the fixed name `tokenfuse` (as devkit/pack_loader.py does) and its
 relative imports work.
 """
 

@@ -41,7 +41,7 @@ def item_names(path: Path) -> dict[str, str]:
 
 def summarize_texts(texts: dict[str, str]) -> dict[str, Any]:
     """faces / fallbacks / passthrough counts and the per-face fallback lines from the pack's report strings
-    (ScheduledFusion's `report` output; faces/fallback.py format_report)."""
+    (ScheduledFusion's `report` output; fusion/fallback.py format_report)."""
     faces = fallbacks = passed = 0
     details: list[str] = []
     for text in texts.values():

@@ -199,3 +199,30 @@ def test_quick_start_installs_what_the_demo_needs() -> None:
     demo = next(i for i, ln in enumerate(lines) if re.search(r"\brun --demo\s*$", ln))
     assert "scikit-image" not in (REPO / "requirements.txt").read_text(encoding="utf-8")
     assert any("pip install" in ln and "scikit-image" in ln for ln in lines[:demo]), lines
+
+
+DOCS = ("README.md", "CONTRIBUTING.md", "SECURITY.md", "web/README.md", "devkit/face_model/MODEL_CARD.md")
+_REPO_PATH = re.compile(
+    r"(?<![\w./-])((?:bench|tools|devkit|runner|service|nodes|faces|fusion|video|scheduling|tests|web|docs|workflows)"
+    r"/[\w./-]+\.(?:py|md|mjs|js|json|sh|jpg|png))\b"
+)
+
+
+def repo_paths(text: str) -> list[str]:
+    """Paths of files in this repository that a document names (in code, links or prose)."""
+    return _REPO_PATH.findall(text)
+
+
+def test_repo_paths_parser() -> None:
+    text = (
+        "see `tests/integration/x.py`, bench/a.py and [n](docs/notes/q.md); not ../shared/assets/y.onnx or a/bench/b.py"
+    )
+    assert repo_paths(text) == ["tests/integration/x.py", "bench/a.py", "docs/notes/q.md"]
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_files_the_docs_name_exist(doc: str) -> None:
+    """A file a document sends the reader to exists (web/README sent them to tests/test_browser_extension.py, which
+    is in tests/integration/)."""
+    missing = sorted({p for p in repo_paths((REPO / doc).read_text(encoding="utf-8")) if not (REPO / p).exists()})
+    assert not missing, f"{doc} names files that do not exist: {missing}"
