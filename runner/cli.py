@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         "schedule.preset=off, detect.backend=mtcnn), not with the core engine's options",
     )
     r.add_argument("--quiet", action="store_true", help="no progress line")
-    r.add_argument("-v", "--verbose", action="store_true")
+    r.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     add_core_arguments(r)
     s = sub.add_parser("serve", help="face-fusion HTTP service on Ray Serve (needs requirements-scale.txt)")
     s.add_argument("--workflow", help="workflow .json with one LoadImage (default: the demo graph)")
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--video-workflow", help="workflow .json with one LoadVideo and a SaveVideo, for POST /video")
     s.add_argument("--set", action="append", default=[], metavar="NODE.INPUT=JSON", help="override a node input")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default localhost only)")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     s.add_argument("--ray", default="local", metavar="ADDRESS", help="`local` (default) or a cluster address")
     s.add_argument("--replicas", type=int, default=1, help="replicas (one warm ComfyUI each; one GPU each on GPUs)")
     s.add_argument("--max-batch", type=int, default=4, help="photos of concurrent requests run as one batch")
@@ -108,10 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--max-video-megapixels", type=float, default=8.3, help="largest video frame accepted (413 above; 4K = 8.3)"
     )
-    s.add_argument("--comfyui", metavar="PATH")
-    s.add_argument("--cpu", action="store_true")
-    s.add_argument("--sdpa", action="store_true")
-    s.add_argument("-v", "--verbose", action="store_true")
+    s.add_argument(
+        "--comfyui",
+        metavar="PATH",
+        help="ComfyUI checkout each replica embeds (default: COMFYUI_PATH, or the ComfyUI this pack is installed in)",
+    )
+    s.add_argument("--cpu", action="store_true", help="embedded ComfyUI on CPU (ComfyUI's --cpu)")
+    s.add_argument(
+        "--sdpa", action="store_true", help="PyTorch SDPA attention (ComfyUI's --use-pytorch-cross-attention)"
+    )
+    s.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
 

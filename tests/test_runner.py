@@ -721,3 +721,13 @@ def test_demo_without_scikit_image_says_how_to_run_anyway(tmp_path: Path, monkey
     with pytest.raises(FileNotFoundError) as err:
         demo_photo(tmp_path)
     assert "python -m pip install scikit-image" in str(err.value) and "run --demo photo.jpg" in str(err.value)
+
+
+def test_every_runner_option_says_what_it_does_in_help() -> None:
+    """`tokenfuse serve --help` showed --port, --comfyui, --cpu, --sdpa and -v with no text (the first place a new user
+    looks for where ComfyUI is taken from); every option of every sub-command has a help line."""
+    from tokenfuse.runner.cli import build_parser
+
+    subs = next(a for a in build_parser()._actions if a.dest == "command").choices
+    bare = [f"{name} {'/'.join(a.option_strings)}" for name, sub in subs.items() for a in sub._actions if not a.help]
+    assert not bare, f"options without help text: {bare}"
