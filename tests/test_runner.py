@@ -680,6 +680,8 @@ def test_an_items_files_include_what_the_pack_wrote_besides_the_save_nodes(tmp_p
     assert row["status"] == "ok"
     assert files == [("fused_00001_.png", b"png"), ("tokenfuse/run.jsonl", b'{"summary": {}}\n')]
     assert save_outputs(files, tmp_path / "out" / "a")[1] == str(tmp_path / "out" / "a" / "tokenfuse" / "run.jsonl")
+
+
 def _input_spec(kind: str, name: str) -> Any:
     types = NODE_CLASS_MAPPINGS[kind].INPUT_TYPES()
     return {**types.get("required", {}), **types.get("optional", {})}.get(name)
