@@ -133,3 +133,34 @@ def test_join_writes_the_given_container_tags(runs, clip: Path, tmp_path: Path, 
         assert c.metadata.get("prompt") == tags["prompt"], c.metadata
     with av.open(str(d / "joined.mp4")) as c:
         assert "prompt" not in c.metadata, c.metadata
+
+
+def test_join_keeps_every_frame_of_matroska_chunks(tmp_path: Path) -> None:
+    """Matroska chunk files whose packets carry no dts (ffmpeg's demuxer gives a 7-frame chunk none) are joined with
+    every frame (re-encoded): the copy used to skip those packets as if they were flush packets, and the joined file
+    silently lost the chunk (8 of 15 frames here)."""
+    from fractions import Fraction
+
+    from tokenfuse.video.encode import VideoWriter
+    from tokenfuse.video.types import Frame
+    from video_clips import encode_clip
+
+    y, x = np.mgrid[0:48, 0:64]
+    frames = [np.stack([x * 4 + t, y * 5, (x + y + 8 * t) % 256], -1).astype(np.uint8) for t in range(15)]
+    clip = encode_clip(tmp_path / "clip.mp4", frames)
+    with av.open(str(clip)) as c:
+        tb = Fraction(c.streams.video[0].time_base)
+        decoded = [(f.pts, f.to_ndarray(format="rgb24")) for f in c.decode(video=0)]
+    paths = [tmp_path / "c0.mkv", tmp_path / "c1.mkv"]
+    for path, part in zip(paths, (decoded[:8], decoded[8:]), strict=True):
+        with VideoWriter(path, 64, 48, Fraction(30), tb, (), EncodeOptions(crf=0, preset="ultrafast")) as w:
+            for i, (pts, rgb) in enumerate(part):
+                w.write(Frame(i, rgb, pts, tb))
+            w.finish()
+    join = join_chunks(clip, paths, tmp_path / "joined.mkv")
+    joined = read_frames(tmp_path / "joined.mkv")
+    assert len(joined) == 15, join
+    assert not join.copied and "timestamps" in join.reason, join  # re-encoded: close, not bit-equal
+    chunks = read_frames(paths[0]) + read_frames(paths[1])
+    assert max(np.abs(a.astype(int) - b).mean() for a, b in zip(chunks, joined, strict=True)) < 3
+    assert video_pts(tmp_path / "joined.mkv")[0] == pytest.approx(video_pts(clip)[0], abs=1e-3)

@@ -227,13 +227,19 @@ def _headers(paths: list[Path]) -> set[bytes]:
 
 
 def _video_packets(paths: list[Path]) -> Iterator[Any]:
+    """Every chunk's video packets with data, in order. ValueError (the join re-encodes) on a packet without dts:
+    Matroska stores none (ffmpeg's demuxer leaves some files' packets, e.g. a 7-frame chunk's, without one), and
+    skipping them, as the flush packets are skipped, silently dropped those chunks' frames from the joined file."""
     import av
 
     for p in paths:
         with av.open(str(p)) as c:
             for packet in c.demux(c.streams.video[0]):
-                if packet.dts is not None:
-                    yield packet
+                if packet.size == 0:
+                    continue  # the demuxer's flush packet
+                if packet.dts is None:
+                    raise ValueError(f"chunk {p.name} has video packets without timestamps to copy")
+                yield packet
 
 
 def _audio_packets(reader: VideoReader, streams: list[Any]) -> Iterator[Any]:
