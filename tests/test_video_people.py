@@ -70,6 +70,34 @@ def test_another_face_is_not_joined() -> None:
     assert len({tr.who for tr in link_tracks(bigger)}) == 3  # a face twice the size is someone else
 
 
+def _crossing(back_x: float, frames: int = 80, hidden: range = range(30, 50)) -> list[list[FaceObs]]:
+    """A walks right at 3 px/frame and is hidden for `hidden` frames (behind B, > max_gap), back at x = back_x;
+    B stands still."""
+    obs: list[list[FaceObs]] = []
+    for t in range(frames):
+        faces = [_face(130.0, 40.0, 40.0)]
+        if t < hidden.start:
+            faces.append(_face(20.0 + 3 * t, 20.0, 40.0))
+        elif t >= hidden.stop:
+            faces.append(_face(back_x + 3 * (t - hidden.stop), 20.0, 40.0))
+        obs.append(faces)
+    return obs
+
+
+def test_a_moving_face_back_where_its_walk_took_it_is_the_same_person() -> None:
+    """A hidden while walking comes back 60 px on (1.5 faces): joined by its speed, so it keeps its seed and is
+    counted once (was a new person: centres were compared only with where it was hidden)."""
+    tracks = link_tracks(_crossing(back_x=20.0 + 3 * 50))
+    assert [(tr.start, tr.end) for tr in tracks] == [(0, 80), (0, 30), (50, 80)]
+    assert tracks[2].who == tracks[1].who != tracks[0].who
+    assert seed_offsets(tracks) == [0, 1, 1]
+    assert len(select_tracks(tracks, Selection(order="left-right", max_faces=2))) == 3  # two people, A in 2 pieces
+    against = link_tracks(_crossing(back_x=20.0 + 3 * 29 - 60))  # someone 60 px behind where A was hidden
+    assert len({tr.who for tr in against}) == 3
+    stopped = link_tracks(_crossing(back_x=20.0 + 3 * 29))  # A stopped behind B: back where it was hidden
+    assert len({tr.who for tr in stopped}) == 2
+
+
 def test_embeddings_decide_where_they_exist() -> None:
     same = link_tracks(_scene(a_back=(200.0, 100.0), a=_unit(0), b=_unit(1)))  # A back elsewhere: still A
     assert len({tr.who for tr in same}) == 2

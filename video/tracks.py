@@ -240,10 +240,21 @@ def _first_box(tr: Track) -> np.ndarray:
     return np.asarray(tr.bboxes[np.flatnonzero(tr.detected)[0]], np.float64)
 
 
+def _centre_speed(tr: Track, last: int = 8) -> np.ndarray:
+    """The box centre's velocity [2] (px/frame) over the track's last `last` detections; 0 for a single one."""
+    idx = np.flatnonzero(tr.detected)[-last:]
+    if len(idx) < 2:
+        return np.zeros(2)
+    c = (tr.bboxes[idx, :2].astype(np.float64) + tr.bboxes[idx, 2:]) / 2
+    return np.asarray((c[-1] - c[0]) / float(idx[-1] - idx[0]))
+
+
 def _continues(prev: Track, new: Track, opts: LinkOptions) -> float | None:
     """How well `new` continues the person whose latest track is `prev` (higher = better), None when it cannot: the
     same identity when both have embeddings (anywhere in the frame), else the face coming back where it was hidden
-    (centres within half a face, sizes within 1.5x of each other)."""
+    or where it went at its speed while hidden (centres within half a face, sizes within 1.5x of each other). The
+    second place: two people walking past each other hide one behind the other for longer than max_gap, and the
+    hidden one came back as another person (its own seed, counted twice by selection)."""
     if prev.embedding is not None and new.embedding is not None:
         sim = float(np.dot(prev.embedding, new.embedding))
         return sim if sim >= opts.embed_min else None
@@ -251,7 +262,10 @@ def _continues(prev: Track, new: Track, opts: LinkOptions) -> float | None:
     size_a, size_b = max(a[2] - a[0], a[3] - a[1]), max(b[2] - b[0], b[3] - b[1])
     if min(size_a, size_b) <= 0 or max(size_a, size_b) > 1.5 * min(size_a, size_b):
         return None
-    dist = float(np.hypot(*((a[:2] + a[2:]) / 2 - (b[:2] + b[2:]) / 2)))
+    gap = new.start + int(np.flatnonzero(new.detected)[0]) - (prev.start + int(np.flatnonzero(prev.detected)[-1]))
+    hidden_at, back_at = (a[:2] + a[2:]) / 2, (b[:2] + b[2:]) / 2
+    went_to = hidden_at + _centre_speed(prev) * gap
+    dist = min(float(np.hypot(*(hidden_at - back_at))), float(np.hypot(*(went_to - back_at))))
     return -dist / max(size_a, size_b) if dist <= 0.5 * max(size_a, size_b) else None
 
 
