@@ -122,3 +122,27 @@ def test_every_piece_of_a_person_gets_the_same_seed(tmp_path: Path, seed: int, w
     opts = FuseOptions(crop_size=64, seed=seed, keyframes=KeyframeOptions(per_second=2.0))
     fuse_video(src, tmp_path / "out.mp4", ft, refine, opts)
     assert sorted(set(seen)) == want  # was 7, 8, 9: A's second piece had its own
+
+
+def _passing() -> list[list[FaceObs]]:
+    """18 frames: B still at x 80 (listed first: track 0); A walking right at 8 px/frame behind it, not detected
+    while within 30 px of it (frames 7-13: hidden 7 frames, within max_gap 8)."""
+    obs: list[list[FaceObs]] = []
+    for t in range(18):
+        x = 8.0 * t
+        faces = [_face(80.0, 40.0, 40.0)]
+        if abs(x - 80.0) >= 30:
+            faces.append(_face(x, 40.0, 40.0))
+        obs.append(faces)
+    return obs
+
+
+def test_a_face_passing_behind_another_keeps_its_track() -> None:
+    """A's box moved on at its speed lands on B's box while A is hidden: on that tie A's track took B's detections
+    (B's track ended, A's followed B with A's seed; A came back as a third track). Recently seen tracks choose first."""
+    tracks = link_tracks(_passing())
+    assert [(tr.start, tr.end) for tr in tracks] == [(0, 18), (0, 18)], tracks
+    b, a = tracks
+    assert b.detected.all() and np.allclose(b.bboxes[:, 0], 80.0)
+    assert np.flatnonzero(~a.detected).tolist() == list(range(7, 14))
+    assert np.allclose(a.bboxes[:, 0], 8.0 * np.arange(18))  # the gap filled along A's walk

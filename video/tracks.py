@@ -175,7 +175,10 @@ def link_tracks(
 ) -> list[Track]:
     """Link detections frame to frame (greedy on IoU + embedding similarity); a cut ends every track. The IoU is the
     better of the track's last box and that box moved on at the track's speed (misses on a fast pan kept breaking
-    one face into several tracks: frames in the gaps unrefined, each piece its own seed).
+    one face into several tracks: frames in the gaps unrefined, each piece its own seed). Tracks seen more recently
+    choose first (DeepSORT's matching cascade): a face walking behind another moves on, as predicted, over the front
+    face's box, and on a tie its track took the front face's detections (the front face's track ended, the hidden
+    one's continued on the wrong face with the wrong seed).
 
     per_frame: detections of frames 0 .. N-1. cuts: first frames of new scenes. Returns tracks by start frame.
     """
@@ -203,10 +206,10 @@ def link_tracks(
                 sim = float(np.dot(e, d.embedding)) if e is not None and d.embedding is not None else None
                 if sim is not None and sim < opts.embed_min:
                     continue
-                pairs.append((iou + (sim or 0.0), i, j))
+                pairs.append((o.frames[-1], iou + (sim or 0.0), i, j))  # the latest seen first, then best
         used_o: set[int] = set()
         used_d: set[int] = set()
-        for _, i, j in sorted(pairs, reverse=True):
+        for _, _, i, j in sorted(pairs, reverse=True):
             if i in used_o or j in used_d:
                 continue
             used_o.add(i)
