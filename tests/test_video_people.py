@@ -8,11 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tokenfuse.faces.select import Selection
+from tokenfuse.video.encode import EncodeOptions
 from tokenfuse.video.fuse_pass import FuseOptions, fuse_video
 from tokenfuse.video.keyframes import KeyframeOptions
 from tokenfuse.video.track_pass import TrackOptions, track_video
 from tokenfuse.video.tracks import FaceObs, link_tracks, seed_offsets, select_tracks
-from video_clips import encode_clip
+from video_clips import encode_clip, read_frames
 
 # Five landmarks as fractions of the box: eyes, nose, mouth corners.
 _LM = np.array([[0.3, 0.35], [0.7, 0.35], [0.5, 0.55], [0.35, 0.75], [0.65, 0.75]], np.float32)
@@ -146,3 +147,25 @@ def test_a_face_passing_behind_another_keeps_its_track() -> None:
     assert b.detected.all() and np.allclose(b.bboxes[:, 0], 80.0)
     assert np.flatnonzero(~a.detected).tolist() == list(range(7, 14))
     assert np.allclose(a.bboxes[:, 0], 8.0 * np.arange(18))  # the gap filled along A's walk
+
+
+def test_a_face_passing_behind_another_is_pasted_under_it(tmp_path: Path) -> None:
+    """A walks behind B (hidden 7 frames <= max_gap: its track is interpolated through B). A's guessed crop there
+    shows B's face; pasted after B's (track order), it covered B's refined face with A's refinement of it. Faces
+    the detector saw are pasted last now."""
+    src = encode_clip(tmp_path / "pass.mp4", [np.full((120, 180, 3), 128, np.uint8) for _ in range(18)])
+    it = iter(_passing())
+    ft = track_video(src, lambda rgb: next(it), TrackOptions(smooth_seconds=0.0))
+    a = ft.tracks[1]
+    assert len(ft.tracks) == 2 and a.length == 18 and not a.detected.all(), ft.tracks
+    colours = {0: (0.0, 0.0, 1.0), 1: (1.0, 0.0, 0.0)}  # B blue, A red
+
+    def refine(crops: np.ndarray, seeds: list[int]) -> np.ndarray:
+        return np.stack([np.broadcast_to(np.float32(colours[s]), c.shape) for c, s in zip(crops, seeds, strict=True)])
+
+    opts = FuseOptions(crop_size=64, keyframes=KeyframeOptions(per_second=0.0), encode=EncodeOptions(crf=0))
+    fuse_video(src, tmp_path / "out.mp4", ft, refine, opts)
+    frames = read_frames(tmp_path / "out.mp4")
+    hidden = [t for t in range(18) if not a.detected[t - a.start]]
+    centre = [frames[t][60, 100].astype(int) for t in hidden]  # B's face centre
+    assert all(c[2] > 200 and c[0] < 60 for c in centre), centre  # B's blue, never A's red

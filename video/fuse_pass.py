@@ -263,7 +263,7 @@ class _Fuser:
                 # Only the faces' footprint goes through float and paste-back: a 4k frame costs what its faces do.
                 shift = np.array([x0, y0], np.float64)
                 faces = []
-                for it in pending.items:
+                for it in self._paste_order(pending.items):
                     tr = self.ft.tracks[it.j]
                     p = it.t - tr.start
                     assert it.change is not None
@@ -291,6 +291,13 @@ class _Fuser:
             self.stats.faces += len(pending.items)
         self.writer.write(frame)
         self.stats.frames += 1
+
+    def _paste_order(self, items: list[_Item]) -> list[_Item]:
+        """The faces in paste order (later over earlier): faces interpolated through a detection gap first, those the
+        detector saw on this frame last. A face hidden behind another (within max_gap frames) keeps its track through
+        the gap, and its guessed crop there shows the front face: pasted last it covered the front face's refinement
+        with its own refinement of that face (another seed, another alignment)."""
+        return sorted(items, key=lambda it: bool(self.ft.tracks[it.j].detected[it.t - self.ft.tracks[it.j].start]))
 
     def _footprint(self, items: list[_Item], h: int, w: int) -> tuple[int, int, int, int]:
         """(x0, y0, x1, y1): the frame rectangle covering every face's aligned crop (clipped to the frame)."""
