@@ -454,6 +454,12 @@ def schedule_model(
         patcher.set_transformer_option(m, OVERRIDE_KEY, chain_attention_override(dit.override, previous))
         patcher.add_wrapper(m, "DIFFUSION_MODEL", WRAPPER_KEY, dit.diffusion_model_wrapper)  # for torch.compile
     cache = _attach_step_cache(m, schedule) if schedule.cache_on and family.route == "unet" else None
+    if schedule.cache_on and cache is None:
+        log.warning(
+            "TokenFuse step cache: %s is not a U-Net (the cache reuses U-Net output-block features); cache_interval is "
+            "ignored and every step runs in full",
+            family.name,
+        )
     if plan is not None:
         patcher.set_transformer_option(m, PLAN_KEY, plan)
     if preset:

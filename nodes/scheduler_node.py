@@ -41,9 +41,12 @@ def schedule_from_widgets(preset: str, strategy: str, ratio: float, family: str,
 
 def describe_schedule(schedule: Schedule, route: str = "unet") -> str:
     """One line: strategy, per-level ratios, window (and the step cache when on). route: the model family's route;
-    on the DiT attention override `protect_blocks` does nothing (ComfyUI's DiT models give attention no block index)."""
+    on the DiT attention override `protect_blocks` does nothing (ComfyUI's DiT models give attention no block index)
+    and the step cache is not attached (it reuses U-Net output-block features), so the line says so."""
     cache = ""
-    if schedule.cache_on:
+    if schedule.cache_on and route != "unet":
+        cache = "step cache ignored (U-Nets only: every step runs in full)"
+    elif schedule.cache_on:
         cache = (
             f"step cache every {schedule.cache_interval} steps, depth {schedule.cache_depth}, "
             f"window {schedule.cache_start_percent:.0%}-{schedule.cache_end_percent:.0%}"

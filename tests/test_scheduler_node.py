@@ -576,3 +576,21 @@ def test_a_sampling_series_logs_one_info_line_and_one_telemetry_file_for_all_its
     with caplog.at_level(logging.INFO, logger="tokenfuse"):
         wrapper(steps, 1)
     assert [r.levelno for r in caplog.records if "tokens saved" in r.getMessage()] == [logging.INFO]
+
+
+def test_the_step_cache_on_a_dit_model_is_reported_ignored_once(caplog: pytest.LogCaptureFixture) -> None:
+    """The step cache is attached to U-Nets only: on Flux the report said "step cache every 2 steps" and the run line
+    said nothing, while every step ran in full. It must say, once, that the cache is ignored."""
+    model = FakeModelPatcher(Flux())
+    for preset in ("balanced", "off"):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            patched, report = NODE.apply(model, preset, "preset", 0.0, schedule_text='{"cache_interval": 2}')
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warned) == 1 and "cache_interval is ignored" in warned[0] and "Flux" in warned[0], warned
+        assert "step cache ignored (U-Nets only" in report and "step cache every" not in report, report
+        assert "output_block_patch" not in patched.model_options["transformer_options"].get("patches", {})
+    from tokenfuse.nodes.scheduler_node import describe_schedule
+    from tokenfuse.scheduling.schedule import Schedule
+
+    assert "step cache every 2 steps" in describe_schedule(Schedule(cache_interval=2), "unet")
