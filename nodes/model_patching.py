@@ -431,7 +431,7 @@ def schedule_model(
 
     Bench scripts call this directly to time a model with a given Schedule.
     """
-    from ..scheduling.dit_override import build_dit_hooks
+    from ..scheduling.dit_override import build_dit_hooks, build_plan_wrapper
     from ..scheduling.patches import build_unet_hooks
     from ..scheduling.telemetry import RunTelemetry
 
@@ -453,6 +453,15 @@ def schedule_model(
         dit = build_dit_hooks(schedule, telemetry)
         patcher.set_transformer_option(m, OVERRIDE_KEY, chain_attention_override(dit.override, previous))
         patcher.add_wrapper(m, "DIFFUSION_MODEL", WRAPPER_KEY, dit.diffusion_model_wrapper)  # for torch.compile
+        patch = patcher.text_first_patch_size(m)
+        if patch is not None:  # a TOKEN_PLAN (here or ScheduledFusion's crop plan) mapped onto the joint sequence
+            patcher.add_wrapper(m, "DIFFUSION_MODEL", WRAPPER_KEY, build_plan_wrapper(patch))
+        elif plan is not None:
+            log.warning(
+                "TokenFuse: the TOKEN_PLAN is not used on %s (where its image tokens sit in the attention sequence is "
+                "known for Flux-family models only); every token is treated alike",
+                family.name,
+            )
     cache = _attach_step_cache(m, schedule) if schedule.cache_on and family.route == "unet" else None
     if schedule.cache_on and cache is None:
         log.warning(

@@ -175,7 +175,9 @@ class TokenSchedulerController:
         )
         route = "attn1 patches" if family.route == "unet" else "attention override"
         plan_txt = "none"
-        if token_plan is not None:
+        if token_plan is not None and family.route == "override" and patcher.text_first_patch_size(model) is None:
+            plan_txt = f"not used on {family.name} (Flux-family DiTs only)"
+        elif token_plan is not None:
             saved = getattr(token_plan, "expected_reduction", lambda: 0.0)()
             plan_txt = f"{getattr(token_plan, 'batch_size', '?')} image(s), expected {saved:.0%} tokens saved"
         report = (

@@ -3,6 +3,8 @@
 `build_attention_override` -> override(func, *args, **kwargs) for `transformer_options["optimized_attention_override"]`
 (the grid is unknown, so saliency picks the kept K/V tokens). `build_dit_hooks` adds the DIFFUSION_MODEL wrapper that
 keeps it traceable under torch.compile (ComfyUI's TorchCompileModel): the step window's state per model call.
+`build_plan_wrapper` maps a TOKEN_PLAN onto the joint sequence of the Flux family (text tokens, then the 2x2-patchified
+latent grid), so face tokens and the prompt's tokens win the top-K there as face tokens do on a U-Net.
 """
 
 from __future__ import annotations
@@ -13,14 +15,83 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 
-from .keys import DISABLED_KEY, TRACE_KEY
-from .patches import LEARN, StepTracker, eager_under_compile, traced_call_wrapper
+from .keys import DISABLED_KEY, DIT_PLAN_KEY, PLAN_KEY, TRACE_KEY
+from .patches import LEARN, StepTracker, _transformer_options, _with_options, eager_under_compile, traced_call_wrapper
 from .schedule import Schedule
 from .telemetry import RunTelemetry
 from .topk import gather_tokens, keep_count, topk_indices
+from .transfer import to_device
 
 MIN_DIT_TOKENS = 64
+TEXT_BONUS = 3.0  # above a protected face token's importance + 2: the prompt's tokens are kept first
+
+
+class DitPlan(NamedTuple):
+    """A TOKEN_PLAN mapped onto one DiT model call's joint sequence (`build_plan_wrapper`).
+
+    bonus: [B, T + gh * gw] ROI bonus on the call's device (text tokens TEXT_BONUS, image tokens importance + 2 where
+    protected); tokens after those (reference latents) get none. min_keep: T + the most protected image tokens.
+    """
+
+    bonus: torch.Tensor
+    min_keep: int
+
+
+def plan_bonus(plan: Any, text_tokens: int, grid_h: int, grid_w: int, batch: int, device: torch.device) -> DitPlan:
+    """The plan on a [text (T), latent grid (grid_h x grid_w, row-major)] sequence, as the U-Net top-K reads it.
+
+    Built on the CPU and copied to `device` once: the protected count is read on the host, never from the device."""
+    imp = plan.level_importance(grid_h, grid_w, batch).cpu()
+    protected = imp >= float(plan.protect_threshold)
+    text = torch.full((batch, text_tokens), TEXT_BONUS, dtype=imp.dtype)
+    bonus = torch.cat([text, imp + 2.0 * protected.to(imp.dtype)], dim=1)
+    return DitPlan(to_device(bonus, device), text_tokens + int(protected.sum(1).max()))
+
+
+def build_plan_wrapper(patch_size: int) -> Callable[..., Any]:
+    """DIFFUSION_MODEL wrapper for the Flux family (Flux, Chroma): per model call with a TOKEN_PLAN, the plan mapped
+    onto its joint sequence goes to the attention override in transformer_options[DIT_PLAN_KEY].
+
+    Flux-style models patchify the latent x [B, C, H, W] (padded up to the patch size) into ceil(H / p) x ceil(W / p)
+    tokens and attend over [text (context's T tokens), image tokens, reference latents]; the double and the single
+    blocks see that same sequence. Without a plan, or with scheduling off, the call passes through untouched.
+    Computed eagerly (a graph break under torch.compile), cached for the last (plan, T, grid, batch, device).
+    """
+    last: list[tuple[tuple[Any, ...], Any, DitPlan]] = []
+
+    def mapped(plan: Any, x: torch.Tensor, text_tokens: int) -> DitPlan:
+        gh, gw = -(-int(x.shape[-2]) // patch_size), -(-int(x.shape[-1]) // patch_size)
+        key = (id(plan), text_tokens, gh, gw, int(x.shape[0]), x.device)
+        if not last or last[0][0] != key or last[0][1] is not plan:
+            last[:] = [(key, plan, plan_bonus(plan, text_tokens, gh, gw, int(x.shape[0]), x.device))]
+        return last[0][2]
+
+    mapped_eager = eager_under_compile(mapped)
+
+    def tokenfuse_dit_plan(executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        where, opts = _transformer_options(args, kwargs)
+        x = args[0] if args else None
+        context = args[2] if len(args) > 2 else kwargs.get("context")
+        plan = opts.get(PLAN_KEY) if opts is not None else None
+        if (
+            opts is None
+            or plan is None
+            or not hasattr(plan, "level_importance")
+            or opts.get(DISABLED_KEY)
+            or not isinstance(x, torch.Tensor)
+            or x.ndim != 4
+            or not isinstance(context, torch.Tensor)
+            or context.ndim != 3
+        ):
+            return executor(*args, **kwargs)
+        fn = mapped_eager if torch.compiler.is_compiling() else mapped
+        opts = {**opts, DIT_PLAN_KEY: fn(plan, x, int(context.shape[1]))}
+        args, kwargs = _with_options(where, opts, args, kwargs)
+        return executor(*args, **kwargs)
+
+    return tokenfuse_dit_plan
 
 
 def build_attention_override(schedule: Schedule, telemetry: RunTelemetry) -> Callable[..., Any]:
@@ -40,9 +111,9 @@ class _DitFlight:
     """The compiled DiT model call in flight: the (shape, window state) it learns eagerly and that call's telemetry
     records, or the key whose records a traced call replays."""
 
-    learning: tuple[tuple[int, ...], bool] | None = None
+    learning: tuple[tuple[int, ...], bool, int] | None = None
     records: list[tuple[str, int, int]] = field(default_factory=list)
-    traced: tuple[tuple[int, ...], bool] | None = None
+    traced: tuple[tuple[int, ...], bool, int] | None = None
 
 
 class DitHooks(NamedTuple):
@@ -58,11 +129,11 @@ def build_dit_hooks(schedule: Schedule, telemetry: RunTelemetry) -> DitHooks:
 
     Under torch.compile the override reads no step: the wrapper passes, per model call, whether the step window is
     active (TRACE_KEY), computed eagerly; dynamo guards on that flag, so a run compiles one graph per window state.
-    The first model call of a (latent shape, window state) runs eagerly, whole, and its telemetry records are replayed
-    after each later (traced) call of that kind.
+    The first model call of a (latent shape, window state, plan) runs eagerly, whole, and its telemetry records are
+    replayed after each later (traced) call of that kind.
     """
     steps = StepTracker()
-    replays: dict[tuple[tuple[int, ...], bool], list[tuple[str, int, int]]] = {}
+    replays: dict[tuple[tuple[int, ...], bool, int], list[tuple[str, int, int]]] = {}
     flight = _DitFlight()
     off = schedule.dit_ratio <= 0.0 or schedule.end_percent <= schedule.start_percent
 
@@ -70,13 +141,19 @@ def build_dit_hooks(schedule: Schedule, telemetry: RunTelemetry) -> DitHooks:
         """The tensor side of a call (traceable): (k', v', tokens, kept) with the top-K K/V when active and past the
         protected blocks, else None."""
         k, v = args[1], args[2]
-        bidx = (kwargs.get("transformer_options") or {}).get("block_index")
+        topts = kwargs.get("transformer_options") or {}
+        bidx = topts.get("block_index")
         tok_dim = 2 if kwargs.get("skip_reshape", False) else 1
         n_tok = k.shape[tok_dim]
-        keep = keep_count(n_tok, schedule.dit_ratio)
+        importance, min_keep = None, 0
+        plan = topts.get(DIT_PLAN_KEY)
+        if isinstance(plan, DitPlan) and plan.bonus.shape[0] == k.shape[0] and plan.bonus.shape[1] <= n_tok:
+            # an image-only sequence (no text in front) is shorter than the plan's: it passes without the plan
+            importance, min_keep = F.pad(plan.bonus, (0, n_tok - plan.bonus.shape[1])), plan.min_keep
+        keep = keep_count(n_tok, schedule.dit_ratio, min_keep)
         if not active or (isinstance(bidx, int) and bidx < schedule.protect_blocks) or keep >= n_tok:
             return None
-        idx = topk_indices(k, keep, None, tok_dim)
+        idx = topk_indices(k, keep, importance, tok_dim)
         return gather_tokens(k, idx, tok_dim), gather_tokens(v, idx, tok_dim), n_tok, keep
 
     def eager_override(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -130,11 +207,12 @@ def build_dit_hooks(schedule: Schedule, telemetry: RunTelemetry) -> DitHooks:
 
     def window(shape: tuple[int, ...], options: dict[str, Any]) -> bool | str | None:
         """Once per compiled model call, eagerly: the window state for the traced override, LEARN for the first call
-        of a (shape, window state), None when the override passes everything through."""
+        of a (shape, window state, plan), None when the override passes everything through."""
         flight.learning = flight.traced = None
         if off or options.get(DISABLED_KEY):
             return None
-        key = (shape, schedule.active_at(steps(options).progress))
+        # the plan too: a new face crop's plan keeps other tokens (the same graph, other telemetry to replay)
+        key = (shape, schedule.active_at(steps(options).progress), id(options.get(PLAN_KEY)))
         if key not in replays:
             flight.learning, flight.records = key, []
             return LEARN

@@ -20,3 +20,4 @@ STEP_KEY = "tokenfuse_steps"  # the run's SamplingSteps (scheduling/step_state.p
 NEIGHBOURS_KEY = (
     "tokenfuse_neighbours"  # per model call: other packs' attn1 replaces / later attn1 patches (patches.py)
 )
+DIT_PLAN_KEY = "tokenfuse_dit_plan"  # per DiT model call: the plan mapped onto its token sequence (dit_override.py)

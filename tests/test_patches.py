@@ -348,3 +348,49 @@ def test_disabled_flag_turns_every_patch_into_identity() -> None:
         transformer_options={"tokenfuse_disabled": True, "sigmas": SAMPLE_SIGMAS[:1], "sample_sigmas": SAMPLE_SIGMAS},
     )
     assert seen == [256]
+
+
+def _flux_call(wrapper, override, x: torch.Tensor, text: int, extra: int, opts: dict) -> set[int]:
+    """One Flux-style model call through the plan wrapper: attention over [text, ceil(H/2) x ceil(W/2) image tokens,
+    extra reference tokens]; returns the token indices the override kept in K. K's saliency channels are 0 for text
+    tokens and for the image tokens of the top-left quarter (the face), large elsewhere, so saliency alone drops them;
+    channel 64 carries each token's index."""
+    gh, gw = -(-x.shape[2] // 2), -(-x.shape[3] // 2)
+    n = text + gh * gw + extra
+    gen = torch.Generator().manual_seed(0)
+    k = torch.randn(x.shape[0], n, 72, generator=gen) * 10
+    face = [text + r * gw + c for r in range(gh // 2) for c in range(gw // 2)]
+    k[:, :text, :64] = 0.0
+    k[:, face, :64] = 0.0
+    k[:, :, 64] = torch.arange(n, dtype=k.dtype)
+    kept: list[set[int]] = []
+
+    def func(q, k, v, heads, **kw):
+        kept.append({int(i) for i in k[0, :, 64].tolist()})
+        return q
+
+    def model(x, timestep, context, y, guidance, ref_latents, control, transformer_options):
+        override(func, k.clone(), k, k.clone(), 2, transformer_options=transformer_options)
+
+    wrapper(model, x, None, torch.zeros(x.shape[0], text, 8), None, None, None, None, opts)
+    return kept[0], set(range(text)), set(face)
+
+
+def test_a_token_plan_reaches_the_flux_joint_sequence() -> None:
+    """On Flux the TOKEN_PLAN was ignored: the top-K K/V dropped face tokens and the prompt's text tokens whenever
+    saliency ranked them low. Mapped onto [text, 2x2-patchified latent] (odd latent: the grid rounds up), the text and
+    the face tokens are always kept, references after them only by saliency; without a plan nothing changes."""
+    from tokenfuse.scheduling.dit_override import build_plan_wrapper
+    from tokenfuse.scheduling.keys import PLAN_KEY
+
+    imp = torch.full((1, 168, 152), 0.1)
+    imp[:, :80, :72] = 1.0  # the face: the top-left quarter of the image's 10 x 10 token grid (rows/cols 0-4)
+    plan = TokenPlan(importance=imp, image_size=(168, 152))
+    topts = {"sigmas": SAMPLE_SIGMAS[:1], "sample_sigmas": SAMPLE_SIGMAS}
+    x = torch.zeros(2, 16, 21, 19)  # cond + uncond; latent grid ceil(21/2) x ceil(19/2) = 11 x 10
+    override = build_attention_override(Schedule(dit_ratio=0.6, protect_blocks=0), RunTelemetry())
+    wrapper = build_plan_wrapper(2)
+    kept, text, face = _flux_call(wrapper, override, x, 12, 6, {**topts, PLAN_KEY: plan})
+    assert text <= kept and face <= kept, (sorted(text - kept), sorted(face - kept))
+    kept_off, _, _ = _flux_call(wrapper, override, x, 12, 6, dict(topts))
+    assert not (text <= kept_off) and not (face <= kept_off)

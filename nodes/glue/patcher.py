@@ -128,6 +128,17 @@ def detect_family(model: Any) -> ModelFamily:
     return ModelFamily("", "none", name if name != "NoneType" else type(model).__name__)
 
 
+def text_first_patch_size(model: Any) -> int | None:
+    """The patch size of a Flux-family model (model_base Flux and its subclasses: Chroma, ChromaRadiance), whose
+    attention runs over [text tokens, patchified latent, reference latents]; None for any other model (their
+    sequences are laid out differently: HunyuanVideo puts the image first, Wan attends over the image alone)."""
+    base = getattr(model, "model", None)
+    if "Flux" not in _mro_names(base):
+        return None
+    patch = getattr(getattr(base, "diffusion_model", None), "patch_size", None)
+    return patch if isinstance(patch, int) and patch > 0 else None
+
+
 def manage_module(module: Any, supports_half: bool = False, supports_bfloat16: bool = False) -> tuple[Any, Any]:
     """Hand a plain torch module (a face restorer) to ComfyUI's memory manager.
 

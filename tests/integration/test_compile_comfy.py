@@ -182,3 +182,38 @@ def test_dit_override_runs_under_torch_compile(comfy, random_model, caplog, pres
     assert compiled_lines == eager_lines and "0/0" not in str(eager_lines)
     print(f"dynamo graphs, Flux with {preset}: {len(graphs)} for {steps} steps")
     assert len(graphs) == 1, f"{len(graphs)} graphs for {steps} steps: a recompile per step"
+
+
+def test_flux_with_face_crop_plans_under_torch_compile(comfy, random_model, caplog) -> None:
+    """ScheduledFusion's path on Flux: one scheduled model, each face crop's TOKEN_PLAN set on a clone of it. Compiled,
+    each plan gives the samples and telemetry eager gives (the second plan, protecting every pixel, reduces nothing);
+    the replayed telemetry of the first plan's calls was reported for the second."""
+    from tokenfuse.scheduling.keys import PLAN_KEY
+    from tokenfuse.scheduling.plan import TokenPlan
+
+    h, w = 136, 104  # latent 17 x 13: Flux's 9 x 7 token grid
+    imp = torch.full((1, h, w), 0.1)
+    imp[:, 20:80, 20:70] = 1.0
+    plans = [TokenPlan(imp, (h, w)), TokenPlan(torch.ones(1, h, w), (h, w))]
+    patched, _ = TokenSchedulerController().apply(random_model("flux"), "balanced", "preset", 0.0)
+
+    def run(m: Any) -> tuple[list[torch.Tensor], list[str]]:
+        caplog.clear()
+        outs = []
+        for plan in plans:
+            c = m.clone()
+            patcher.set_transformer_option(c, PLAN_KEY, plan)
+            pos = comfy.models.conditioning("flux", seed=1, tiny=True)
+            neg = comfy.models.conditioning("flux", seed=2, tiny=True)
+            latent = {"samples": torch.zeros(1, comfy.models.latent_channels("flux"), h // 8, w // 8)}
+            outs.append(comfy.nodes.common_ksampler(c, 0, 3, 2.0, "euler", "normal", pos, neg, latent)[0]["samples"])
+        saved = re.compile(r"[\d.]+% q\+k/v tokens saved")
+        return outs, [m.group(0) for r in caplog.records if (m := saved.search(r.getMessage()))]
+
+    torch._dynamo.reset()
+    with caplog.at_level(logging.INFO, logger="tokenfuse"):
+        eager, eager_lines = run(patched)
+        out, compiled_lines = run(compiled(comfy, patched, []))
+    for a, b in zip(out, eager, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert compiled_lines == eager_lines and eager_lines[1].startswith("0.0%") and eager_lines[0] != eager_lines[1]

@@ -130,6 +130,33 @@ def test_flux_attention_override(comfy, random_model, caplog) -> None:
     assert torch.equal(ksample(comfy, off, "flux"), base)
 
 
+def test_flux_reads_a_token_plan_on_its_patchified_grid(comfy, random_model) -> None:
+    """A TOKEN_PLAN on Flux (odd latent 17 x 13: a 9 x 7 token grid after 2x2 patches, after the prompt's tokens): a
+    plan protecting every pixel keeps every K/V token (bit-identical to the unscheduled model), a face plan keeps
+    fewer than that and more than no plan. Before, the override never read the plan."""
+    from tokenfuse.scheduling.plan import TokenPlan
+
+    h, w = 136, 104
+    model = random_model("flux")
+
+    def sample(m) -> torch.Tensor:
+        pos = comfy.models.conditioning("flux", seed=1, tiny=True)
+        neg = comfy.models.conditioning("flux", seed=2, tiny=True)
+        latent = {"samples": torch.zeros(1, comfy.models.latent_channels("flux"), h // 8, w // 8)}
+        (out,) = comfy.nodes.common_ksampler(m, 0, 2, 2.0, "euler", "normal", pos, neg, latent)
+        assert torch.isfinite(out["samples"]).all()
+        return out["samples"]
+
+    imp = torch.full((1, h, w), 0.1)
+    imp[:, 20:80, 20:70] = 1.0
+    base = sample(model)
+    everything, _ = NODE.apply(model, "balanced", "preset", 0.0, token_plan=TokenPlan(torch.ones(1, h, w), (h, w)))
+    assert torch.equal(sample(everything), base)
+    no_plan = sample(NODE.apply(model, "balanced", "preset", 0.0)[0])
+    face = sample(NODE.apply(model, "balanced", "preset", 0.0, token_plan=TokenPlan(imp, (h, w)))[0])
+    assert not torch.equal(face, base) and not torch.equal(face, no_plan) and not torch.equal(no_plan, base)
+
+
 def test_patches_added_after_ours_keep_working(comfy, random_model) -> None:
     """TomePatchModel applied on top of our clone: both attn1 patches run, in registration order."""
     from comfy_extras.nodes_tomesd import TomePatchModel
