@@ -1,8 +1,8 @@
 """Random-weight diffusion models built from real ComfyUI code, for integration tests and bench scripts.
 
 No checkpoint is needed: the architecture comes from ComfyUI's `comfy.supported_models` configs (the published SD1.5 /
-SDXL / Flux hyper-parameters below complete them), weights are drawn here. Random weights are valid for speed, memory
-and "does the patch run / change / stay bit-identical" checks, never for image quality.
+SDXL / Flux / SD3 hyper-parameters below complete them), weights are drawn here. Random weights are valid for speed,
+memory and "does the patch run / change / stay bit-identical" checks, never for image quality.
 
 Usage (before anything imports comfy.model_management):
     setup_comfy("/path/to/ComfyUI", cpu=True, sdpa=True)
@@ -87,7 +87,25 @@ _FLUX_TINY = {
     "axes_dim": [8, 12, 12],
 }
 
-FAMILIES = ("sd15", "sdxl", "flux")
+# SD3-medium layout (MMDiT depth 24: hidden 64 x depth, 24 heads); tiny=True: the structure at depth 2 (hidden 128).
+_SD3_FULL: dict[str, Any] = {
+    "in_channels": 16,
+    "out_channels": 16,
+    "patch_size": 2,
+    "depth": 24,
+    "pos_embed_max_size": 192,
+    "adm_in_channels": 2048,
+    "context_embedder_config": {"target": "torch.nn.Linear", "params": {"in_features": 4096, "out_features": 1536}},
+}
+_SD3_TINY: dict[str, Any] = {
+    **_SD3_FULL,
+    "depth": 2,
+    "pos_embed_max_size": 64,
+    "adm_in_channels": 32,
+    "context_embedder_config": {"target": "torch.nn.Linear", "params": {"in_features": 64, "out_features": 128}},
+}
+
+FAMILIES = ("sd15", "sdxl", "flux", "sd3")
 
 
 def setup_comfy(comfyui_path: str | Path, cpu: bool = True, sdpa: bool = True) -> None:
@@ -187,10 +205,11 @@ def _unet_config(family: str, model_channels: int, tiny: bool, dtype: torch.dtyp
 def build_model(
     family: str, *, model_channels: int = 320, tiny: bool = False, dtype: torch.dtype = torch.float32, seed: int = 0
 ) -> Any:
-    """A ModelPatcher around a random-weight model of `family` ("sd15", "sdxl" or "flux").
+    """A ModelPatcher around a random-weight model of `family` ("sd15", "sdxl", "flux" or "sd3").
 
     model_channels: U-Net base width (320 is the real one; tests use 32). tiny: one transformer block per attention
-    site (SDXL) / hidden 64 (Flux). Weights stay on the offload device until ComfyUI loads the model.
+    site (SDXL) / hidden 64 (Flux) / two joint blocks (SD3). Weights stay on the offload device until ComfyUI loads
+    the model.
     """
     import comfy.model_management as mm
     import comfy.model_patcher
@@ -199,6 +218,9 @@ def build_model(
     if family == "flux":
         cls = sm.Flux
         cfg = {**sm.Flux.unet_config, **(_FLUX_TINY if tiny else _FLUX_FULL), "dtype": dtype}
+    elif family == "sd3":
+        cls = sm.SD3
+        cfg = {**sm.SD3.unet_config, **(_SD3_TINY if tiny else _SD3_FULL), "dtype": dtype}
     else:
         cls, cfg = _unet_config(family, model_channels, tiny, dtype)
     model_config = cls(cfg)
@@ -219,6 +241,11 @@ def conditioning(family: str, batch: int = 1, tokens: int = 77, seed: int = 1, t
     if family == "sdxl":
         pooled = torch.randn(batch, 1280, generator=gen)
         return [[torch.randn(batch, tokens, 2048, generator=gen), {"pooled_output": pooled}]]
+    if family == "sd3":
+        sd3: dict[str, Any] = _SD3_TINY if tiny else _SD3_FULL
+        width = sd3["context_embedder_config"]["params"]["in_features"]
+        pooled = torch.randn(batch, sd3["adm_in_channels"], generator=gen)
+        return [[torch.randn(batch, tokens, width, generator=gen), {"pooled_output": pooled}]]
     flux: dict[str, Any] = _FLUX_TINY if tiny else _FLUX_FULL
     return [
         [
@@ -229,7 +256,7 @@ def conditioning(family: str, batch: int = 1, tokens: int = 77, seed: int = 1, t
 
 
 def latent_channels(family: str) -> int:
-    return 16 if family == "flux" else 4
+    return 16 if family in ("flux", "sd3") else 4
 
 
 def model_inputs(
@@ -252,7 +279,9 @@ def model_inputs(
     elif family == "flux":
         kwargs["y"] = extra["pooled_output"]
         kwargs["guidance"] = torch.full((batch,), 3.5)
-    sigma = 1.0 if family == "flux" else 7.0
+    elif family == "sd3":
+        kwargs["y"] = extra["pooled_output"]
+    sigma = 1.0 if family in ("flux", "sd3") else 7.0
     out = {"x": x.to(device), "t": torch.full((batch,), sigma, device=device)}
     out.update({k: v.to(device) for k, v in kwargs.items()})
     return out

@@ -1,7 +1,7 @@
 """TokenSchedulerController: attach TokenFuse's attention token scheduling to a MODEL clone.
 
 U-Net family (SD1.x/2.x, SDXL): attn1_patch + attn1_output_patch closures. DiT families that call ComfyUI's
-`optimized_attention_override` (Flux, Wan, Qwen-Image, HunyuanVideo, LTXV): K/V strategies there. Anything else:
+`optimized_attention_override` (Flux, SD3, Wan, Qwen-Image, HunyuanVideo, LTXV): K/V strategies there. Anything else:
 the model passes through unchanged with one warning. Per-run telemetry is reset in an OUTER_SAMPLE wrapper, which
 logs one INFO summary line per sampling run.
 """
@@ -165,7 +165,7 @@ class TokenSchedulerController:
         if family.route == "none":
             msg = (
                 f"TokenFuse: model {family.name} has no attention entry point TokenFuse can patch (supported: "
-                "SD1.x/2.x, SDXL, Flux, Wan, Qwen-Image, HunyuanVideo, LTXV); the model passes through unchanged."
+                "SD1.x/2.x, SDXL, Flux, SD3, Wan, Qwen-Image, HunyuanVideo, LTXV); the model passes through unchanged."
             )
             log.warning(msg)
             return model, msg

@@ -1,4 +1,4 @@
-"""The DiT attention override (Flux, Wan, Qwen-Image, HunyuanVideo, LTXV): top-K keys/values on the 1-D sequence.
+"""The DiT attention override (Flux, SD3, Wan, Qwen-Image, HunyuanVideo, LTXV): top-K keys/values on the 1-D sequence.
 
 `build_attention_override` -> override(func, *args, **kwargs) for `transformer_options["optimized_attention_override"]`
 (the grid is unknown, so saliency picks the kept K/V tokens). `build_dit_hooks` adds the DIFFUSION_MODEL wrapper that
@@ -98,10 +98,10 @@ def build_attention_override(schedule: Schedule, telemetry: RunTelemetry) -> Cal
     """override(func, *args, **kwargs) for transformer_options["optimized_attention_override"] (DiT families).
 
     ComfyUI calls it as override(attention_fn, q, k, v, heads, [mask], ..., skip_reshape=..., transformer_options=...);
-    q/k/v are projected: [B, N, H*D], or [B, H, N, D] with skip_reshape. Inside the window and past the protected
-    blocks, self-attention calls (k has q's token count, no mask) keep the top (1 - dit_ratio) K/V tokens by
-    saliency; everything else is passed through untouched. Without the wrapper of `build_dit_hooks`, torch.compile
-    recompiles it every step (it reads the step).
+    q/k/v are projected: [B, N, H*D], or [B, H, N, D] with skip_reshape (SD3's MMDiT passes v as [B, N, H, D]).
+    Inside the window and past the protected blocks, self-attention calls (k has q's token count, no mask) keep the
+    top (1 - dit_ratio) K/V tokens by saliency; everything else is passed through untouched. Without the wrapper of
+    `build_dit_hooks`, torch.compile recompiles it every step (it reads the step).
     """
     return build_dit_hooks(schedule, telemetry).override
 
@@ -186,6 +186,9 @@ def build_dit_hooks(schedule: Schedule, telemetry: RunTelemetry) -> DitHooks:
         if topts.get(DISABLED_KEY):
             return func(*args, **kwargs)
         tok_dim = 2 if kwargs.get("skip_reshape", False) else 1
+        if tok_dim == 1 and isinstance(v, torch.Tensor) and v.ndim == 4 and isinstance(k, torch.Tensor) and k.ndim == 3:
+            v = v.flatten(2)  # SD3's MMDiT hands v as [B, N, heads, D] with q, k flattened: the same tokens
+            args = (q, k, v, *args[3:])
         if (
             mask is not None
             or not all(isinstance(t, torch.Tensor) for t in (q, k, v))

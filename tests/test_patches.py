@@ -394,3 +394,17 @@ def test_a_token_plan_reaches_the_flux_joint_sequence() -> None:
     assert text <= kept and face <= kept, (sorted(text - kept), sorted(face - kept))
     kept_off, _, _ = _flux_call(wrapper, override, x, 12, 6, dict(topts))
     assert not (text <= kept_off) and not (face <= kept_off)
+
+
+def test_the_override_reduces_sd3s_joint_attention() -> None:
+    """SD3's MMDiT (ComfyUI 0.3.64) calls the override with q, k as [B, N, H*D] and v as [B, N, H, D]: the override
+    passed every call through (k and v shapes differ). It keeps the same top-K tokens of both, v flattened as the
+    attention function reads it."""
+    topts = {"sigmas": SAMPLE_SIGMAS[:1], "sample_sigmas": SAMPLE_SIGMAS}
+    q = k = torch.randn(2, 256, 64)
+    v = k.clone().reshape(2, 256, 4, 16).transpose(1, 2).transpose(1, 2)  # a 4-D view, as split_qkv leaves it
+    tel = RunTelemetry()
+    override = build_attention_override(Schedule(dit_ratio=0.5, protect_blocks=0), tel)
+    seen = _override_call(override, q, k, v, transformer_options=topts)
+    assert seen["k"].shape == (2, 128, 64) and torch.equal(seen["v"], seen["k"])
+    assert tel.summary()["reduced_calls"] == 1

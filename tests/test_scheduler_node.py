@@ -37,7 +37,7 @@ class Flux:  # model_base.Flux
         self.diffusion_model = object()
 
 
-class SD3:  # model_base.SD3: reachable only by block replacement
+class HunyuanDiT:  # model_base.HunyuanDiT: its attention takes no transformer_options
     def __init__(self) -> None:
         self.model_config = None
         self.diffusion_model = object()
@@ -194,7 +194,7 @@ def test_chain_attention_override_runs_both_in_order() -> None:
 
 
 def test_unsupported_model_passes_through_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
-    model = FakeModelPatcher(SD3())
+    model = FakeModelPatcher(HunyuanDiT())
     with caplog.at_level(logging.WARNING):
         out, report = NODE.apply(model, "balanced", "preset", 0.0)
     assert out is model and model.model_options == {"transformer_options": {}}
@@ -329,7 +329,9 @@ def test_family_detection_by_comfyui_class_names() -> None:
     assert patcher.detect_family(FakeModelPatcher(svd)) == patcher.ModelFamily("sd15", "unet", "SVD_img2vid")
     assert patcher.detect_family(FakeModelPatcher(BaseModel(SDXL()))).family == "sdxl"
     assert patcher.detect_family(FakeModelPatcher(WAN22())).route == "override"
-    assert patcher.detect_family(FakeModelPatcher(SD3())).route == "none"
+    assert patcher.detect_family(FakeModelPatcher(HunyuanDiT())).route == "none"
+    sd3 = type("SD3", (), {"model_config": None, "diffusion_model": object()})()  # 0.3.64 MMDiT: the override
+    assert patcher.detect_family(FakeModelPatcher(sd3)) == patcher.ModelFamily("dit", "override", "SD3")
     assert patcher.detect_family(object()).route == "none"
 
 

@@ -81,8 +81,10 @@ def sigma_window(model: Any, start_percent: float, end_percent: float) -> tuple[
 # ------------------------------------------------------------------------------------------------ family detection
 Route = Literal["unet", "override", "none"]
 
-# model_base classes (matched along the MRO, so subclasses such as Chroma(Flux) or WAN22(WAN21) count).
-_OVERRIDE_MODELS = {"Flux", "WAN21", "QwenImage", "HunyuanVideo", "LTXV"}
+# model_base classes (matched along the MRO, so subclasses such as Chroma(Flux) or WAN22(WAN21) count). SD3: ComfyUI
+# 0.3.64's MMDiT hands transformer_options to its joint attention (older ones did not: no call reaches the override,
+# and the run's summary warns that none did).
+_OVERRIDE_MODELS = {"Flux", "WAN21", "QwenImage", "HunyuanVideo", "LTXV", "SD3"}
 _SDXL_CONFIGS = {"SDXL", "SDXLRefiner", "SSD1B", "Segmind_Vega", "KOALA_700M", "KOALA_1B", "SDXL_instructpix2pix"}
 
 

@@ -130,6 +130,31 @@ def test_flux_attention_override(comfy, random_model, caplog) -> None:
     assert torch.equal(ksample(comfy, off, "flux"), base)
 
 
+def test_sd3_attention_override(comfy, random_model, caplog) -> None:
+    """SD3's MMDiT (random weights, two joint blocks) reaches the override in ComfyUI 0.3.64: `balanced` reduces every
+    joint attention call (odd latent 17 x 13, cond + uncond batched); `off` is bit-identical. Before, SD3 passed
+    through unchanged."""
+    model = random_model("sd3")
+    assert patcher.detect_family(model) == patcher.ModelFamily("dit", "override", "SD3")
+
+    def sample(m) -> torch.Tensor:
+        pos = comfy.models.conditioning("sd3", seed=1, tiny=True)
+        neg = comfy.models.conditioning("sd3", seed=2, tiny=True)
+        latent = {"samples": torch.zeros(1, comfy.models.latent_channels("sd3"), 17, 13)}
+        (out,) = comfy.nodes.common_ksampler(m, 0, 2, 2.0, "euler", "normal", pos, neg, latent)
+        assert torch.isfinite(out["samples"]).all()
+        return out["samples"]
+
+    base = sample(model)
+    with caplog.at_level(logging.INFO):
+        patched, report = NODE.apply(model, "balanced", "preset", 0.0)
+        out = sample(patched)
+    assert "SD3 (dit, attention override)" in report and not torch.equal(out, base)
+    (line,) = run_lines(caplog)
+    assert " 4/4 attention calls reduced" in line, line
+    assert torch.equal(sample(NODE.apply(model, "off", "preset", 0.0)[0]), base)
+
+
 def test_flux_reads_a_token_plan_on_its_patchified_grid(comfy, random_model) -> None:
     """A TOKEN_PLAN on Flux (odd latent 17 x 13: a 9 x 7 token grid after 2x2 patches, after the prompt's tokens): a
     plan protecting every pixel keeps every K/V token (bit-identical to the unscheduled model), a face plan keeps
