@@ -456,12 +456,7 @@ def schedule_model(
         patch = patcher.text_first_patch_size(m)
         if patch is not None:  # a TOKEN_PLAN (here or ScheduledFusion's crop plan) mapped onto the joint sequence
             patcher.add_wrapper(m, "DIFFUSION_MODEL", WRAPPER_KEY, build_plan_wrapper(patch))
-        elif plan is not None:
-            log.warning(
-                "TokenFuse: the TOKEN_PLAN is not used on %s (where its image tokens sit in the attention sequence is "
-                "known for Flux-family models only); every token is treated alike",
-                family.name,
-            )
+        # other DiTs: the override warns once when a plan reaches it unmapped (the report says so for this node's)
     cache = _attach_step_cache(m, schedule) if schedule.cache_on and family.route == "unet" else None
     if schedule.cache_on and cache is None:
         log.warning(

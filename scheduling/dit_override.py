@@ -9,6 +9,7 @@ latent grid), so face tokens and the prompt's tokens win the top-K there as face
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from .schedule import Schedule
 from .telemetry import RunTelemetry
 from .topk import gather_tokens, keep_count, topk_indices
 from .transfer import to_device
+
+log = logging.getLogger(__name__)
 
 MIN_DIT_TOKENS = 64
 TEXT_BONUS = 3.0  # above a protected face token's importance + 2: the prompt's tokens are kept first
@@ -156,8 +159,16 @@ def build_dit_hooks(schedule: Schedule, telemetry: RunTelemetry) -> DitHooks:
         idx = topk_indices(k, keep, importance, tok_dim)
         return gather_tokens(k, idx, tok_dim), gather_tokens(v, idx, tok_dim), n_tok, keep
 
+    plan_unused: list[bool] = []  # warned once: a TOKEN_PLAN reached a call without its sequence mapping
+
     def eager_override(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         topts = kwargs.get("transformer_options") or {}
+        if not plan_unused and topts.get(PLAN_KEY) is not None and topts.get(DIT_PLAN_KEY) is None:
+            plan_unused.append(True)  # e.g. ScheduledFusion's crop plan on SD3 / Wan: say so, once per patched model
+            log.warning(
+                "TokenFuse: the TOKEN_PLAN is not used by this model's attention (where its image tokens sit in the "
+                "sequence is known for Flux-family models only); every token is treated alike"
+            )
         info = steps(topts)
         t0 = time.perf_counter() if schedule.time_calls else 0.0
         top = top_kv(args, kwargs, schedule.active_at(info.progress))

@@ -408,3 +408,25 @@ def test_the_override_reduces_sd3s_joint_attention() -> None:
     seen = _override_call(override, q, k, v, transformer_options=topts)
     assert seen["k"].shape == (2, 128, 64) and torch.equal(seen["v"], seen["k"])
     assert tel.summary()["reduced_calls"] == 1
+
+
+def test_an_unmapped_plan_on_a_dit_is_reported_once(caplog: pytest.LogCaptureFixture) -> None:
+    """ScheduledFusion's crop plan on SD3 / Wan (no sequence mapping) was silently ignored while the fusion report
+    said "plan keeps ~N": the override warns once per patched model; a mapped plan (Flux) does not warn."""
+    import logging
+
+    from tokenfuse.scheduling.dit_override import DitPlan
+    from tokenfuse.scheduling.keys import DIT_PLAN_KEY, PLAN_KEY
+
+    plan = TokenPlan(importance=torch.ones(1, 16, 16), image_size=(16, 16))
+    topts = {"sigmas": SAMPLE_SIGMAS[:1], "sample_sigmas": SAMPLE_SIGMAS, PLAN_KEY: plan}
+    q = torch.randn(1, 256, 64)
+    with caplog.at_level(logging.WARNING, logger="tokenfuse"):
+        mapped = build_attention_override(Schedule(dit_ratio=0.5, protect_blocks=0), RunTelemetry())
+        _override_call(mapped, q, q, q, transformer_options={**topts, DIT_PLAN_KEY: DitPlan(torch.zeros(1, 256), 0)})
+        assert not caplog.records
+        override = build_attention_override(Schedule(dit_ratio=0.5, protect_blocks=0), RunTelemetry())
+        for _ in range(3):
+            _override_call(override, q, q, q, transformer_options=topts)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "TOKEN_PLAN is not used" in warned[0], warned

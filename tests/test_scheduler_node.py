@@ -604,20 +604,16 @@ class WAN21:  # model_base.WAN21: attention over the video tokens alone
         self.diffusion_model = object()
 
 
-def test_a_token_plan_on_a_dit_model_is_mapped_on_flux_and_reported_unused_elsewhere(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_a_token_plan_on_a_dit_model_is_mapped_on_flux_and_reported_unused_elsewhere() -> None:
     """The report said "expected N% tokens saved" for a TOKEN_PLAN on any DiT while the override never read it. Flux
-    (patch size 2) gets the wrapper that maps it onto its joint sequence; another DiT says, once, that it is unused."""
+    (patch size 2) gets the wrapper that maps it onto its joint sequence; another DiT's report says it is unused (its
+    override warns once when a plan reaches it: tests/test_patches.py)."""
     plan = TokenPlan(importance=torch.ones(1, 64, 64), image_size=(64, 64))
     flux = Flux()
     flux.diffusion_model = SimpleNamespace(patch_size=2)
     patched, report = NODE.apply(FakeModelPatcher(flux), "balanced", "preset", 0.0, token_plan=plan)
     names = [getattr(w, "__name__", "") for ws in patched.wrappers.values() for w in ws.get("tokenfuse", [])]
     assert "tokenfuse_dit_plan" in names and "tokens saved" in report
-    with caplog.at_level(logging.WARNING):
-        patched, report = NODE.apply(FakeModelPatcher(WAN21()), "balanced", "preset", 0.0, token_plan=plan)
+    patched, report = NODE.apply(FakeModelPatcher(WAN21()), "balanced", "preset", 0.0, token_plan=plan)
     names = [getattr(w, "__name__", "") for ws in patched.wrappers.values() for w in ws.get("tokenfuse", [])]
-    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "tokenfuse_dit_plan" not in names and "token plan: not used on WAN21" in report, report
-    assert len(warned) == 1 and "TOKEN_PLAN is not used on WAN21" in warned[0], warned
