@@ -19,7 +19,14 @@ import torch
 import torch.nn.functional as F
 
 from .keys import DISABLED_KEY, DIT_PLAN_KEY, PLAN_KEY, TRACE_KEY
-from .patches import LEARN, StepTracker, _transformer_options, _with_options, eager_under_compile, traced_call_wrapper
+from .patches import (
+    LEARN,
+    StepTracker,
+    eager_under_compile,
+    traced_call_wrapper,
+    transformer_options_of,
+    with_transformer_options,
+)
 from .schedule import Schedule
 from .telemetry import RunTelemetry
 from .topk import gather_tokens, keep_count, topk_indices
@@ -74,7 +81,7 @@ def build_plan_wrapper(patch_size: int) -> Callable[..., Any]:
     mapped_eager = eager_under_compile(mapped)
 
     def tokenfuse_dit_plan(executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        where, opts = _transformer_options(args, kwargs)
+        where, opts = transformer_options_of(args, kwargs)
         x = args[0] if args else None
         context = args[2] if len(args) > 2 else kwargs.get("context")
         plan = opts.get(PLAN_KEY) if opts is not None else None
@@ -91,7 +98,7 @@ def build_plan_wrapper(patch_size: int) -> Callable[..., Any]:
             return executor(*args, **kwargs)
         fn = mapped_eager if torch.compiler.is_compiling() else mapped
         opts = {**opts, DIT_PLAN_KEY: fn(plan, x, int(context.shape[1]))}
-        args, kwargs = _with_options(where, opts, args, kwargs)
+        args, kwargs = with_transformer_options(where, opts, args, kwargs)
         return executor(*args, **kwargs)
 
     return tokenfuse_dit_plan

@@ -199,12 +199,12 @@ def traced_call_wrapper(
         compiling = torch.compiler.is_compiling()
         if (not compiling and ours is None) or not args or not isinstance(args[0], torch.Tensor):
             return executor(*args, **kwargs)
-        where, opts = _transformer_options(args, kwargs)
+        where, opts = transformer_options_of(args, kwargs)
         if opts is None:
             return executor(*args, **kwargs)
         if ours is not None and (nb := neighbours_of(opts, ours)) is not None:
             opts = {**opts, NEIGHBOURS_KEY: nb}
-            args, kwargs = _with_options(where, opts, args, kwargs)
+            args, kwargs = with_transformer_options(where, opts, args, kwargs)
         if not compiling:
             return executor(*args, **kwargs)
         value = decide_eager(tuple(args[0].shape), opts)
@@ -213,7 +213,7 @@ def traced_call_wrapper(
         else:
             if value is not None:
                 opts = {**opts, TRACE_KEY: value}
-                args, kwargs = _with_options(where, opts, args, kwargs)
+                args, kwargs = with_transformer_options(where, opts, args, kwargs)
             out = executor(*args, **kwargs)
         after_eager(opts)
         return out
@@ -221,7 +221,7 @@ def traced_call_wrapper(
     return diffusion_model_wrapper
 
 
-def _with_options(
+def with_transformer_options(
     where: int | str, opts: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """(args, kwargs) of a DIFFUSION_MODEL call with its transformer_options (found at `where`) replaced by opts."""
@@ -230,7 +230,7 @@ def _with_options(
     return args, {**kwargs, "transformer_options": opts}
 
 
-def _transformer_options(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int | str, dict[str, Any] | None]:
+def transformer_options_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int | str, dict[str, Any] | None]:
     """Where a DIFFUSION_MODEL executor call carries transformer_options (the argument order differs per model): the
     keyword, else the last positional dict (after `control`, which can be a dict too)."""
     opts = kwargs.get("transformer_options")
