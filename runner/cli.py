@@ -56,15 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--resume", action="store_true", help="skip items the report already lists as ok")
     r.add_argument("--server", metavar="URL", help="run on a ComfyUI server (HTTP API) instead of in-process")
-    r.add_argument(
-        "--comfyui",
-        metavar="PATH",
-        help="ComfyUI checkout to embed (default: COMFYUI_PATH, or the ComfyUI this pack is installed in)",
-    )
-    r.add_argument("--cpu", action="store_true", help="embedded ComfyUI on CPU (ComfyUI's --cpu)")
-    r.add_argument(
-        "--sdpa", action="store_true", help="PyTorch SDPA attention (ComfyUI's --use-pytorch-cross-attention)"
-    )
+    add_comfy_arguments(r, "ComfyUI checkout to embed")
     r.add_argument(
         "--ray",
         nargs="?",
@@ -108,17 +100,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--max-video-megapixels", type=float, default=8.3, help="largest video frame accepted (413 above; 4K = 8.3)"
     )
-    s.add_argument(
-        "--comfyui",
-        metavar="PATH",
-        help="ComfyUI checkout each replica embeds (default: COMFYUI_PATH, or the ComfyUI this pack is installed in)",
-    )
-    s.add_argument("--cpu", action="store_true", help="embedded ComfyUI on CPU (ComfyUI's --cpu)")
-    s.add_argument(
-        "--sdpa", action="store_true", help="PyTorch SDPA attention (ComfyUI's --use-pytorch-cross-attention)"
-    )
+    add_comfy_arguments(s, "ComfyUI checkout each replica embeds")
     s.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
+
+
+def add_comfy_arguments(parser: argparse.ArgumentParser, checkout: str) -> None:
+    """--comfyui, --cpu, --sdpa: how `run` and `serve` start their embedded ComfyUI."""
+    parser.add_argument(
+        "--comfyui",
+        metavar="PATH",
+        help=f"{checkout} (default: COMFYUI_PATH, or the ComfyUI this pack is installed in)",
+    )
+    parser.add_argument("--cpu", action="store_true", help="embedded ComfyUI on CPU (ComfyUI's --cpu)")
+    parser.add_argument(
+        "--sdpa", action="store_true", help="PyTorch SDPA attention (ComfyUI's --use-pytorch-cross-attention)"
+    )
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
