@@ -159,7 +159,9 @@ def build_dit_hooks(schedule: Schedule, telemetry: RunTelemetry) -> DitHooks:
         plan = topts.get(DIT_PLAN_KEY)
         if isinstance(plan, DitPlan) and plan.bonus.shape[0] == k.shape[0] and plan.bonus.shape[1] <= n_tok:
             # an image-only sequence (no text in front) is shorter than the plan's: it passes without the plan
-            importance, min_keep = F.pad(plan.bonus, (0, n_tok - plan.bonus.shape[1])), plan.min_keep
+            extra = n_tok - plan.bonus.shape[1]  # reference latents after the image: no bonus
+            importance = plan.bonus if extra == 0 else F.pad(plan.bonus, (0, extra))
+            min_keep = plan.min_keep
         keep = keep_count(n_tok, schedule.dit_ratio, min_keep)
         if not active or (isinstance(bidx, int) and bidx < schedule.protect_blocks) or keep >= n_tok:
             return None
