@@ -20,6 +20,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from ..scheduling.schedule import TELEMETRY_NAME
 from .convert import node_info
 from .engine import PARTIAL_INVALID, ExecResult, OutputFile, Progress, missing_saves, output_entries
 
@@ -29,9 +30,6 @@ PACK_DIR = Path(__file__).absolute().parents[1]
 REPORT_SLOTS = {"TokenFuseScheduledFusion": 2, "TokenFuseGFPGANEnhance": 2, "TokenFuseTokenSchedulerController": 1}
 
 
-# Where the pack's nodes write their own files (telemetry JSONL) under ComfyUI's output folder: nodes/glue/paths.py
-# output_dir() without $TOKENFUSE_OUTPUT_DIR (with it, the operator's folder keeps them).
-PACK_OUTPUT_SUBFOLDER = "tokenfuse"
 NAME_MAX_BYTES = 255  # one file-name component on ext4, APFS, NTFS (UTF-8 bytes; NTFS counts UTF-16 units, fewer)
 
 
@@ -152,8 +150,10 @@ class EmbeddedComfy:
         import comfy.utils
         import torch
 
+        from ..nodes.glue.paths import OUTPUT_SUBFOLDER  # the pack's telemetry folder (without $TOKENFUSE_OUTPUT_DIR)
+
         prompt_id = str(uuid.uuid4())
-        pack_output = self.work / "output" / PACK_OUTPUT_SUBFOLDER
+        pack_output = self.work / "output" / OUTPUT_SUBFOLDER
         before = file_stamps(pack_output)
         valid, error, outputs, node_errors = asyncio.run(self._execution.validate_prompt(prompt_id, prompt, None))
         refused = validation_error(valid, error, node_errors)
@@ -185,7 +185,7 @@ class EmbeddedComfy:
             files.append(OutputFile(e["filename"], e.get("subfolder", ""), local.read_bytes, local))
         saved_paths = {f.local for f in files}  # a save node's prefix `tokenfuse/...` writes into that folder too
         written = [
-            OutputFile(path.name, PACK_OUTPUT_SUBFOLDER, path.read_bytes, path)
+            OutputFile(path.name, OUTPUT_SUBFOLDER, path.read_bytes, path)
             for path in changed_files(pack_output, before)
             if path not in saved_paths
         ]
@@ -207,7 +207,9 @@ class EmbeddedComfy:
 
 
 def file_stamps(folder: Path) -> dict[str, tuple[int, int]]:
-    """name -> (mtime_ns, size) of the visible plain files directly in `folder` ({} when it does not exist)."""
+    """name -> (mtime_ns, size) of the telemetry files (a schedule's `telemetry_jsonl` names) directly in `folder`
+    ({} when it does not exist). Only those are stat'ed: the shipped workflows save into that folder too, and an
+    in-process run keeps every item's outputs there until it ends."""
     try:
         entries = list(os.scandir(folder))
     except OSError:
@@ -215,7 +217,7 @@ def file_stamps(folder: Path) -> dict[str, tuple[int, int]]:
     stamps = {}
     for e in entries:
         try:
-            if not e.name.startswith(".") and e.is_file(follow_symlinks=False):
+            if TELEMETRY_NAME.fullmatch(e.name) and e.is_file(follow_symlinks=False):
                 st = e.stat(follow_symlinks=False)
                 stamps[e.name] = (st.st_mtime_ns, st.st_size)
         except OSError:  # removed meanwhile

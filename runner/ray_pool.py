@@ -188,9 +188,8 @@ class RunnerWorker:
             result = self.engine.execute(staged)
             if not result.ok:
                 return None, {"error": result.error}, self.pid
-            written = [
-                (output_name(f), f.read()) for f in result.written
-            ]  # the telemetry JSONL: core_video.chunk_files
+            # the telemetry JSONL the chunk's nodes wrote, read by core_video.chunk_files
+            written = [(output_name(f), f.read()) for f in result.written]
             return out.read_bytes(), {**JOBS[job].stats.counts(), "written": written}, self.pid
         finally:
             JOBS.pop(job, None)

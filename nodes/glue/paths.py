@@ -110,6 +110,7 @@ def file_stamp(
 
 # ------------------------------------------------------------------------------------------------ files the pack writes
 OUTPUT_DIR_ENV = "TOKENFUSE_OUTPUT_DIR"
+OUTPUT_SUBFOLDER = "tokenfuse"  # under ComfyUI's output folder when OUTPUT_DIR_ENV is not set
 
 
 class OutputPathError(ValueError):
@@ -128,7 +129,7 @@ def output_dir() -> Path:
         comfy_output.mkdir(
             parents=True, exist_ok=True
         )  # ComfyUI's own folder (it makes it lazily too), never a prompt's
-        base = comfy_output / "tokenfuse"
+        base = comfy_output / OUTPUT_SUBFOLDER
     else:
         raise OutputPathError(f"no output folder outside ComfyUI: set {OUTPUT_DIR_ENV} to a folder for TokenFuse files")
     if not base.parent.is_dir():
