@@ -24,6 +24,7 @@ from typing import Any
 from .convert import WorkflowError, is_api_prompt, ui_to_api
 from .core_cli import add_core_arguments, cmd_run_core, refuse_core_options
 from .items import Item, expand, item_slot, resolve
+from .output_folder import refuse_non_folder
 from .report import item_names
 from .run import EXIT_USAGE, run_items
 
@@ -275,6 +276,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise WorkflowError("--demo runs embedded (its model loader exists only in the runner): drop --server")
     if not args.demo and not args.workflow:
         raise WorkflowError("give a workflow .json (or --demo)")
+    refuse_non_folder(args.output)
     engine = _make_engine(args, {demo.DEMO_LOADER: demo.DemoModels} if args.demo else None)
     scratch = tempfile.TemporaryDirectory(prefix="tokenfuse_demo_")
     try:

@@ -19,6 +19,7 @@ from ..scheduling.vocabulary import Preset
 from .convert import WorkflowError
 from .core_refine import RefineName
 from .items import expand
+from .output_folder import refuse_non_folder
 from .report import item_names
 from .workflow_chunks import DRIVER_BACKENDS
 
@@ -159,6 +160,7 @@ def cmd_run_core(args: argparse.Namespace) -> int:
     if args.workflow and str(args.workflow).lower().endswith(".json"):
         raise WorkflowError("--engine core runs no workflow: drop the .json (or use --engine comfyui)")
     output = Path(args.output)
+    refuse_non_folder(output)
     items = expand(sources, item_names(output / "report.jsonl") if args.resume else None)
     if not items:
         raise WorkflowError("no items: give videos, folders or list files")

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any
+
+from .output_folder import open_report, read_report
 
 _SUMMARY = re.compile(r"(\d+) face\(s\), (\d+) with fallbacks, (\d+) passed through")
 _SECONDS = re.compile(r", (\d+(?:\.\d+)?) s, peak ")  # a per-face line's time (fusion/fallback.py FaceReport.line)
@@ -14,11 +16,12 @@ _FACE = re.compile(r"^frame (\d+) face (\d+): (\w+),.*fallbacks: (.*?)(?: \| war
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
-    """The report's rows about an item (absent file -> none); a line cut by a kill is skipped: that item is redone."""
-    if not path.is_file():
-        return []
+    """The report's rows about an item (absent file -> none); a line cut by a kill is skipped: that item is redone.
+    A report that is a link is refused (OutputFolderError), not read: it is in the output folder (output_folder.py)."""
+    root = path.parent.resolve()
+    text = read_report(root, root / path.name) if path.parent.is_dir() else None
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in (text or "").splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
@@ -76,12 +79,18 @@ def frame_report(text: str, frame: int, as_frame: int | None = None) -> str:
 
 
 class ReportWriter:
-    """Appends rows to a JSONL file, flushing each line."""
+    """Appends rows to a JSONL file, flushing each line. The file is opened without following a link, and must be a
+    regular file with one name (output_folder.open_report): a report planted as a link to a file elsewhere stops the
+    run (OutputFolderError) instead of truncating that file. root: the resolved output folder (default: the file's
+    folder, created when missing)."""
 
-    def __init__(self, path: Path, append: bool) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, path: Path, append: bool, root: Path | None = None) -> None:
+        if root is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            root = path.parent.resolve()
+            path = root / path.name
         self.path = path
-        self._fh: TextIO = path.open("a" if append else "w", encoding="utf-8")
+        self._fh: IO[str] = open_report(root, path, append)
 
     def write(self, row: dict[str, Any]) -> None:
         self._fh.write(json.dumps(row, sort_keys=True, default=str) + "\n")

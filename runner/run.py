@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import shutil
 import signal
 import sys
 import time
@@ -21,6 +20,7 @@ from typing import Any, TextIO
 
 from .engine import Engine, EngineUnavailable, OutputFile
 from .items import Item, loaders
+from .output_folder import check_entry, make_folders, output_root, remove_entry, write_new
 from .report import ReportWriter, done_keys, summarize_texts
 
 log = logging.getLogger("tokenfuse.runner")
@@ -88,38 +88,53 @@ def bind(prompt: dict[str, dict[str, Any]], names: dict[str, str]) -> dict[str, 
     return p
 
 
-def save_outputs(files: list[tuple[str, bytes]], folder: Path) -> list[str]:
+def save_outputs(files: list[tuple[str, bytes]], folder: Path, root: Path | None = None) -> list[str]:
     """Write an item's output files into its folder; returns their paths. Files of several subfolders keep them below
     the one they share (save nodes `left/img` and `right/img` both write img_00001_.png: `left/`, `right/`; the
     shipped workflows' single `tokenfuse/` stays flat), and a path an earlier file of the item took gets `_2`, `_3`,
-    ...: no output overwrites another."""
-    folder.mkdir(parents=True, exist_ok=True)
+    ...: no output overwrites another.
+
+    root: the resolved output folder (default: the folder's parent). Nothing is written through a link below it
+    (runner/output_folder.py): a folder on the way that is a link fails the item with OutputFolderError."""
+    if root is None:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        root, folder = folder.parent.resolve(), folder.parent.resolve() / folder.name
+    make_folders(root, folder)
     rels = [_relative_inside(filename) for filename, _ in files]
     shared = Path(os.path.commonpath([str(r.parent) for r in rels])) if rels else Path()
     written: list[str] = []
     for rel, (_, data) in zip(rels, files, strict=True):
         dst = _free_path(folder / rel.relative_to(shared), set(written))
-        dst.parent.mkdir(parents=True, exist_ok=True)
+        make_folders(root, dst.parent)
         part = dst.with_name(dst.name + ".part")  # a kill mid-write leaves a .part, never a truncated output
+        remove_entry(root, part)  # a .part of a killed attempt (or a link planted there): removed as it is
         try:
-            part.write_bytes(data)
-            os.replace(part, dst)
-        except OSError:
+            write_new(part, data)
+            check_entry(root, dst)
+            os.replace(part, dst)  # replaces the name `dst`, never what a link there points to
+        except (OSError, ValueError):
             part.unlink(missing_ok=True)
             raise
         written.append(str(dst))
     return written
 
 
-def set_aside(folder: Path, trash: Path) -> Path | None:
+def set_aside(folder: Path, trash: Path, root: Path | None = None) -> Path | None:
     """Move what an earlier attempt left in an item's folder (a run killed mid-item, a run before this one) to
     `trash` before the item's new outputs are filed, so the folder holds one attempt's files only; returns where
     they went (None when there was nothing). Moved, not deleted: the folder may hold files the user put there. Only
-    the latest set is kept per item."""
+    the latest set is kept per item.
+
+    root: the resolved output folder (default: the folder's parent). The item's folder, `trash` and the folders on
+    the way must not be links (OutputFolderError); an earlier `trash` is removed without following links."""
+    if root is None:
+        root = folder.parent.resolve()
+        folder, trash = root / folder.name, root / trash.relative_to(folder.parent)
+    check_entry(root, folder)
     if not folder.is_dir() or not any(folder.iterdir()):
         return None
-    shutil.rmtree(trash, ignore_errors=True)
-    trash.parent.mkdir(parents=True, exist_ok=True)
+    make_folders(root, trash.parent)
+    remove_entry(root, trash)
     os.replace(folder, trash)
     return trash
 
@@ -212,9 +227,10 @@ class RunLog:
 
     def __init__(self, output: Path, total: int, resume: bool = False, progress: bool = True) -> None:
         self.started = time.perf_counter()
-        self.output, self.report_path = output, output / "report.jsonl"
+        self.output = output_root(output)  # resolved once: `-o` may be a link, nothing below it may (output_folder.py)
+        self.report_path = self.output / "report.jsonl"
         self.finished = done_keys(self.report_path) if resume else set()
-        self.writer = ReportWriter(self.report_path, append=resume)
+        self.writer = ReportWriter(self.report_path, append=resume, root=self.output)
         self.summary = Summary()
         self.bar = ProgressLine(total, enabled=progress)
         self._ended = False
@@ -233,12 +249,13 @@ class RunLog:
         self.bar.item(index, item.name)
         if row["status"] == "ok":
             try:
-                moved = set_aside(self.output / item.name, self.output / REPLACED / item.name)
+                moved = set_aside(self.output / item.name, self.output / REPLACED / item.name, self.output)
                 if moved is not None:
                     log.info("%s: the files of an earlier attempt were moved to %s", item.name, moved)
-                row["outputs"] = save_outputs(files, self.output / item.name)
+                row["outputs"] = save_outputs(files, self.output / item.name, self.output)
             except (OSError, ValueError) as exc:  # a disk full, a name the file system refuses (ValueError: a NUL
-                # in a server's file name): this item fails, the run goes on
+                # in a server's file name), a link planted in the output folder (OutputFolderError): this item
+                # fails, the run goes on
                 row.update(status="failed", error=f"its outputs could not be written: {exc}", outputs=[])
         self.writer.write(row)
         return account(self.summary, self.bar, row)

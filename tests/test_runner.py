@@ -438,16 +438,18 @@ def test_a_kill_mid_write_leaves_no_truncated_output_and_a_redo_starts_clean(
     class Killed(BaseException):
         pass
 
-    real = Path.write_bytes
+    import tokenfuse.runner.run as run_module
 
-    def die_halfway(self: Path, data: bytes) -> int:  # what kill -9 leaves: half of the bytes, then nothing
-        if self.name.startswith("img_00002_"):
-            real(self, data[: len(data) // 2])
+    real = run_module.write_new
+
+    def die_halfway(path: Path, data: bytes) -> None:  # what kill -9 leaves: half of the bytes, then nothing
+        if path.name.startswith("img_00002_"):
+            real(path, data[: len(data) // 2])
             raise Killed
-        return real(self, data)
+        real(path, data)
 
     run = RunLog(tmp_path / "out", 1, progress=False)
-    monkeypatch.setattr(Path, "write_bytes", die_halfway)
+    monkeypatch.setattr(run_module, "write_new", die_halfway)
     with pytest.raises(Killed):
         run.finish(1, item, {"item": item.key, "name": "p2", "status": "ok", "time_s": 0.1}, files)
     monkeypatch.undo()
