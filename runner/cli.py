@@ -239,14 +239,65 @@ def _checked_value(definition: dict[str, Any], name: str, text: str, value: Any,
     return value
 
 
-def load_prompt(path: Path, defs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+MAX_WORKFLOW_DEPTH = 100  # a saved workflow nests about 8 levels; later steps copy a prompt recursively
+
+
+def read_workflow(path: Path) -> dict[str, Any]:
+    """A workflow file's JSON object, read before any engine starts. WorkflowError when it cannot be read, is not
+    UTF-8 JSON, is not an object, or nests deeper than MAX_WORKFLOW_DEPTH (`[` * 100000 ended in json's
+    RecursionError traceback)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise WorkflowError(f"cannot read workflow {path}: {e}") from e
+    except RecursionError:
+        raise WorkflowError(f"{path} is not a ComfyUI workflow: its JSON is nested too deeply") from None
     if not isinstance(data, dict):
-        raise WorkflowError(f"{path} is not a ComfyUI workflow")
-    return {str(k): v for k, v in data.items()} if is_api_prompt(data) else ui_to_api(data, defs)
+        raise WorkflowError(f"{path} is not a ComfyUI workflow (a JSON object of nodes)")
+    if _nested_deeper(data, MAX_WORKFLOW_DEPTH):
+        raise WorkflowError(
+            f"{path} is not a ComfyUI workflow: its JSON is nested too deeply ({MAX_WORKFLOW_DEPTH} levels at most)"
+        )
+    return data
+
+
+def _nested_deeper(value: Any, limit: int) -> bool:
+    """True when the lists and dicts in `value` nest more than `limit` levels (iterative: no recursion limit)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def to_prompt(data: dict[str, Any], defs: dict[str, dict[str, Any]], path: Path) -> dict[str, dict[str, Any]]:
+    """An API prompt from a workflow read by read_workflow (UI format converted with the engine's node definitions)."""
+    if not is_api_prompt(data):
+        return ui_to_api(data, defs)
+    if not data:
+        raise WorkflowError(f"{path} is not a ComfyUI workflow: it has no nodes")
+    return {str(k): v for k, v in data.items()}
+
+
+def refuse_unknown_classes(prompt: dict[str, dict[str, Any]], defs: dict[str, dict[str, Any]], path: Path) -> None:
+    """WorkflowError naming the node classes of `prompt` the engine does not know (ui_to_api does the same for UI
+    workflows): a workflow of only unknown classes has no loader, and read "every loader is bound by --input"."""
+    unknown = sorted({str(node["class_type"]) for node in prompt.values()} - set(defs))
+    if unknown:
+        shown = ", ".join(name[:80] for name in unknown[:20])
+        more = f", ... ({len(unknown)} in all)" if len(unknown) > 20 else ""
+        raise WorkflowError(
+            f"{path}: node class(es) unknown to this ComfyUI: {shown}{more}. The custom node pack(s) that provide "
+            "them are not installed or failed to load (see ComfyUI's start-up log)"
+        )
+
+
+def load_prompt(path: Path, defs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """read_workflow then to_prompt."""
+    return to_prompt(read_workflow(path), defs, path)
 
 
 def _make_engine(args: argparse.Namespace, extra_nodes: dict[str, type] | None) -> Any:
@@ -277,6 +328,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.demo and not args.workflow:
         raise WorkflowError("give a workflow .json (or --demo)")
     refuse_non_folder(args.output)
+    workflow = None if args.demo else read_workflow(Path(args.workflow))  # a broken file costs no engine start
     engine = _make_engine(args, {demo.DEMO_LOADER: demo.DemoModels} if args.demo else None)
     scratch = tempfile.TemporaryDirectory(prefix="tokenfuse_demo_")
     try:
@@ -286,7 +338,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             prompt = demo.fill_defaults(demo.demo_prompt(), defs)
             sources = ([args.workflow] if args.workflow else []) + list(args.items)
         else:
-            prompt = load_prompt(Path(args.workflow), defs)
+            prompt = to_prompt(workflow or {}, defs, Path(args.workflow))
+            refuse_unknown_classes(prompt, defs, Path(args.workflow))
             sources = list(args.items)
         apply_sets(prompt, args.set, defs)
         constants: dict[str, Path] = {}

@@ -87,7 +87,10 @@ def ui_to_api(workflow: dict[str, Any], defs: NodeDefs) -> dict[str, dict[str, A
     missing = sorted({n["type"] for n in nodes.values() if n["type"] not in defs} - FRONTEND_ONLY - {"Reroute"})
     missing = [m for m in missing if m != "PrimitiveNode"]
     if missing:
-        raise WorkflowError(f"node type(s) not installed in this ComfyUI: {', '.join(missing)}")
+        raise WorkflowError(
+            f"node type(s) not installed in this ComfyUI: {', '.join(missing)} (the custom node pack(s) that provide "
+            "them are missing or failed to load: see ComfyUI's start-up log)"
+        )
 
     def source(link_id: int, want: str | None = None, seen: frozenset[int] = frozenset()) -> list[Any] | Any | None:
         """[node_id, slot] feeding a link, following Reroutes and bypassed nodes; a PrimitiveNode gives its value.

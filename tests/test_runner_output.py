@@ -211,3 +211,34 @@ def test_an_output_that_is_a_file_is_a_usage_error(
     assert target.read_bytes() == b"jpeg" and engine.executed == 0
     (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert "exists and is not a folder" in line and "\n" not in line
+
+
+def test_a_deeply_nested_workflow_is_not_a_workflow(
+    engine: Recorder, job: tuple[Path, list[str]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A workflow file of `[` * 100000 ended in a RecursionError traceback; a valid JSON object nested 200 levels
+    deep is refused the same way (later steps copy a prompt recursively)."""
+    wf, photos = job
+    deep = tmp_path / "deep.json"
+    for text in ("[" * 100_000, '{"1": ' + "[" * 200 + "]" * 200 + "}"):
+        deep.write_text(text, encoding="utf-8")
+        caplog.clear()
+        with caplog.at_level(logging.ERROR):
+            assert cli.main(["run", str(deep), *photos, "-o", str(tmp_path / "out"), "--quiet"]) == 2
+        assert "is not a ComfyUI workflow: its JSON is nested too deeply" in caplog.text
+    assert engine.executed == 0
+
+
+def test_a_workflow_of_unknown_classes_names_them(
+    engine: Recorder, job: tuple[Path, list[str]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A workflow made only of node classes the engine does not know read "every loader is bound by --input"; now
+    the message names the classes and says their custom node pack is missing."""
+    wf, photos = job
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps({"1": {"class_type": "FancyLoader", "inputs": {}}, "2": {"class_type": "Zap"}}))
+    with caplog.at_level(logging.ERROR):
+        assert cli.main(["run", str(odd), *photos, "-o", str(tmp_path / "out"), "--quiet"]) == 2
+    assert "node class(es) unknown to this ComfyUI: FancyLoader, Zap" in caplog.text
+    assert "custom node pack(s) that provide them are not installed" in caplog.text
+    assert "every loader is bound" not in caplog.text and engine.executed == 0
