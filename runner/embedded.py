@@ -12,9 +12,12 @@ import importlib
 import itertools
 import logging
 import os
+import re
 import shutil
+import stat
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,6 +33,10 @@ PACK_DIR = Path(__file__).absolute().parents[1]
 REPORT_SLOTS = {"TokenFuseScheduledFusion": 2, "TokenFuseGFPGANEnhance": 2, "TokenFuseTokenSchedulerController": 1}
 
 
+RUN_PREFIX = "tokenfuse_run_"  # EmbeddedComfy's own work folder in the system temp folder (tempfile.mkdtemp)
+RUN_FOLDER = re.compile(r"tokenfuse_run_[a-z0-9_]{8}")  # mkdtemp adds 8 characters of [a-z0-9_]
+STALE_RUN_S = 24 * 3600  # a work folder untouched this long, its lock not held, was left by a killed runner
+RUN_LOCK = ".lock"  # held (flock) by the live process that owns the work folder
 NAME_MAX_BYTES = 255  # one file-name component on ext4, APFS, NTFS (UTF-8 bytes; NTFS counts UTF-16 units, fewer)
 
 
@@ -105,7 +112,13 @@ class EmbeddedComfy:
         nodes.NODE_CLASS_MAPPINGS.update({**NODE_CLASS_MAPPINGS, **(extra_nodes or {})})
         nodes.NODE_DISPLAY_NAME_MAPPINGS.update(NODE_DISPLAY_NAME_MAPPINGS)
         self._own_dir = work_dir is None
-        self.work = Path(tempfile.mkdtemp(prefix="tokenfuse_run_")) if work_dir is None else work_dir
+        self._lock: int | None = None
+        if work_dir is None:
+            sweep_stale_run_folders()  # what runners killed with SIGKILL left (their staged inputs and outputs)
+            self.work = Path(tempfile.mkdtemp(prefix=RUN_PREFIX))
+            self._lock = hold_run_lock(self.work)
+        else:
+            self.work = work_dir
         for sub in ("input", "output", "temp"):
             (self.work / sub).mkdir(parents=True, exist_ok=True)
         folder_paths.set_input_directory(str(self.work / "input"))
@@ -204,6 +217,89 @@ class EmbeddedComfy:
     def close(self) -> None:
         if self._own_dir:
             shutil.rmtree(self.work, ignore_errors=True)
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+
+def hold_run_lock(folder: Path) -> int | None:
+    """Create `folder/.lock` and hold an exclusive flock on it; returns the descriptor to keep open while the folder
+    is in use (the system releases the lock when the process ends, SIGKILL included), so sweep_stale_run_folders
+    leaves a live runner's folder alone however long its run. None without fcntl (Windows: the folder's age alone
+    decides)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    fd = os.open(folder / RUN_LOCK, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _lock_held(folder: Path) -> bool:
+    """True when a live process holds `folder/.lock` (hold_run_lock); False without a lock file or fcntl."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    try:
+        fd = os.open(folder / RUN_LOCK, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:  # no lock file (a runner killed before it made one), or a link: the age decides
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # also releases the lock just taken
+    return False
+
+
+def _last_touched(folder: Path) -> float:
+    """The newest mtime of the work folder and its input/, output/, temp/ (staging an item touches input/)."""
+    times = []
+    for path in (folder, folder / "input", folder / "output", folder / "temp"):
+        try:
+            times.append(os.lstat(path).st_mtime)
+        except OSError:
+            continue
+    return max(times, default=0.0)
+
+
+def sweep_stale_run_folders(root: Path | None = None, now: float | None = None) -> int:
+    """Remove the `tokenfuse_run_XXXXXXXX` work folders in `root` (default: the system temp folder) that runners
+    killed with SIGKILL left (the staged photos, the outputs): only folders of exactly that name, owned by this user,
+    untouched for STALE_RUN_S, whose lock no live process holds; returns how many. A link of that name is not
+    followed, and shutil.rmtree removes the links inside (staged inputs link to the user's files) as links."""
+    root = Path(tempfile.gettempdir()) if root is None else root
+    cutoff = (time.time() if now is None else now) - STALE_RUN_S
+    uid = getattr(os, "getuid", lambda: None)()
+    removed = 0
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return 0
+    for entry in entries:
+        if not RUN_FOLDER.fullmatch(entry.name):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode) or (uid is not None and st.st_uid != uid):
+                continue  # a link, a file, another user's folder
+            folder = Path(entry.path)
+            if _last_touched(folder) >= cutoff or _lock_held(folder):
+                continue
+            shutil.rmtree(folder)
+            removed += 1
+        except OSError:  # removed meanwhile, or not ours to remove
+            continue
+    if removed:
+        log.info("removed %d stale runner work folder(s) in %s (left by killed runs)", removed, root)
+    return removed
 
 
 def file_stamps(folder: Path) -> dict[str, tuple[int, int]]:

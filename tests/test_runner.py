@@ -637,6 +637,61 @@ def test_staging_keeps_a_long_input_name_one_valid_file_name(tmp_path: Path) -> 
     assert staged_name("p_", "short name.png") == "p_short name.png"
 
 
+def test_work_folders_of_killed_runners_are_removed_after_a_day(tmp_path: Path) -> None:
+    """A runner killed with SIGKILL left its `tokenfuse_run_*` work folder (the staged photos) in the system temp
+    folder for good. The next engine start removes those untouched for a day whose lock no live process holds:
+    only that exact name, never a link of that name, never what the staged links point to, never a live runner's
+    folder however old (a run that goes on for days holds the lock)."""
+    import os
+    import signal
+    import time
+
+    from tokenfuse.runner.embedded import sweep_stale_run_folders
+
+    victim = tmp_path / "photos"
+    victim.mkdir()
+    (victim / "me.jpg").write_bytes(b"mine")
+    root = tmp_path / "tmp"
+    root.mkdir()
+    old = time.time() - 2 * 24 * 3600
+
+    def work_folder(name: str, mtime: float) -> Path:
+        folder = root / name
+        for sub in ("input", "output", "temp"):
+            (folder / sub).mkdir(parents=True)
+        (folder / "input" / "00000_me.jpg").symlink_to(victim / "me.jpg")
+        (folder / "output" / "out.png").write_bytes(b"png")
+        for path in (folder / "input", folder / "output", folder / "temp", folder):
+            os.utime(path, (mtime, mtime))
+        return folder
+
+    killed, young = work_folder("tokenfuse_run_k1ll3d_x", old), work_folder("tokenfuse_run_y0ung_ab", time.time())
+    other = [work_folder(name, old) for name in ("tokenfuse_run_toolong12", "tokenfuse_runs_abcdefgh", "mine")]
+    (root / "tokenfuse_run_l1nk_abc").symlink_to(victim, target_is_directory=True)
+    # a live runner whose folder is two days old: it holds the lock (hold_run_lock) until it is killed
+    live = work_folder("tokenfuse_run_l1ve_abc", old)
+    code = (
+        "import importlib.util, sys, time; from pathlib import Path; "
+        f"s = importlib.util.spec_from_file_location('tokenfuse', {str(REPO / '__init__.py')!r}, "
+        f"submodule_search_locations=[{str(REPO)!r}]); m = importlib.util.module_from_spec(s); "
+        "sys.modules['tokenfuse'] = m; s.loader.exec_module(m); "
+        "from tokenfuse.runner.embedded import hold_run_lock; "
+        f"fd = hold_run_lock(Path({str(live)!r})); print('locked', flush=True); time.sleep(60)"
+    )
+    runner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert runner.stdout is not None and runner.stdout.readline().strip() == "locked"
+        os.utime(live, (old, old))  # the lock file's creation touched it
+        assert sweep_stale_run_folders(root) == 1
+        assert not killed.exists() and young.is_dir() and live.is_dir() and all(p.is_dir() for p in other)
+        assert (root / "tokenfuse_run_l1nk_abc").is_symlink() and (victim / "me.jpg").read_bytes() == b"mine"
+    finally:
+        runner.send_signal(signal.SIGKILL)
+        runner.wait(timeout=30)
+    assert sweep_stale_run_folders(root) == 1 and not live.exists()  # killed: its lock went with it
+    assert sorted(p.name for p in victim.iterdir()) == ["me.jpg"] and (victim / "me.jpg").read_bytes() == b"mine"
+
+
 def test_files_the_pack_wrote_during_a_prompt_are_found_by_name_and_stamp(tmp_path: Path) -> None:
     """The embedded engine's temporary output folder holds the pack's telemetry JSONL (`telemetry_jsonl`): what one
     prompt wrote there (new or rewritten; hidden temporary files aside) is what it carries back with the item."""

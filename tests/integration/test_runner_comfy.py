@@ -161,8 +161,9 @@ def test_every_workflow_runs_through_the_runner(
     assert Path(out).parent == tmp_path / item.stem and Path(out).stat().st_size > 0
 
 
-def _cli(args: list[str], cwd: Path, **kw: Any) -> subprocess.CompletedProcess:
+def _cli(args: list[str], cwd: Path, env_extra: dict[str, str] | None = None, **kw: Any) -> subprocess.CompletedProcess:
     env = {**os.environ, "COMFYUI_PATH": os.environ["COMFYUI_PATH"], "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env.update(env_extra or {})
     return subprocess.run(
         [sys.executable, str(REPO), "run", *args], cwd=cwd, env=env, capture_output=True, text=True, **kw
     )
@@ -261,6 +262,43 @@ def test_cli_two_save_nodes_keep_their_subfolders(comfyui_path: Path, photos: Si
 
     left, right = (np.asarray(Image.open(p).convert("RGB")).astype(int) for p in (left, right))
     assert np.abs(left + right - 255).max() <= 1  # 8-bit rounding of 1 - x
+
+
+def test_cli_follows_no_planted_link_and_sweeps_killed_runs(
+    comfyui_path: Path, photos: SimpleNamespace, tmp_path: Path
+) -> None:
+    """End to end on real ComfyUI: `OUT/.replaced -> victim` with an earlier `OUT/astronaut/old.png` (the redo's
+    set_aside deleted victim/astronaut/important.txt through the link): the item fails naming the link, the victim
+    stays as it was, the other item is filed. And the work folder a SIGKILLed runner left in the temp folder two days
+    ago goes when this run starts, a young one stays, this run's own goes when it ends."""
+    wf = _plain_workflow(tmp_path / "wf.json", good="fused")
+    victim = tmp_path / "victim"
+    (victim / "astronaut").mkdir(parents=True)
+    (victim / "astronaut" / "important.txt").write_bytes(b"keep me")
+    out = tmp_path / "out"
+    (out / "astronaut").mkdir(parents=True)
+    (out / "astronaut" / "old.png").write_bytes(b"old")
+    (out / ".replaced").symlink_to(victim, target_is_directory=True)
+    tmp = tmp_path / "tmp"
+    stale, young = tmp / "tokenfuse_run_k1ll3d_x", tmp / "tokenfuse_run_y0ung_ab"
+    for folder in (stale, young):
+        (folder / "input").mkdir(parents=True)
+        (folder / "input" / "00000_a.png").symlink_to(photos.astronaut)
+    two_days_ago = time.time() - 2 * 24 * 3600
+    for path in (stale / "input", stale):
+        os.utime(path, (two_days_ago, two_days_ago))
+    items = [str(photos.astronaut), str(photos.mirrored)]
+    res = _cli([str(wf), *items, "-o", str(out), "--cpu", "--quiet"], tmp_path, {"TMPDIR": str(tmp)}, timeout=300)
+    assert res.returncode == 1, res.stderr[-3000:]
+    rows = {r["name"]: r for r in map(json.loads, (out / "report.jsonl").read_text().splitlines())}
+    assert rows["astronaut"]["status"] == "failed" and ".replaced is a link" in rows["astronaut"]["error"]
+    assert rows["mirrored"]["status"] == "ok" and list((out / "mirrored").glob("*.png"))
+    assert [p.relative_to(victim).as_posix() for p in sorted(victim.rglob("*"))] == [
+        "astronaut",
+        "astronaut/important.txt",
+    ]
+    assert (out / "astronaut" / "old.png").read_bytes() == b"old"
+    assert sorted(p.name for p in tmp.glob("tokenfuse_*")) == [young.name] and photos.astronaut.is_file()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
