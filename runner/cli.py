@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -86,7 +87,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--video-workflow", help="workflow .json with one LoadVideo and a SaveVideo, for POST /video")
     s.add_argument("--set", action="append", default=[], metavar="NODE.INPUT=JSON", help="override a node input")
-    s.add_argument("--host", default="127.0.0.1", help="bind address (default localhost only)")
+    s.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="bind address (default localhost only; any other address needs a token)",
+    )
+    s.add_argument(
+        "--token",
+        help="bearer token every request must send (Authorization: Bearer TOKEN), at least 16 characters; required "
+        "with a --host beyond loopback. Prefer the TOKENFUSE_SERVE_TOKEN environment variable: the process list "
+        "shows command lines to every user of the machine",
+    )
     s.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     s.add_argument("--ray", default="local", metavar="ADDRESS", help="`local` (default) or a cluster address")
     s.add_argument("--replicas", type=int, default=1, help="replicas (one warm ComfyUI each; one GPU each on GPUs)")
@@ -122,8 +133,12 @@ def add_comfy_arguments(parser: argparse.ArgumentParser, checkout: str) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     if args.demo and args.workflow:  # the service would serve the workflow and ignore --demo
         raise WorkflowError("serve: --demo serves the demo graph, --workflow a workflow of yours: give one of them")
-    from ..service.app import ServiceConfig, serve_forever
+    from ..service.app import TOKEN_ENV, ServiceConfig, access_error, serve_forever, token_digest
 
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+    refused = access_error(args.host, token)
+    if refused is not None:  # before Ray or ComfyUI start
+        raise WorkflowError(refused)
     config = ServiceConfig(
         workflow=args.workflow,
         demo=args.workflow is None,
@@ -138,6 +153,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_megapixels=args.max_megapixels,
         max_video_frames=args.max_video_frames,
         max_video_megapixels=args.max_video_megapixels,
+        token_sha256=None if token is None else token_digest(token),
     )
     if args.workflow:
         config = ServiceConfig(**{**config.__dict__, "workflow": str(Path(args.workflow).resolve())})

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -217,8 +218,51 @@ def _chunk_node_id(prompt: dict[str, dict[str, Any]]) -> str:
     return next(nid for nid, node in prompt.items() if node["class_type"] == CHUNK_NODE)
 
 
+LOOPBACK = "127.0.0.1"
+# Ray's switch for single-machine clusters (what it uses on macOS and Windows): the node's address is the loopback one
+_SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def local_init_args(num_cpus: int | None, runtime_env: dict[str, Any]) -> dict[str, Any]:
+    """ray.init's arguments for a private local cluster: no dashboard, and every process of it on 127.0.0.1
+    (`_node_ip_address`; see loopback_only for why that alone is not enough)."""
+    return {
+        "address": "local",
+        "num_cpus": num_cpus,
+        "include_dashboard": False,
+        "log_to_driver": False,
+        "runtime_env": runtime_env,
+        "_node_ip_address": LOOPBACK,
+    }
+
+
+@contextmanager
+def loopback_only() -> Iterator[None]:
+    """While a local cluster starts: its node address is 127.0.0.1, so GCS, raylet, agents and workers listen on
+    loopback only. Ray (2.60 checked) turns a loopback `_node_ip_address` into the machine's routable address and binds
+    its gRPC servers on every interface unless its single-machine mode is on: that mode is read from
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER by each process it starts (set here for them) and from a constant by this one
+    (imported before this runs, so set as well). Both are restored once the cluster is up."""
+    import os
+
+    from ray._private import ray_constants
+
+    saved_env, saved_flag = os.environ.get(_SINGLE_MACHINE), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[_SINGLE_MACHINE] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(_SINGLE_MACHINE, None)
+        else:
+            os.environ[_SINGLE_MACHINE] = saved_env
+
+
 def connect(address: str, num_cpus: int | None = None) -> Any:
-    """ray.init for `--ray ADDRESS`: "local" starts a private local cluster (never joins a stale one)."""
+    """ray.init for `--ray ADDRESS`: "local" starts a private local cluster (never joins a stale one) that listens on
+    127.0.0.1 only, dashboard off; its workers read the driver's calibration store (scheduling/calibration_store.py)."""
     try:
         import ray
     except ImportError as e:
@@ -228,10 +272,10 @@ def connect(address: str, num_cpus: int | None = None) -> Any:
     from . import ray_boot
 
     cloudpickle.register_pickle_by_value(ray_boot)
-    env = {
-        "worker_process_setup_hook": ray_boot.setup,
-        "env_vars": {"TOKENFUSE_PACK_DIR": str(Path(__file__).absolute().parents[1])},
-    }
+    env_vars = {"TOKENFUSE_PACK_DIR": str(Path(__file__).absolute().parents[1])}
+    if address == "local":  # the same machine: the same stored balanced decisions as this process, whatever its env
+        env_vars.update(calibration_env())
+    env = {"worker_process_setup_hook": ray_boot.setup, "env_vars": env_vars}
     # Ray waits a fixed 30 s for a new local node to register; a loaded machine can miss that: two retries.
     for attempt in (1, 2, 3) if address == "local" else (3,):
         if ray.is_initialized():
@@ -239,9 +283,8 @@ def connect(address: str, num_cpus: int | None = None) -> Any:
         before = _children()
         try:
             if address == "local":
-                ray.init(
-                    address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env=env
-                )
+                with loopback_only():
+                    ray.init(**local_init_args(num_cpus, env))
             else:
                 ray.init(address=address, log_to_driver=False, runtime_env=env)
         except Exception as e:
@@ -251,6 +294,16 @@ def connect(address: str, num_cpus: int | None = None) -> Any:
                 raise
             log.warning("starting a local Ray cluster failed (%s); trying again", str(e).splitlines()[0])
     return ray
+
+
+def calibration_env() -> dict[str, str]:
+    """TOKENFUSE_CALIBRATION_DIR as this process resolves it (empty when it has no store folder)."""
+    from ..scheduling import calibration_store
+
+    try:
+        return {calibration_store.ENV: str(calibration_store.folder().absolute())}
+    except OSError:
+        return {}
 
 
 def _children() -> set[int]:

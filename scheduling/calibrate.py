@@ -3,9 +3,12 @@
 Why a measurement and not a cost model: whether K/V pooling pays depends on the attention kernel (SDPA flash /
 memory-efficient / math, sub-quadratic on CPU), the dtype, the device's matmul rate and its per-op launch cost; a
 cost model needs all of these per device and we can validate it only on the CPU here. A short calibration on the
-first sampling run measures the answer where it is asked, once per (device, dtype, batch, tokens, channels, heads,
-kernel), and is kept for later runs and processes on this machine (scheduling/calibration_store.py: the decision
-changes the samples, so one workflow must not decide differently from run to run on timing noise).
+first sampling run measures the answer where it is asked, once per (device, dtype, tokens, channels, heads, kernel),
+and is kept for later runs and processes on this machine (scheduling/calibration_store.py: the decision changes the
+samples, so one workflow must not decide differently from run to run on timing noise). The batch is not in the key:
+ComfyUI runs cond and uncond in one call or two depending on free memory, and the service batches concurrent photos,
+so one input arrives at several batch sizes; the first call's batch is the one measured, and every later batch, run
+and process follows that decision.
 
 What is timed, on synthetic projections of the call's real `n` [B, N, C] (the patch does not own the attention):
 - part A, the projections: q, k, v = n W (full) vs q = n W, kv = reduce(n), k, v = kv W (reduced; the pooling and
@@ -25,6 +28,7 @@ patch's own table lookup measured by bench/patch_overhead.py). That guard is a r
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -64,6 +68,7 @@ class LevelCheck(NamedTuple):
 
 
 _CACHE: dict[tuple[Any, ...], LevelCheck] = {}
+_LOCK = threading.Lock()  # one calibration at a time in a process: two threads never decide one key differently
 # None: measure. True / False: every level is kept / dropped without measuring (tests pin it so token-count assertions
 # do not depend on a loaded machine's timing; benches and ComfyUI always measure).
 PINNED: bool | None = None
@@ -153,28 +158,68 @@ def check_level(
     key: tuple[Any, ...] = (),
     measure_fn: Callable[..., tuple[float, float, float]] | None = None,
 ) -> LevelCheck:
-    """Whether reducing this call's K/V with `reduce` pays on n's device (cached per device, dtype, shape and key).
+    """Whether reducing this call's K/V with `reduce` pays on n's device (one answer per device, dtype, tokens,
+    channels, heads and key, whatever the batch; the first one stored on this machine is everyone's answer).
 
     n: [B, N, C] the attention call's input; key: what else decides the reduction (e.g. the pooling kernel).
     """
     if PINNED is not None:
         return LevelCheck(level, n.shape[1], PINNED, float("nan"), float("nan"), "pinned (not measured)")
-    full_key = (str(n.device), n.dtype, tuple(n.shape), heads, dim_head, level) + key
+    full_key = (str(n.device), n.dtype, tuple(n.shape[1:]), heads, dim_head, level) + key
     got = _CACHE.get(full_key)
     if got is not None:
         return got
-    stored = calibration_store.load(full_key, n.device)
+    with _LOCK:
+        got = _CACHE.get(full_key)
+        return got if got is not None else _decide(n, reduce, level, heads, dim_head, full_key, measure_fn)
+
+
+def _decide(
+    n: torch.Tensor,
+    reduce: Reduce,
+    level: int,
+    heads: int,
+    dim_head: int,
+    full_key: tuple[Any, ...],
+    measure_fn: Callable[..., tuple[float, float, float]] | None,
+) -> LevelCheck:
+    """check_level's answer for a key this process has not decided: the stored one, else measured and stored (or,
+    when another process stored first meanwhile, that one). Under _LOCK."""
+    stored = calibration_store.load(full_key, n.device, LevelCheck._fields)
     if stored is not None:  # decided by an earlier process on this machine: the same decision, the same samples
         check = _from_record(stored, earlier=True)
         _CACHE[full_key] = check
         return check
     t0 = time.perf_counter()
+    check = _measured(n, reduce, level, heads, dim_head, measure_fn)
+    # stored even when not measured: one answer per key, whichever process got there first
+    theirs = calibration_store.save(full_key, n.device, check._asdict(), LevelCheck._fields)
+    if theirs is not None:  # another process on this machine decided first: its decision, its samples
+        check = _from_record(theirs, earlier=True)
+    _CACHE[full_key] = check
+    log.debug(
+        "TokenFuse: calibrated /%d %s: %s (%.1f ms)",
+        level,
+        tuple(n.shape),
+        check.reason,
+        (time.perf_counter() - t0) * 1e3,
+    )
+    return check
+
+
+def _measured(
+    n: torch.Tensor,
+    reduce: Reduce,
+    level: int,
+    heads: int,
+    dim_head: int,
+    measure_fn: Callable[..., tuple[float, float, float]] | None,
+) -> LevelCheck:
+    """This process's own answer: measured, and the decision rule of the module docstring applied."""
     try:
         full, reduced, host = (measure_fn or measure)(n, reduce, heads, dim_head)
     except Exception as exc:  # an unforeseen shape or backend: keep the reduction the preset asks for
-        check = LevelCheck(level, n.shape[1], True, float("nan"), float("nan"), f"not measured ({type(exc).__name__})")
-        _CACHE[full_key] = check
-        return check
+        return LevelCheck(level, n.shape[1], True, float("nan"), float("nan"), f"not measured ({type(exc).__name__})")
     saved = full - reduced
     host_cost = host + PATCH_HOST_S
     if saved < MARGIN * full:
@@ -183,15 +228,7 @@ def check_level(
         kept, reason = False, f"saves {saved * 1e3:.3f} ms < {HOST_GUARD:.0f}x host cost {host_cost * 1e3:.3f} ms"
     else:
         kept, reason = True, f"{full / reduced:.2f}x attention on {n.device.type}"
-    check = LevelCheck(level, n.shape[1], kept, full * 1e3, reduced * 1e3, reason)
-    theirs = calibration_store.save(full_key, n.device, check._asdict())
-    if theirs is not None:  # another process on this machine decided first: its decision, its samples
-        check = _from_record(theirs, earlier=True)
-    _CACHE[full_key] = check
-    log.debug(
-        "TokenFuse: calibrated /%d %s: %s (%.1f ms)", level, tuple(n.shape), reason, (time.perf_counter() - t0) * 1e3
-    )
-    return check
+    return LevelCheck(level, n.shape[1], kept, full * 1e3, reduced * 1e3, reason)
 
 
 def _from_record(record: dict[str, Any], earlier: bool) -> LevelCheck:

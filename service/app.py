@@ -9,6 +9,13 @@ waiting at most `batch_wait_s`): photos of one size become one IMAGE batch throu
 share ScheduledFusion's sampler calls (faces_per_batch). Backpressure: more than `max_queued` waiting requests per
 replica are answered 503 with Retry-After by Serve itself, before any work. Shutdown (SIGINT/SIGTERM) drains
 in-flight requests (graceful_shutdown_timeout_s) and stops a local Ray it started.
+
+Access: bound beyond loopback (--host other than 127.0.0.1 / localhost / ::1) the service refuses to start without a
+token (--token or TOKENFUSE_SERVE_TOKEN); with a token, every request needs `Authorization: Bearer <token>` (401
+otherwise), on loopback too. GET /health stays open for liveness probes but answers only {"status": "ok"} without the
+token; its counters need it. The replica checks the token (not Serve's proxy), so a request reaching it by another
+path (Serve's inter-deployment gRPC) is checked as well. A local Ray cluster listens on 127.0.0.1 only
+(runner/ray_pool.connect; the replicas' gRPC servers too: replica_grpc_on_loopback).
 """
 
 from __future__ import annotations
@@ -16,6 +23,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import hashlib
+import hmac
+import ipaddress
 import logging
 import os
 import shutil
@@ -36,6 +46,9 @@ log = logging.getLogger("tokenfuse.service")
 UNREADABLE = "not a decodable image"
 GONE = "the client disconnected before its answer"
 NO_VIDEO_WORKFLOW = "no video workflow: start serve with --video-workflow"
+TOKEN_ENV = "TOKENFUSE_SERVE_TOKEN"
+MIN_TOKEN_CHARS = 16
+UNAUTHORIZED = "missing or wrong token: send the header `Authorization: Bearer <token>`"
 _T = TypeVar("_T")
 
 
@@ -69,6 +82,77 @@ class ServiceConfig:
     # holds 3000 black 4K frames, hours of work for one replica
     max_video_frames: int = 18_000
     max_video_megapixels: float = 8.3
+    # sha256 hex of the bearer token every request must carry (None: no token, loopback only); the token itself is
+    # never handed to the replicas
+    token_sha256: str | None = None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps the service on this machine (localhost, 127.0.0.0/8, ::1)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
+def token_digest(token: str) -> str:
+    """What ServiceConfig keeps of a token: its sha256 (hex)."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def access_error(host: str, token: str | None) -> str | None:
+    """Why `serve` must not start with this bind address and token (None: it may)."""
+    if token is not None and len(token) < MIN_TOKEN_CHARS:
+        return (
+            f"serve: the token must be at least {MIN_TOKEN_CHARS} characters (make one with "
+            "python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
+    if token is None and not is_loopback(host):
+        return (
+            f"serve: --host {host} exposes the service beyond this machine: give a token (--token, or the {TOKEN_ENV} "
+            "environment variable, which other users cannot read from the process list); clients then send "
+            "`Authorization: Bearer <token>`"
+        )
+    return None
+
+
+def authorized(header: str | None, digest: str | None) -> bool:
+    """Whether an Authorization header carries the token whose sha256 is `digest` (None: no token needed). The
+    digests are compared in constant time (hmac.compare_digest), so the answer's timing says nothing of the token."""
+    if digest is None:
+        return True
+    scheme, _, given = (header or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        return False
+    return hmac.compare_digest(token_digest(given.strip()), digest)
+
+
+_LOOPBACK_GRPC: dict[str, Any] = {}  # the wrapper replica_grpc_on_loopback installed (installed once per process)
+
+
+def replica_grpc_on_loopback() -> None:
+    """Ray Serve (2.60 checked) binds each replica's inter-deployment gRPC server on [::]:0, every interface, even in a
+    cluster whose node address is 127.0.0.1 (runner/ray_pool.connect's local cluster): on such a node, bind it on
+    127.0.0.1 instead (its peers reach it at the node address). Called in the replica before Serve starts that
+    server; elsewhere, or with a Serve that has no such hook, nothing changes."""
+    try:
+        import ray
+        from ray.serve._private import replica as serve_replica
+    except ImportError:
+        return
+    add = getattr(serve_replica, "add_port_to_grpc_server", None)
+    if add is None or add in _LOOPBACK_GRPC.values() or not is_loopback(ray.util.get_node_ip_address()):
+        return
+
+    def on_loopback(server: Any, address: str) -> Any:
+        if address.startswith("[::]:"):
+            address = "127.0.0.1:" + address[len("[::]:") :]
+        return add(server, address)
+
+    _LOOPBACK_GRPC["wrapper"] = on_loopback
+    serve_replica.add_port_to_grpc_server = on_loopback
 
 
 class FusionReplica:
@@ -79,6 +163,7 @@ class FusionReplica:
 
         # ComfyUI calls asyncio.run() internally, which cannot run on Serve's event loop: all ComfyUI work (start-up
         # and every batch) runs on one dedicated thread, which also serialises executions.
+        replica_grpc_on_loopback()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokenfuse-comfy")
         self._init_state()
         self._pool.submit(self._start, config).result()
@@ -158,8 +243,11 @@ class FusionReplica:
         from starlette.responses import JSONResponse
 
         path = request.url.path.rstrip("/")
-        if request.method == "GET" and path.endswith("health"):
-            return JSONResponse(self._health())
+        allowed = authorized(request.headers.get("authorization"), self.cfg.token_sha256)
+        if request.method == "GET" and path.endswith("health"):  # open to liveness probes; counters with the token
+            return JSONResponse(self._health() if allowed else {"status": "ok"})
+        if not allowed:  # before reading any of the body
+            return JSONResponse({"error": UNAUTHORIZED}, 401, headers={"WWW-Authenticate": 'Bearer realm="tokenfuse"'})
         if request.method != "POST":
             return JSONResponse({"error": "POST an image file to /, a video file to /video, or GET /health"}, 405)
         video = path.endswith("/video")
@@ -530,7 +618,10 @@ def serve_forever(
     ready: threading.Event | None = None,
     stop: threading.Event | None = None,
 ) -> None:
-    """Start the service and block until SIGINT/SIGTERM (or `stop`), then shut down gracefully."""
+    """Start the service and block until SIGINT/SIGTERM (or `stop`), then shut down gracefully. Refuses (ValueError)
+    a `host` beyond loopback when config has no token (access_error)."""
+    if config.token_sha256 is None and not is_loopback(host):
+        raise ValueError(access_error(host, None))
     from tokenfuse.runner.ray_pool import connect
 
     ray = connect(address, num_cpus=max(replicas, 1) + 1 if address == "local" else None)
@@ -554,6 +645,10 @@ def serve_forever(
             "TokenFuse service on http://%s:%d (replicas %d, max batch %d)", host, port, replicas, config.max_batch
         )
         log.info("TokenFuse service ready on http://%s:%d (POST an image; GET /health; Ctrl-C stops)", host, port)
+        if config.token_sha256 is not None:
+            log.info(
+                "TokenFuse service: every request needs `Authorization: Bearer <token>` (GET /health: status only)"
+            )
         if ready is not None:
             ready.set()
         while not stop.wait(0.5):

@@ -59,6 +59,39 @@ def single(clip: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[s
     return fuse_file(clip, out, SPEC), read_frames(out)
 
 
+def listening_beyond_loopback() -> list[tuple[str, int, str]]:
+    """(address, port, process) of every TCP listener of this process and its descendants (the local cluster's GCS,
+    raylet, agents, workers; Serve's controller, proxy and replicas) bound to anything but loopback."""
+    import ipaddress
+
+    psutil = pytest.importorskip("psutil")
+    me = psutil.Process()
+    pids = {me.pid} | {p.pid for p in me.children(recursive=True)}
+    out = []
+    for c in psutil.net_connections("tcp"):
+        if c.status != psutil.CONN_LISTEN or c.pid not in pids:
+            continue
+        ip = ipaddress.ip_address(c.laddr.ip.split("%")[0])
+        ip = ip.ipv4_mapped or ip if isinstance(ip, ipaddress.IPv6Address) else ip
+        if not ip.is_loopback:
+            out.append((c.laddr.ip, c.laddr.port, psutil.Process(c.pid).name()))
+    return out
+
+
+def test_the_local_cluster_listens_on_loopback_only(cluster: Any) -> None:
+    """Issue 34 item 7: the local cluster serve / run --ray start listened on 13 ports on every interface."""
+
+    @ray.remote
+    def pid() -> int:
+        import os
+
+        return os.getpid()
+
+    ray.get(pid.remote())  # a worker process is up too
+    assert ray.util.get_node_ip_address() == "127.0.0.1"
+    assert not listening_beyond_loopback()
+
+
 def rows(folder: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (folder / "report.jsonl").read_text().splitlines()]
 
@@ -207,6 +240,7 @@ def test_service_video_endpoint_and_overload(cluster: Any, clip: Path, single, t
         frames = read_frames(out)
         assert all(np.array_equal(a, b) for a, b in zip(single[1], frames, strict=True)) and len(frames) == N
         assert video_pts(out)[0] == video_pts(clip)[0] and audio_packets(out) == audio_packets(clip)
+        assert not listening_beyond_loopback()  # Serve's controller, proxy and replica (its gRPC server) included
         status, _, body = _post(f"{url}/video", b"not a video")
         assert status == 400 and json.loads(body)["error"] == "not a decodable video"
         status, _, body = _post(url, b"\x89PNG...")

@@ -76,3 +76,31 @@ def test_an_error_inside_the_worker_fails_that_job_alone() -> None:
     assert outcomes["b"].value is None and "RayTaskError" in outcomes["b"].error
     assert outcomes["a"].value == "a done" and outcomes["c"].value == "c done"
     assert pool.replaced == []  # the worker is alive: kept
+
+
+def test_a_local_cluster_is_started_on_loopback_only(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Issue 34 item 7: `serve` / `run --ray local` started Ray on every interface (13 ports). ray.init gets the
+    loopback node address with the dashboard off, while Ray's single-machine mode is on (without it Ray 2.60 turns
+    127.0.0.1 into the routable address); the mode is restored after start. The workers read the driver's calibration
+    store. tests/test_ray_core.py checks the listening sockets of a real local cluster."""
+    import os
+
+    from ray._private import ray_constants
+    from tokenfuse.runner import ray_pool
+
+    seen: list[tuple[dict[str, Any], str | None, bool]] = []
+
+    def init(**kw: Any) -> None:
+        seen.append((kw, os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"), ray_constants.ENABLE_RAY_CLUSTER))
+
+    monkeypatch.setattr("ray.init", init)
+    monkeypatch.setattr("ray.is_initialized", lambda: bool(seen))
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
+    monkeypatch.setenv("TOKENFUSE_CALIBRATION_DIR", str(tmp_path / "cal"))
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    ray_pool.connect("local", num_cpus=2)
+    ((kw, env, flag),) = seen
+    assert kw["_node_ip_address"] == "127.0.0.1" and kw["include_dashboard"] is False and kw["address"] == "local"
+    assert env == "0" and flag is False
+    assert kw["runtime_env"]["env_vars"]["TOKENFUSE_CALIBRATION_DIR"] == str(tmp_path / "cal")
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in os.environ and ray_constants.ENABLE_RAY_CLUSTER is before

@@ -548,3 +548,66 @@ def test_a_refused_video_upload_is_removed_at_once(tmp_path: Path, monkeypatch: 
     finally:
         release.set()
         replica._pool.shutdown()
+
+
+TOKEN = "s3cret-token-for-the-tests-0123"
+
+
+def test_serve_beyond_loopback_without_a_token_is_refused(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
+    """Issue 34 item 7: `serve --host 0.0.0.0` served anyone who could reach the port. Without a token it now exits 2
+    before Ray or ComfyUI start; a token from --token or TOKENFUSE_SERVE_TOKEN reaches the replicas as its sha256."""
+    from tokenfuse.runner.cli import main
+    from tokenfuse.service import app
+
+    started: list[Any] = []
+    monkeypatch.setattr(app, "serve_forever", lambda config, *a, **k: started.append((config, a)))
+    monkeypatch.delenv(app.TOKEN_ENV, raising=False)
+    for host in ("0.0.0.0", "::", "192.0.2.7", "my-host.example"):
+        assert main(["serve", "--host", host]) == 2
+        assert f"--host {host} exposes the service beyond this machine" in caplog.text
+    assert main(["serve", "--host", "0.0.0.0", "--token", "short"]) == 2 and "at least 16 characters" in caplog.text
+    assert not started
+    assert main(["serve", "--host", "0.0.0.0", "--token", TOKEN]) == 0
+    monkeypatch.setenv(app.TOKEN_ENV, TOKEN)
+    assert main(["serve", "--host", "0.0.0.0"]) == 0
+    monkeypatch.delenv(app.TOKEN_ENV)
+    for host in ("127.0.0.1", "localhost", "::1", "127.0.0.2"):  # loopback: the token is optional
+        assert main(["serve", "--host", host]) == 0
+    digests = [config.token_sha256 for config, _ in started]
+    assert digests == [app.token_digest(TOKEN)] * 2 + [None] * 4 and TOKEN not in repr(started)
+    with pytest.raises(ValueError, match="exposes the service"):  # a direct caller of the real serve_forever too
+        monkeypatch.undo()
+        app.serve_forever(app.ServiceConfig(), host="0.0.0.0")
+
+
+def test_with_a_token_every_request_needs_it_before_any_body_is_read() -> None:
+    """401 (with WWW-Authenticate) without the token, with a wrong one or another scheme, before the body is read;
+    200 with it. GET /health stays open to liveness probes but shows its counters only with the token."""
+    app = _app()
+    replica = _replica(app, token_sha256=app.token_digest(TOKEN))
+    for header in (None, "Bearer wrong-token-of-the-same-size", f"Basic {TOKEN}", "Bearer", TOKEN):
+        request = _Request([b"x"] * 3)
+        if header is not None:
+            request.headers["authorization"] = header
+        response = asyncio.run(replica(request))
+        assert response.status_code == 401 and response.headers["www-authenticate"].startswith("Bearer"), header
+        assert json.loads(response.body)["error"] == app.UNAUTHORIZED and request.pulled == 0
+    assert not replica.fused
+    photo = _png(8, 8)
+    request = _Request([photo])
+    request.headers["authorization"] = f"bearer  {TOKEN} "
+    assert _call(replica, request) == (200, {"status": "ok"}) and replica.fused == [photo]
+    assert _call(replica, _Request([], path="/health", method="GET")) == (200, {"status": "ok"})
+    health = _Request([], path="/health", method="GET")
+    health.headers["authorization"] = f"Bearer {TOKEN}"
+    status, answer = _call(replica, health)
+    assert status == 200 and "served" in answer and "busy_s" in answer
+    # no token configured (loopback): open, as before
+    assert _call(_replica(app), _Request([photo])) == (200, {"status": "ok"})
+
+
+def test_loopback_addresses() -> None:
+    from tokenfuse.service.app import is_loopback
+
+    assert all(is_loopback(h) for h in ("127.0.0.1", "localhost", "LOCALHOST", "::1", "[::1]", "127.1.2.3"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "", "10.0.0.1", "::ffff:10.0.0.1", "example.com"))
