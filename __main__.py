@@ -1,4 +1,5 @@
-"""`python <pack folder> run ...`: the headless runner (runner/cli.py), whatever the folder is called.
+"""`python <pack folder> run ...` / `serve ...`: the command line (service/cli.py: the runner's `run` plus `serve`),
+whatever the folder is called.
 
 ComfyUI never imports this file (it imports the package's __init__.py). Run as a script, the folder is not a
 package, so the pack is loaded here under the fixed name `tokenfuse` (as devkit/pack_loader.py does) and its
@@ -29,7 +30,7 @@ def _pack():  # type: ignore[no-untyped-def]
 
 def main() -> int:
     _pack()
-    return int(importlib.import_module("tokenfuse.runner.cli").main())
+    return int(importlib.import_module("tokenfuse.service.cli").main())
 
 
 if __name__ == "__main__":

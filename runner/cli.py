@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,13 @@ from .run import EXIT_USAGE, run_items
 
 log = logging.getLogger("tokenfuse.runner")
 
+AddCommand = Callable[[Any], None]
+"""adds one sub-command to the parser's sub-parsers and sets its `handler` default (service/cli.py: `serve`)."""
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(commands: Sequence[AddCommand] = ()) -> argparse.ArgumentParser:
+    """`run`, plus the sub-commands `commands` add (service/cli.py adds `serve`: the runner never imports the
+    service, which sits on top of it)."""
     p = argparse.ArgumentParser(prog="tokenfuse", description="TokenFuse without the editor: runner and service.")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a workflow on images, folders, videos or list files")
@@ -78,42 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no progress line")
     r.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     add_core_arguments(r)
-    s = sub.add_parser("serve", help="face-fusion HTTP service on Ray Serve (needs requirements-scale.txt)")
-    s.add_argument("--workflow", help="workflow .json with one LoadImage (default: the demo graph)")
-    s.add_argument(
-        "--demo",
-        action="store_true",
-        help="the demo graph and models (what serve runs without --workflow; not with it)",
-    )
-    s.add_argument("--video-workflow", help="workflow .json with one LoadVideo and a SaveVideo, for POST /video")
-    s.add_argument("--set", action="append", default=[], metavar="NODE.INPUT=JSON", help="override a node input")
-    s.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="bind address (default localhost only; any other address needs a token)",
-    )
-    s.add_argument(
-        "--token",
-        help="bearer token every request must send (Authorization: Bearer TOKEN), at least 16 characters; required "
-        "with a --host beyond loopback. Prefer the TOKENFUSE_SERVE_TOKEN environment variable: the process list "
-        "shows command lines to every user of the machine",
-    )
-    s.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
-    s.add_argument("--ray", default="local", metavar="ADDRESS", help="`local` (default) or a cluster address")
-    s.add_argument("--replicas", type=int, default=1, help="replicas (one warm ComfyUI each; one GPU each on GPUs)")
-    s.add_argument("--max-batch", type=int, default=4, help="photos of concurrent requests run as one batch")
-    s.add_argument("--batch-wait", type=float, default=0.05, help="seconds a batch waits to fill")
-    s.add_argument("--max-queued", type=int, default=8, help="queued requests per replica before 503")
-    s.add_argument("--retry-after", type=float, default=2.0, help="Retry-After seconds sent with a 503")
-    s.add_argument("--max-image-mb", type=float, default=50.0, help="largest photo file accepted (413 above)")
-    s.add_argument("--max-video-mb", type=float, default=2048.0, help="largest video file accepted (413 above)")
-    s.add_argument("--max-megapixels", type=float, default=50.0, help="largest photo accepted, decoded (413 above)")
-    s.add_argument("--max-video-frames", type=int, default=18_000, help="most frames of a video accepted (413 above)")
-    s.add_argument(
-        "--max-video-megapixels", type=float, default=8.3, help="largest video frame accepted (413 above; 4K = 8.3)"
-    )
-    add_comfy_arguments(s, "ComfyUI checkout each replica embeds")
-    s.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    for add in commands:
+        add(sub)
     return p
 
 
@@ -128,39 +99,6 @@ def add_comfy_arguments(parser: argparse.ArgumentParser, checkout: str) -> None:
     parser.add_argument(
         "--sdpa", action="store_true", help="PyTorch SDPA attention (ComfyUI's --use-pytorch-cross-attention)"
     )
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    if args.demo and args.workflow:  # the service would serve the workflow and ignore --demo
-        raise WorkflowError("serve: --demo serves the demo graph, --workflow a workflow of yours: give one of them")
-    from ..service.app import TOKEN_ENV, ServiceConfig, access_error, serve_forever, token_digest
-
-    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
-    refused = access_error(args.host, token)
-    if refused is not None:  # before Ray or ComfyUI start
-        raise WorkflowError(refused)
-    config = ServiceConfig(
-        workflow=args.workflow,
-        demo=args.workflow is None,
-        sets=tuple(args.set),
-        comfyui=args.comfyui,
-        cpu=args.cpu,
-        sdpa=args.sdpa,
-        max_batch=args.max_batch,
-        batch_wait_s=args.batch_wait,
-        max_image_mb=args.max_image_mb,
-        max_video_mb=args.max_video_mb,
-        max_megapixels=args.max_megapixels,
-        max_video_frames=args.max_video_frames,
-        max_video_megapixels=args.max_video_megapixels,
-        token_sha256=None if token is None else token_digest(token),
-    )
-    if args.workflow:
-        config = ServiceConfig(**{**config.__dict__, "workflow": str(Path(args.workflow).resolve())})
-    if args.video_workflow:
-        config = ServiceConfig(**{**config.__dict__, "video_workflow": str(Path(args.video_workflow).resolve())})
-    serve_forever(config, args.ray, args.host, args.port, args.replicas, args.max_queued, args.retry_after)
-    return 0
 
 
 def _parse_value(text: str) -> Any:
@@ -410,8 +348,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     return summary.exit_code
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, commands: Sequence[AddCommand] = ()) -> int:
+    """The command line: `run`, and the sub-commands `commands` add (each sets its `handler` default); exit codes as
+    runner/run.py documents them for every sub-command."""
+    args = build_parser(commands).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )
@@ -419,8 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return cmd_run(args)
-        if args.command == "serve":
-            return cmd_serve(args)
+        handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
+        if handler is not None:
+            return handler(args)
     except (WorkflowError, FileNotFoundError, ConnectionError, ImportError) as e:
         log.error("tokenfuse: error: %s", e)
         return EXIT_USAGE

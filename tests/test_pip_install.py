@@ -97,7 +97,7 @@ def test_wheel_contents(installed: tuple[Path, Path]) -> None:
     assert {n.split("/")[-1] for n in names if n.startswith("tokenfuse/scheduling/")} == tracked
     for folder in ("tests", "bench", "tools", "docs", "web", ".github", ".ci"):
         assert not [n for n in names if n.startswith(f"tokenfuse/{folder}/")], folder
-    assert "tokenfuse = tokenfuse.runner.cli:main" in entry_points
+    assert "tokenfuse = tokenfuse.service.cli:main" in entry_points
 
 
 def test_console_script_runs(installed: tuple[Path, Path], tmp_path: Path) -> None:

@@ -174,7 +174,7 @@ def test_readme_runner_commands_use_real_flags_and_inputs() -> None:
     """Every flag of a README runner command is an option of that sub-command, and every
     `--set TokenFuseNode.input=` names an input the node has."""
     from tokenfuse import NODE_CLASS_MAPPINGS
-    from tokenfuse.runner.cli import build_parser
+    from tokenfuse.service.cli import build_parser
 
     subs = next(a for a in build_parser()._actions if a.dest == "command").choices
     options = {name: {o for a in sub._actions for o in a.option_strings} for name, sub in subs.items()}

@@ -472,9 +472,9 @@ def test_core_engine_options_are_refused_where_they_would_be_ignored(
     """`run --demo --preset off --steps 12` and workflow runs with --seed ... used to ignore the core engine's options
     silently (exit 0, the graph's own settings): exit 2 naming the --set that does it; a detector the core engine
     does not have is argparse's usage error; `serve --workflow X --demo` (the demo flag ignored) is refused."""
-    from tokenfuse.runner.cli import build_parser, main
     from tokenfuse.runner.core_cli import spec_from_args
     from tokenfuse.runner.core_video import CoreSpec
+    from tokenfuse.service.cli import build_parser, main
 
     assert main(["run", "--demo", "--preset", "off", "--steps", "12", "-o", str(tmp_path / "o")]) == 2
     assert "--steps, --preset only apply to --engine core" in caplog.text
@@ -785,7 +785,7 @@ def test_demo_without_scikit_image_says_how_to_run_anyway(tmp_path: Path, monkey
 def test_every_runner_option_says_what_it_does_in_help() -> None:
     """`tokenfuse serve --help` showed --port, --comfyui, --cpu, --sdpa and -v with no text (the first place a new user
     looks for where ComfyUI is taken from); every option of every sub-command has a help line."""
-    from tokenfuse.runner.cli import build_parser
+    from tokenfuse.service.cli import build_parser
 
     subs = next(a for a in build_parser()._actions if a.dest == "command").choices
     bare = [f"{name} {'/'.join(a.option_strings)}" for name, sub in subs.items() for a in sub._actions if not a.help]

@@ -556,8 +556,8 @@ TOKEN = "s3cret-token-for-the-tests-0123"
 def test_serve_beyond_loopback_without_a_token_is_refused(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
     """Issue 34 item 7: `serve --host 0.0.0.0` served anyone who could reach the port. Without a token it now exits 2
     before Ray or ComfyUI start; a token from --token or TOKENFUSE_SERVE_TOKEN reaches the replicas as its sha256."""
-    from tokenfuse.runner.cli import main
     from tokenfuse.service import app
+    from tokenfuse.service.cli import main
 
     started: list[Any] = []
     monkeypatch.setattr(app, "serve_forever", lambda config, *a, **k: started.append((config, a)))
