@@ -23,20 +23,27 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
-import hashlib
-import hmac
-import ipaddress
 import logging
 import os
 import shutil
-import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from tokenfuse.service.access import (  # noqa: F401 - TOKEN_ENV, token_digest: the service's names for its callers
+    TOKEN_ENV,
+    UNAUTHORIZED,
+    access_error,
+    authorized,
+    is_loopback,
+    replica_grpc_on_loopback,
+    token_digest,
+)
+from tokenfuse.service.bodies import read_body, spool_body, without_paths
 
 if TYPE_CHECKING:
     from tokenfuse.runner.core_video import CoreSpec
@@ -46,9 +53,6 @@ log = logging.getLogger("tokenfuse.service")
 UNREADABLE = "not a decodable image"
 GONE = "the client disconnected before its answer"
 NO_VIDEO_WORKFLOW = "no video workflow: start serve with --video-workflow"
-TOKEN_ENV = "TOKENFUSE_SERVE_TOKEN"
-MIN_TOKEN_CHARS = 16
-UNAUTHORIZED = "missing or wrong token: send the header `Authorization: Bearer <token>`"
 _T = TypeVar("_T")
 
 
@@ -85,74 +89,6 @@ class ServiceConfig:
     # sha256 hex of the bearer token every request must carry (None: no token, loopback only); the token itself is
     # never handed to the replicas
     token_sha256: str | None = None
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding `host` keeps the service on this machine (localhost, 127.0.0.0/8, ::1)."""
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
-    except ValueError:  # a host name: it may resolve to any interface
-        return False
-
-
-def token_digest(token: str) -> str:
-    """What ServiceConfig keeps of a token: its sha256 (hex)."""
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
-
-
-def access_error(host: str, token: str | None) -> str | None:
-    """Why `serve` must not start with this bind address and token (None: it may)."""
-    if token is not None and len(token) < MIN_TOKEN_CHARS:
-        return (
-            f"serve: the token must be at least {MIN_TOKEN_CHARS} characters (make one with "
-            "python -c 'import secrets; print(secrets.token_urlsafe(32))')"
-        )
-    if token is None and not is_loopback(host):
-        return (
-            f"serve: --host {host} exposes the service beyond this machine: give a token (--token, or the {TOKEN_ENV} "
-            "environment variable, which other users cannot read from the process list); clients then send "
-            "`Authorization: Bearer <token>`"
-        )
-    return None
-
-
-def authorized(header: str | None, digest: str | None) -> bool:
-    """Whether an Authorization header carries the token whose sha256 is `digest` (None: no token needed). The
-    digests are compared in constant time (hmac.compare_digest), so the answer's timing says nothing of the token."""
-    if digest is None:
-        return True
-    scheme, _, given = (header or "").strip().partition(" ")
-    if scheme.lower() != "bearer" or not given.strip():
-        return False
-    return hmac.compare_digest(token_digest(given.strip()), digest)
-
-
-_LOOPBACK_GRPC: dict[str, Any] = {}  # the wrapper replica_grpc_on_loopback installed (installed once per process)
-
-
-def replica_grpc_on_loopback() -> None:
-    """Ray Serve (2.60 checked) binds each replica's inter-deployment gRPC server on [::]:0, every interface, even in a
-    cluster whose node address is 127.0.0.1 (runner/ray_pool.connect's local cluster): on such a node, bind it on
-    127.0.0.1 instead (its peers reach it at the node address). Called in the replica before Serve starts that
-    server; elsewhere, or with a Serve that has no such hook, nothing changes."""
-    try:
-        import ray
-        from ray.serve._private import replica as serve_replica
-    except ImportError:
-        return
-    add = getattr(serve_replica, "add_port_to_grpc_server", None)
-    if add is None or add in _LOOPBACK_GRPC.values() or not is_loopback(ray.util.get_node_ip_address()):
-        return
-
-    def on_loopback(server: Any, address: str) -> Any:
-        if address.startswith("[::]:"):
-            address = "127.0.0.1:" + address[len("[::]:") :]
-        return add(server, address)
-
-    _LOOPBACK_GRPC["wrapper"] = on_loopback
-    serve_replica.add_port_to_grpc_server = on_loopback
 
 
 class FusionReplica:
@@ -551,112 +487,3 @@ class FusionReplica:
                 row["image_png_base64"] = base64.b64encode(outs[frame].read()).decode()
             out.append(row)
         return out
-
-
-async def read_body(chunks: AsyncIterator[bytes], limit: int) -> bytes | None:
-    """The request body, or None as soon as it passes `limit` bytes (the rest is never read). A chunked upload
-    declares no Content-Length to refuse up front: counting as the chunks arrive is what bounds the memory one
-    client can make the replica (and Serve's proxy, which forwards the body as the replica reads it) hold."""
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in chunks:
-        size += len(chunk)
-        if size > limit:
-            return None
-        parts.append(chunk)
-    return b"".join(parts)
-
-
-def without_paths(text: str, named: dict[Path, str], folders: list[str | Path]) -> str:
-    """`text` (an error for the client) with no server path in it: each file of `named` replaced by what it is to the
-    client ("the video"), then each of `folders` (a request's temp folder, the embedded ComfyUI's work folder) cut
-    out, so a file inside one reads as its bare name."""
-    for file, said in named.items():
-        text = text.replace(str(file), said)
-    for folder in folders:
-        text = text.replace(str(folder) + os.sep, "").replace(str(folder), "")
-    return text
-
-
-async def spool_body(chunks: AsyncIterator[bytes], limit: int, dest: Path) -> int | None:
-    """Write the request body to `dest` as it arrives; its size, or None as soon as it passes `limit` bytes (the
-    rest is never read). A video upload is up to 2 GB: read whole, a few at once would hold tens of GB."""
-    size = 0
-    with dest.open("wb") as out:
-        async for chunk in chunks:
-            size += len(chunk)
-            if size > limit:
-                return None
-            out.write(chunk)
-    return size
-
-
-def build_app(config: ServiceConfig, replicas: int, max_queued: int, retry_after_s: float, num_gpus: float) -> Any:
-    from ray import serve
-    from ray.serve.config import BackpressureConfig
-
-    deployment = serve.deployment(
-        name="TokenFuse",
-        num_replicas=replicas,
-        max_ongoing_requests=max(2 * config.max_batch, 2),
-        max_queued_requests=max_queued,
-        backpressure_config=BackpressureConfig(status_code=503, retry_after_s=retry_after_s),
-        graceful_shutdown_timeout_s=120,
-        ray_actor_options={"num_gpus": num_gpus, "num_cpus": 1},
-    )(FusionReplica)
-    return deployment.bind(asdict(config))
-
-
-def serve_forever(
-    config: ServiceConfig,
-    address: str = "local",
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    replicas: int = 1,
-    max_queued: int = 8,
-    retry_after_s: float = 2.0,
-    ready: threading.Event | None = None,
-    stop: threading.Event | None = None,
-) -> None:
-    """Start the service and block until SIGINT/SIGTERM (or `stop`), then shut down gracefully. Refuses (ValueError)
-    a `host` beyond loopback when config has no token (access_error)."""
-    if config.token_sha256 is None and not is_loopback(host):
-        raise ValueError(access_error(host, None))
-    from tokenfuse.runner.ray_pool import connect
-
-    ray = connect(address, num_cpus=max(replicas, 1) + 1 if address == "local" else None)
-    from ray import serve
-
-    gpus = ray.cluster_resources().get("GPU", 0)
-    stop = stop or threading.Event()
-    handlers = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            handlers[sig] = signal.signal(sig, lambda *a: stop.set())
-    try:
-        serve.start(http_options={"host": host, "port": port})
-        serve.run(
-            build_app(config, replicas, max_queued, retry_after_s, 1.0 if gpus >= 1 else 0.0),
-            name="tokenfuse",
-            route_prefix="/",
-            blocking=False,
-        )
-        log.info(
-            "TokenFuse service on http://%s:%d (replicas %d, max batch %d)", host, port, replicas, config.max_batch
-        )
-        log.info("TokenFuse service ready on http://%s:%d (POST an image; GET /health; Ctrl-C stops)", host, port)
-        if config.token_sha256 is not None:
-            log.info(
-                "TokenFuse service: every request needs `Authorization: Bearer <token>` (GET /health: status only)"
-            )
-        if ready is not None:
-            ready.set()
-        while not stop.wait(0.5):
-            pass
-    finally:
-        log.info("TokenFuse service: shutting down (draining in-flight requests)")
-        serve.shutdown()
-        if address == "local":
-            ray.shutdown()
-        for sig, h in handlers.items():
-            signal.signal(sig, h)

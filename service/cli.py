@@ -62,7 +62,9 @@ def add_serve_command(sub: Any) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     if args.demo and args.workflow:  # the service would serve the workflow and ignore --demo
         raise WorkflowError("serve: --demo serves the demo graph, --workflow a workflow of yours: give one of them")
-    from .app import TOKEN_ENV, ServiceConfig, access_error, serve_forever, token_digest
+    from .access import TOKEN_ENV, access_error, token_digest
+    from .app import ServiceConfig
+    from .deploy import serve_forever
 
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
     refused = access_error(args.host, token)

@@ -206,7 +206,8 @@ def test_service_video_endpoint_and_overload(cluster: Any, clip: Path, single, t
     import socket
     from dataclasses import asdict
 
-    from tokenfuse.service.app import ServiceConfig, serve_forever
+    from tokenfuse.service.app import ServiceConfig
+    from tokenfuse.service.deploy import serve_forever
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

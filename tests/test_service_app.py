@@ -556,11 +556,11 @@ TOKEN = "s3cret-token-for-the-tests-0123"
 def test_serve_beyond_loopback_without_a_token_is_refused(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
     """Issue 34 item 7: `serve --host 0.0.0.0` served anyone who could reach the port. Without a token it now exits 2
     before Ray or ComfyUI start; a token from --token or TOKENFUSE_SERVE_TOKEN reaches the replicas as its sha256."""
-    from tokenfuse.service import app
+    from tokenfuse.service import app, deploy
     from tokenfuse.service.cli import main
 
     started: list[Any] = []
-    monkeypatch.setattr(app, "serve_forever", lambda config, *a, **k: started.append((config, a)))
+    monkeypatch.setattr(deploy, "serve_forever", lambda config, *a, **k: started.append((config, a)))
     monkeypatch.delenv(app.TOKEN_ENV, raising=False)
     for host in ("0.0.0.0", "::", "192.0.2.7", "my-host.example"):
         assert main(["serve", "--host", host]) == 2
@@ -577,7 +577,7 @@ def test_serve_beyond_loopback_without_a_token_is_refused(monkeypatch: pytest.Mo
     assert digests == [app.token_digest(TOKEN)] * 2 + [None] * 4 and TOKEN not in repr(started)
     with pytest.raises(ValueError, match="exposes the service"):  # a direct caller of the real serve_forever too
         monkeypatch.undo()
-        app.serve_forever(app.ServiceConfig(), host="0.0.0.0")
+        deploy.serve_forever(app.ServiceConfig(), host="0.0.0.0")
 
 
 def test_with_a_token_every_request_needs_it_before_any_body_is_read() -> None:
