@@ -211,6 +211,9 @@ def test_an_output_that_is_a_file_is_a_usage_error(
     assert target.read_bytes() == b"jpeg" and engine.executed == 0
     (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert "exists and is not a folder" in line and "\n" not in line
+    (tmp_path / "clip.mp4").write_bytes(b"")
+    assert cli.main(["run", "--engine", "core", str(tmp_path / "clip.mp4"), "-o", str(target), "--quiet"]) == 2
+    assert target.read_bytes() == b"jpeg"
 
 
 def test_a_deeply_nested_workflow_is_not_a_workflow(
