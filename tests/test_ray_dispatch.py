@@ -96,7 +96,8 @@ def test_a_local_cluster_is_started_on_loopback_only(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr("ray.init", init)
     monkeypatch.setattr("ray.is_initialized", lambda: bool(seen))
     monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
-    monkeypatch.setenv("TOKENFUSE_CALIBRATION_DIR", str(tmp_path / "cal"))
+    monkeypatch.chdir(tmp_path)  # a relative folder: the workers (another working folder) get it absolute
+    monkeypatch.setenv("TOKENFUSE_CALIBRATION_DIR", "cal")
     before = ray_constants.ENABLE_RAY_CLUSTER
     ray_pool.connect("local", num_cpus=2)
     ((kw, env, flag),) = seen
