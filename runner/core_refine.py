@@ -1,9 +1,9 @@
 """Samplers for the ComfyUI-free video engine (runner/core_video.py), as video.fuse_pass.Refine functions.
 
-"demo": the project's small trained face model (devkit/face_model, plain torch, no ComfyUI, no download) through the
+"demo": the project's small trained face model (face_model/, plain torch, no ComfyUI, no download) through the
 pack's real per-face fusion loop (fusion/run.run_fusion: VAE encode, euler with the face's noise mask, optional
 TokenFuse scheduling, decode, composite, artifact fallbacks) — the same loop ScheduledFusion runs in ComfyUI.
-"standin": the seeded stand-in (devkit/standin.py) for tests and benches of the video / scale-out paths.
+"standin": the seeded stand-in (video/standin.py) for tests and benches of the video / scale-out paths.
 
 Each crop is sampled on its own (one sampler call per crop, its track's seed): a crop's result then depends only on
 the crop and its seed, never on which crops share a batch, which is what makes a video split into chunks over
@@ -29,7 +29,7 @@ RefineName = Literal["demo", "standin"]
 @cache
 def _face_model(device: str) -> Any:
     """The committed small face model in plain torch (loaded once per process)."""
-    from ..devkit.face_model.torch_sampling import load_torch_face_model
+    from ..face_model.torch_sampling import load_torch_face_model
 
     return load_torch_face_model(device=device)
 
@@ -50,7 +50,7 @@ def demo_refine(
     """
     import torch
 
-    from ..devkit.face_model.torch_sampling import fusion_backend, scheduled
+    from ..face_model.torch_sampling import fusion_backend, scheduled
     from ..faces.align import template
     from ..faces.masks import crop_mask
     from ..faces.types import Face, FaceSet
@@ -103,7 +103,7 @@ def make_refine(name: RefineName, steps: int, denoise: float, preset: str, threa
     if name == "demo":
         return demo_refine(steps, denoise, preset, threads=threads)
     if name == "standin":
-        from ..devkit.standin import standin_refine
+        from ..video.standin import standin_refine
 
         return standin_refine
     raise ValueError(f"unknown sampler {name!r}: use one of 'demo', 'standin'")

@@ -148,3 +148,34 @@ def test_no_subprocess_in_pack() -> None:
     for path in _pack_files():
         for _level, module, lineno in _imports(path):
             assert module.split(".")[0] not in {"subprocess", "pickle"}, f"{path}:{lineno} imports {module}"
+
+
+RUNTIME_DIRS = ("scheduling", "faces", "fusion", "video", "nodes", "face_model", "runner", "service")
+
+
+def _runtime_files() -> list[Path]:
+    files = [REPO / "__init__.py", REPO / "__main__.py"]
+    for d in RUNTIME_DIRS:
+        files += sorted((REPO / d).rglob("*.py"))
+    return files
+
+
+def _resolved(path: Path, level: int, module: str) -> str:
+    """The pack-relative dotted name an import statement in `path` names ("runner.items", "devkit.standin")."""
+    if level == 0:
+        return module.removeprefix("tokenfuse.") if module.split(".")[0] == "tokenfuse" else f"<external>.{module}"
+    package = list(path.relative_to(REPO).parent.parts)
+    base = package[: len(package) - (level - 1)] if level > 1 else package
+    return ".".join([*base, *([module] if module else [])])
+
+
+@pytest.mark.parametrize("path", _runtime_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_nothing_the_pack_runs_imports_devkit(path: Path) -> None:
+    """devkit/ is for tests, benches and tools: the nodes, the runner (demo, core engine), the service and the face
+    model package never import it, by relative or absolute name, nor load its files by path."""
+    for level, module, lineno in _imports(path):
+        target = _resolved(path, level, module)
+        assert target.split(".")[0] != "devkit", f"{path}:{lineno} imports {target}"
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Constant) and node.value == "devkit":
+            raise AssertionError(f"{path}:{node.lineno} names the devkit folder (loads it by path?)")

@@ -31,7 +31,7 @@ STEPS, DENOISE = 6, 0.5  # ComfyUI samples the last 6 of 12 steps: 6 model calls
 def stack(comfy: SimpleNamespace) -> Any:
     import comfy.utils
     import torch
-    from tokenfuse.devkit.face_model import loader
+    from tokenfuse.face_model import loader
     from tokenfuse.nodes.glue.video import VideoPath
     from tokenfuse.nodes.video_nodes import FaceTrack
 
