@@ -179,3 +179,33 @@ def test_nothing_the_pack_runs_imports_devkit(path: Path) -> None:
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Constant) and node.value == "devkit":
             raise AssertionError(f"{path}:{node.lineno} names the devkit folder (loads it by path?)")
+
+
+def _node_classes() -> dict[str, Path]:
+    """Class name -> defining module, for every class in a nodes/ module's NODE_CLASS_MAPPINGS."""
+    found: dict[str, Path] = {}
+    for path in sorted((REPO / "nodes").glob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            names = [getattr(t, "id", "") for t in node.targets] if isinstance(node, ast.Assign) else []
+            if "NODE_CLASS_MAPPINGS" in names and isinstance(node.value, ast.Dict):  # type: ignore[union-attr]
+                found.update({v.id: path for v in node.value.values if isinstance(v, ast.Name)})  # type: ignore[union-attr]
+    return found
+
+
+def test_no_node_class_is_used_by_another_module() -> None:
+    """Nodes are thin callers of the cores: no node module, runner or service module imports or calls another
+    node's class (they share functions: nodes/video_fusion.py, nodes/identity.py, nodes/input_specs.py, the cores).
+    nodes/__init__.py, the registry, is the one place that collects them."""
+    classes = _node_classes()
+    assert {"ScheduledFusion", "VideoFaceFusion", "FaceTrack"} <= set(classes)
+    offenders = []
+    for path in _runtime_files():
+        if path == REPO / "nodes" / "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+            if isinstance(node, ast.ImportFrom):
+                offenders += [f"{path.name}:{node.lineno} imports {a.name}" for a in node.names if a.name in classes]
+            elif name in classes and classes[name] != path:
+                offenders.append(f"{path.name}:{node.lineno} uses {name}")
+    assert not offenders
