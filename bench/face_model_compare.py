@@ -2,7 +2,7 @@
 
     python bench/face_model_compare.py --new DIR [--old DIR] --faces HELDOUT_DIR [--size 256] [--limit N]
 
-Runs in plain torch (devkit/face_model/torch_*.py, equal to ComfyUI's classes: tests/integration/
+Runs in plain torch (face_model/torch_*.py, equal to ComfyUI's classes: tests/integration/
 test_torch_face_model.py), no ComfyUI needed. Per weights set:
 - VAE reconstruction PSNR (dB, mean and 5th percentile) on held-out photos aligned like the training data (RetinaFace,
   FFHQ template at --size px), the face region only (the template's face ellipse);
@@ -65,7 +65,7 @@ def vae_psnr(model: Any, faces: list[np.ndarray], mask: np.ndarray) -> tuple[flo
 def astronaut_numbers(pack: Any, model: Any) -> dict[str, float]:
     from tokenfuse.devkit.face_model import gate
     from tokenfuse.devkit.face_model import quality as q
-    from tokenfuse.devkit.face_model.torch_sampling import scheduled, with_patches
+    from tokenfuse.face_model.torch_sampling import scheduled, with_patches
 
     photo = gate.astronaut_photo(pack)
     params = q.FusionParams(steps=8, denoise=0.45, guide=256, seed=0)
@@ -81,7 +81,7 @@ def astronaut_numbers(pack: Any, model: Any) -> dict[str, float]:
     }
 
 
-ATTENTION = "pytorch-sdpa (plain torch)"  # devkit/face_model/torch_unet.py: F.scaled_dot_product_attention
+ATTENTION = "pytorch-sdpa (plain torch)"  # face_model/torch_unet.py: F.scaled_dot_product_attention
 
 
 def ratios(old: dict[str, Any], new: dict[str, Any]) -> dict[str, float | None]:
@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     from pack_loader import load_pack
 
     pack = load_pack()
-    from tokenfuse.devkit.face_model.loader import WEIGHTS_DIR
-    from tokenfuse.devkit.face_model.torch_sampling import load_torch_face_model
+    from tokenfuse.face_model.loader import WEIGHTS_DIR
+    from tokenfuse.face_model.torch_sampling import load_torch_face_model
 
     t0 = time.time()
     faces, skipped = ([], []) if args.sampling_only else aligned_faces(Path(args.faces), args.size, args.limit)

@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=["comfy", "torch"],
         default="comfy",
         help="comfy: ComfyUI's sampler and VAE in-process (needs --comfyui); torch: the same node code with the "
-        "plain-torch model (devkit/face_model/torch_*.py, equal to ComfyUI's: tests/integration/"
+        "plain-torch model (face_model/torch_*.py, equal to ComfyUI's: tests/integration/"
         "test_torch_face_model.py), no ComfyUI needed",
     )
     ap.add_argument("--comfyui", default=os.environ.get("COMFYUI_PATH", ""), help="ComfyUI checkout")
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         for strat in [s.strip() for s in args.strategies.split(",") if s.strip()]:
             variants.append((preset if strat == "preset" else f"{preset}/{strat}", preset, strat))
     if args.backend == "comfy":
-        from tokenfuse.devkit.face_model import loader
+        from tokenfuse.face_model import loader
 
         fm = loader.load_face_model(weights)
         cond = fm.conditioning()
@@ -249,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
             return q.fuse(pack, model, fm.vae, cond, photo, params, fm.model)
 
     else:
-        from tokenfuse.devkit.face_model import gate, torch_sampling
+        from tokenfuse.devkit.face_model import gate
+        from tokenfuse.face_model import torch_sampling
 
         tm = torch_sampling.load_torch_face_model(weights)
         meta, attention = tm.meta, "pytorch-sdpa (plain torch)"

@@ -35,7 +35,7 @@ def measure_photo(pack: Any, tm: Any, photo: Any, params: Any) -> dict[str, dict
     from tokenfuse.devkit.face_model import gate
     from tokenfuse.devkit.face_model.attention_probe import patches_of
     from tokenfuse.devkit.face_model.broken import BREAKS, broken_model, broken_patches
-    from tokenfuse.devkit.face_model.torch_sampling import scheduled
+    from tokenfuse.face_model.torch_sampling import scheduled
     from tokenfuse.fusion.crops import crop_plan
 
     models = {p: scheduled(tm, p) for p in gate.PRESETS}
@@ -128,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--faces or --merge")
         torch.set_num_threads(1)
         import tokenfuse.scheduling.calibrate as calibrate
-        from tokenfuse.devkit.face_model import gate, torch_sampling
+        from tokenfuse.devkit.face_model import gate
         from tokenfuse.devkit.face_model import quality as q
+        from tokenfuse.face_model import torch_sampling
 
         calibrate.PINNED = True  # every level kept, as in the CI test (no timing on a loaded machine)
         tm = torch_sampling.load_torch_face_model()

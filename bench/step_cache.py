@@ -351,8 +351,8 @@ def calls_part(pack: Any, a: argparse.Namespace, which: set[str]) -> list[dict[s
 
 
 def quality_part(pack: Any, a: argparse.Namespace, which: set[str]) -> tuple[list[dict[str, Any]], list[str]]:
-    from tokenfuse.devkit.face_model import loader
     from tokenfuse.devkit.face_model import quality as q
+    from tokenfuse.face_model import loader
     from tokenfuse.scheduling.plan import TokenPlan
 
     fm = loader.load_face_model()

@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO / "tests"))  # the clip helpers and the stand-in sam
 from bench_report import quick_settings  # noqa: E402
 from pack_loader import load_pack  # noqa: E402
 
-load_pack()  # video_clips imports the stand-in sampler from the pack (tokenfuse.devkit.standin); the root is light
+load_pack()  # video_clips imports the stand-in sampler from the pack (tokenfuse.video.standin); the root is light
 from video_clips import fake_refine, webp_frames  # noqa: E402
 
 CLIP_PACKAGE = "comfyui_workflow_templates_media_video"
@@ -125,7 +125,7 @@ def comfy_refine_runner(args: argparse.Namespace) -> Any:
     dtype = torch.float16 if args.dtype == "fp16" else torch.float32
     cfg = 5.0
     if args.refine == "face":
-        from tokenfuse.devkit.face_model import loader
+        from tokenfuse.face_model import loader
 
         fm = loader.load_face_model(dtype=dtype)
         model, vae, cfg = fm.model, fm.vae, 1.0

@@ -14,6 +14,8 @@ that follows re-details it. Reading `emap` needs the `onnx` package (insightface
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import cv2
@@ -21,6 +23,8 @@ import numpy as np
 
 from ..faces.embed import ArcFaceEmbedder, arcface_affine
 from ..faces.models import ModelFileError
+from ..faces.types import Face
+from .backend import CropHooks
 
 SWAP_SIZE = 128  # inswapper works on the ArcFace template (faces/embed.py ARCFACE_112) scaled to 128 px
 
@@ -137,3 +141,36 @@ def swap_in_crop(
     alpha = cv2.warpAffine(win, inv, (side, crop.shape[1]), flags=cv2.INTER_LINEAR, borderValue=0.0)[..., None]
     mixed: np.ndarray = np.clip(alpha * back + (1.0 - alpha) * crop, 0.0, 1.0).astype(np.float32)
     return mixed
+
+
+def source_embedding(
+    source: Face, rgb: np.ndarray | None, embed: Callable[[np.ndarray, np.ndarray], np.ndarray] | None
+) -> np.ndarray:
+    """The swap source's identity: the face's own embedding, else `embed(rgb [H, W, 3] float 0..1 of its frame,
+    landmarks)`. ValueError naming the fix when neither is there."""
+    if source.embedding is not None:
+        return source.embedding
+    if embed is None or rgb is None:
+        raise ValueError(
+            "the source face carries no ArcFace embedding: choose an arcface_model (e.g. "
+            "w600k_r50.onnx) and connect source_image, or detect with an insightface backend."
+        )
+    return embed(rgb, source.landmarks)
+
+
+def identity_hooks(
+    hooks: CropHooks,
+    embed: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+    swapper: InSwapper | None = None,
+    source: np.ndarray | None = None,
+) -> CropHooks:
+    """A copy of `hooks` with the identity check's embedder (when given) and the identity pre-swap of every crop to
+    the `source` embedding [512] (when a swapper is given; the source is then also the check's reference)."""
+    if embed is not None:
+        hooks = replace(hooks, embed=embed)
+    if swapper is None:
+        return hooks
+    if source is None:
+        raise ValueError("identity_hooks: a swapper needs the source embedding")
+    latent = swapper.source_latent(source)
+    return replace(hooks, pre_swap=lambda crop, lm: swap_in_crop(crop, lm, swapper, latent), identity_ref=source)

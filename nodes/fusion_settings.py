@@ -3,15 +3,30 @@
 ComfyUI calls the node with one keyword per input, so `ScheduledFusion.fuse` keeps that signature (the input names
 are the workflow contract); its first step packs the widgets into `FusionWidgets`, and everything after it reads
 that object: the per-face loop's `FusionSettings`, ComfyUI's sampler arguments and the report header. Torch-free.
+VideoFaceFusion packs its own widgets the same way (its crops: guide = max size, crop factor 1).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 from ..fusion.fallback import FallbackConfig, FallbackMode
-from ..fusion.run import FusionSettings
+from ..fusion.refine import FusionSettings
+from ..scheduling.keys import PLAN_KEY, PRESET_KEY
+from ..scheduling.vocabulary import PRESET_ORDER
+from .glue.fusion_backend import SamplerArgs
+from .model_patching import _transformer_option
+
+
+def stronger_presets() -> tuple[str, ...]:
+    """The presets the OOM fallback may re-patch with (empty when the scheduler API is unavailable)."""
+    try:
+        from ..scheduling.schedule import Preset
+        from .model_patching import schedule_model  # noqa: F401 - availability check
+    except ImportError:
+        return ()
+    return tuple(p for p in PRESET_ORDER if p in get_args(Preset) and p != "off")
 
 
 @dataclass(frozen=True)
@@ -51,6 +66,23 @@ class FusionWidgets:
             feather=float(widgets["feather"]),
             faces_per_batch=int(widgets["faces_per_batch"]),
             fallback=cast(FallbackMode, widgets["fallback"]),
+        )
+
+    def sampler_args(self) -> SamplerArgs:
+        """The widgets ComfyUI's sampler takes, as given."""
+        return SamplerArgs(self.steps, self.cfg, self.sampler_name, self.scheduler, self.denoise)
+
+    def settings_for(self, model: Any, token_plan: Any = None) -> FusionSettings:
+        """The loop's settings for this MODEL: a crop-space TokenPlan when a plan is connected or on the MODEL (a
+        frame-space plan would land on the crops misplaced: each crop gets its own from its face mask, at the
+        plan's protect_threshold), the MODEL's preset as the start of the stronger-preset fallback."""
+        source_plan = token_plan if token_plan is not None else _transformer_option(model, PLAN_KEY)
+        protect = float(getattr(source_plan, "protect_threshold", 0.5)) if source_plan is not None else 0.5
+        return self.fusion_settings(
+            use_plan=source_plan is not None,
+            protect_threshold=protect,
+            stronger_presets=stronger_presets(),
+            incoming_preset=str(_transformer_option(model, PRESET_KEY) or ""),
         )
 
     @property

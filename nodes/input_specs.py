@@ -82,6 +82,16 @@ def identity_inputs(unit: Unit) -> dict[str, Spec]:
     }
 
 
+def float_input(default: float, lo: float, hi: float, step: float, tip: str) -> Spec:
+    """A FLOAT widget."""
+    return ("FLOAT", {"default": default, "min": lo, "max": hi, "step": step, "tooltip": tip})
+
+
+def int_input(default: int, lo: int, hi: int, tip: str, step: int = 1) -> Spec:
+    """An INT widget."""
+    return ("INT", {"default": default, "min": lo, "max": hi, "step": step, "tooltip": tip})
+
+
 def seed_input(tooltip: str) -> Spec:
     """ComfyUI's seed widget (with its control_after_generate companion)."""
     return ("INT", {"default": 0, "min": 0, "max": SEED_MAX, "control_after_generate": True, "tooltip": tooltip})
@@ -108,3 +118,129 @@ def build_selection(
         reference=reference,
         similarity_threshold=similarity_threshold,
     )
+
+
+# ---------------------------------------------------------------------- diffusion inputs (ScheduledFusion, video)
+# ScheduledFusion and VideoFaceFusion (and the runner's chunk node, which takes VideoFaceFusion's inputs) sample face
+# crops alike: the same links, sampler widgets, guide size, fallback and identity pre-swap inputs, defined here once.
+
+
+def diffusion_links() -> dict[str, Spec]:
+    """Required links, in node order: model, vae, positive, negative."""
+    return {
+        "model": ("MODEL", {"tooltip": "The diffusion model, usually from TokenSchedulerController."}),
+        "vae": ("VAE", {"tooltip": "The VAE of the model (encodes/decodes the face crops)."}),
+        "positive": ("CONDITIONING", {"tooltip": "Prompt conditioning for the faces."}),
+        "negative": ("CONDITIONING", {"tooltip": "Negative conditioning for the faces."}),
+    }
+
+
+def sampler_inputs() -> dict[str, Spec]:
+    """KSampler's widgets, in node order: steps, cfg, sampler_name, scheduler, denoise (choices from ComfyUI)."""
+    from .glue import sampling
+
+    samplers, schedulers = sampling.sampler_choices()
+    return {
+        "steps": (
+            "INT",
+            {
+                "default": 20,
+                "min": 1,
+                "max": 10000,
+                "tooltip": "Sampling steps (with denoise < 1 only the last part runs).",
+            },
+        ),
+        "cfg": (
+            "FLOAT",
+            {
+                "default": 7.0,
+                "min": 0.0,
+                "max": 100.0,
+                "step": 0.1,
+                "tooltip": "Classifier-free guidance scale (4-8 typical for face refinement).",
+            },
+        ),
+        "sampler_name": (samplers, {"default": samplers[0], "tooltip": "ComfyUI sampler."}),
+        "scheduler": (schedulers, {"default": schedulers[0], "tooltip": "ComfyUI noise schedule."}),
+        "denoise": (
+            "FLOAT",
+            {
+                "default": 0.45,
+                "min": 0.0,
+                "max": 1.0,
+                "step": 0.01,
+                "tooltip": "How much of the face is re-generated: 0.3-0.5 refines and keeps "
+                "identity; above 0.6 the face changes; 0 returns it as prepared (the swap alone, no VAE).",
+            },
+        ),
+    }
+
+
+def guide_size_input() -> Spec:
+    """The side the faces are sampled at."""
+    return (
+        "INT",
+        {
+            "default": 512,
+            "min": 64,
+            "max": 2048,
+            "step": 8,
+            "tooltip": "Face resolution sampled (pixels). 512 suits SD1.5, 1024 SDXL; smaller is faster and lighter.",
+        },
+    )
+
+
+def fallback_input() -> Spec:
+    """Which failures the fusion fallbacks handle (fusion/fallback.py)."""
+    from ..fusion.fallback import FallbackMode
+
+    return (
+        list(get_args(FallbackMode)),
+        {
+            "default": "auto",
+            "tooltip": "auto: OOM -> split batch, stronger preset, tiled VAE, smaller guide; artifacts -> "
+            "rerun with scheduling off. oom-only / artifacts-only: one chain. off: no retries (a "
+            "face that runs out of memory passes through). Artifacts found without the artifact "
+            "chain are reported and the output is kept.",
+        },
+    )
+
+
+def swap_inputs() -> dict[str, Spec]:
+    """Optional identity pre-swap inputs, in node order: swap_model, arcface_model, source_image, source_faces."""
+    from .glue import paths
+
+    onnx = paths.list_models("insightface", (".onnx",))
+    return {
+        "swap_model": (
+            ["none", *onnx],
+            {
+                "default": "none",
+                "tooltip": "Identity pre-swap: an inswapper_128-style ONNX in models/insightface. The 128-px "
+                "swap is re-detailed by the diffusion pass. Needs source_faces (and an ArcFace model when "
+                "they carry no embedding).",
+            },
+        ),
+        "arcface_model": (
+            ["none", *onnx],
+            {
+                "default": "none",
+                "tooltip": "ArcFace recognition ONNX (e.g. w600k_r50.onnx) in models/insightface: source "
+                "embedding for the swap and the identity-drop artifact check.",
+            },
+        ),
+        "source_image": (
+            "IMAGE",
+            {
+                "tooltip": "The image holding the source identity for the swap (its "
+                "largest face is used when source_faces is not connected)."
+            },
+        ),
+        "source_faces": (
+            "FACES",
+            {
+                "tooltip": "FaceDetect on source_image; its first face is the source "
+                "(its embedding is used when it has one)."
+            },
+        ),
+    }

@@ -72,6 +72,26 @@ def repatch_with_preset(model: Any, preset: str) -> tuple[Any, str]:
     return patched, ""
 
 
+def attempt_models(model: Any) -> Callable[[Any], tuple[Any, str]]:
+    """model_for(attempt) -> (MODEL, note) for the fusion fallbacks (fusion.backend.FusionBackend.model_for): the
+    input as is, a clone with TokenFuse scheduling off (artifact fallback) or re-patched with a stronger preset (OOM
+    fallback). Each variant is built once per run and reused by every batch that needs it."""
+    cache: dict[tuple[bool, str], tuple[Any, str]] = {}
+
+    def model_for(attempt: Any) -> tuple[Any, str]:
+        key = (attempt.scheduling, attempt.preset)
+        if key not in cache:
+            if not attempt.scheduling:
+                cache[key] = (strip_tokenfuse(model), "")
+            elif attempt.preset:
+                cache[key] = repatch_with_preset(model, attempt.preset)
+            else:
+                cache[key] = (model, "")
+        return cache[key]
+
+    return model_for
+
+
 def chain_attention_override(ours: Callable[..., Any], previous: Callable[..., Any] | None) -> Callable[..., Any]:
     """Stack our optimized_attention_override on one another node set before (theirs runs inside ours).
 

@@ -4,8 +4,9 @@ pack's NODE_CLASS_MAPPINGS; RunnerWorker registers it, like the demo's model loa
 It stands in for VideoFaceFusion in the per-chunk prompt (runner/workflow_chunks.chunk_prompt) with the same inputs
 but `face_tracks`, plus `job`: the name under which the worker put the driver's whole-video tracks, the chunk and
 every frame's pts (`JOBS`, filled by RunnerWorker.run_chunk just before it executes the prompt: large arrays do not
-belong in a prompt). It runs VideoFaceFusion.fuse with that window, so a chunk samples through exactly the code a
-whole-video run uses, and writes the chunk (video only) to the job's path.
+belong in a prompt). It runs the same video fusion function VideoFaceFusion runs (nodes/video_fusion.py) with that
+window, so a chunk samples through exactly the code a whole-video run uses, and writes the chunk (video only) to the
+job's path.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ JOBS: dict[str, ChunkJob] = {}
 
 
 class RunnerVideoChunk:
-    """Runner-only node: VideoFaceFusion on frames [chunk.start, chunk.stop) given the driver's tracks."""
+    """Runner-only node: a video fusion run on frames [chunk.start, chunk.stop) given the driver's tracks."""
 
     DESCRIPTION = "Runner-only: one time chunk of VideoFaceFusion under `run --ray` (written to the runner's file)."
     CATEGORY = "TokenFuse/runner"
@@ -46,20 +47,26 @@ class RunnerVideoChunk:
 
     @classmethod
     def INPUT_TYPES(cls) -> dict[str, Any]:
-        from ..nodes.video_nodes import VideoFaceFusion
+        from ..nodes import video_fusion
 
-        spec = VideoFaceFusion.INPUT_TYPES()
+        spec = video_fusion.input_types()
         required = {k: v for k, v in spec["required"].items() if k != "face_tracks"}
         required["job"] = ("STRING", {"default": "", "tooltip": "The runner's name for this chunk's job."})
         return {"required": required, "optional": spec["optional"]}
 
     def fuse_chunk(self, job: str, **inputs: Any) -> dict[str, Any]:
-        from ..nodes.video_nodes import VideoFaceFusion
+        from ..nodes import video_fusion
+        from ..nodes.checks import check_inputs, refuse_undeclared
 
         if job not in JOBS:
             raise KeyError(f"no runner chunk job {job!r} in this worker (the node runs only under `run --ray`)")
+        spec = self.INPUT_TYPES()  # the checks VideoFaceFusion's inputs get (nodes/checks.py)
+        refuse_undeclared(type(self), {"job": job, **inputs}, spec)
+        check_inputs(type(self), {"job": job, **inputs}, ("swap_model", "arcface_model"), spec)
         j = JOBS[job]
-        node = VideoFaceFusion(out_path=str(j.out_path), window=(j.chunk, j.pts))
-        _, report = node.fuse(face_tracks=j.tracks, **inputs)
-        j.stats, j.report = node.last_stats, report
-        return {"ui": {"text": [report]}, "result": (report,)}
+        links, widgets, swap_model, arcface_model = video_fusion.split_inputs(face_tracks=j.tracks, **inputs)
+        run = video_fusion.fuse_video_run(
+            links, widgets, (swap_model, arcface_model), None, str(j.out_path), (j.chunk, j.pts)
+        )
+        j.stats, j.report = run.stats, run.report
+        return {"ui": {"text": [run.report]}, "result": (run.report,)}

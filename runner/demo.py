@@ -2,42 +2,25 @@
 checkpoint download.
 
 `demo_models()` is the one place that says which weights the demo uses: the project's small trained face model
-(devkit/face_model, a few-MB SD1.5-shaped U-Net and SD VAE trained on real faces for testing; real SD1.5/SDXL
+(face_model/, a few-MB SD1.5-shaped U-Net and SD VAE trained on real faces for testing; real SD1.5/SDXL
 checkpoints look far better). Its fixed learned context is both conditionings (cfg 1 in the demo graph).
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 PACK_DIR = Path(__file__).absolute().parents[1]
-DEMO_WEIGHTS = "TokenFuse's small trained face model (devkit/face_model; for testing, far below real checkpoints)"
+DEMO_WEIGHTS = "TokenFuse's small trained face model (face_model/; for testing, far below real checkpoints)"
 DEMO_LOADER = "TokenFuseRunnerDemoModels"
-
-
-def _face_model_loader() -> Any:
-    """devkit/face_model/loader.py as a module of a package of its own (it imports `.nets`)."""
-    import sys
-
-    folder = PACK_DIR / "devkit" / "face_model"
-    name = "tokenfuse_demo_face_model"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, folder / "__init__.py", submodule_search_locations=[str(folder)]
-        )
-        assert spec is not None and spec.loader is not None
-        package = importlib.util.module_from_spec(spec)
-        sys.modules[name] = package
-        spec.loader.exec_module(package)
-    return importlib.import_module(f"{name}.loader")
 
 
 def demo_models() -> tuple[Any, Any, Any, Any]:
     """(MODEL, positive CONDITIONING, negative CONDITIONING, VAE) for the demo; see the module docstring."""
-    face_model = _face_model_loader().load_face_model()
+    from ..face_model.loader import load_face_model
+
+    face_model = load_face_model()
     cond = face_model.conditioning()
     return face_model.model, cond, cond, face_model.vae
 

@@ -84,8 +84,9 @@ def fused() -> Iterator[SimpleNamespace]:
     pytest.importorskip("skimage")
     import tokenfuse
     import torch
-    from tokenfuse.devkit.face_model import gate, loader, torch_sampling
+    from tokenfuse.devkit.face_model import gate
     from tokenfuse.devkit.face_model import quality as q
+    from tokenfuse.face_model import loader, torch_sampling
 
     if not loader.weights_present():
         pytest.skip(f"trained face model weights not found in {loader.WEIGHTS_DIR}")

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
-from tokenfuse.devkit.face_model import data, loader, nets
+from tokenfuse.devkit.face_model import data
+from tokenfuse.face_model import loader, nets
 from tokenfuse.faces.align import template
 
 

@@ -15,7 +15,8 @@ from test_fusion_geometry import astronaut_faceset
 from tokenfuse.faces.types import FaceSet
 from tokenfuse.fusion.run import CropHooks, FusionBackend
 from tokenfuse.nodes.fusion_node import ScheduledFusion
-from tokenfuse.nodes.model_patching import DISABLED_KEY, strip_tokenfuse
+from tokenfuse.nodes.glue.fusion_backend import SamplerArgs, comfy_backend
+from tokenfuse.nodes.model_patching import DISABLED_KEY, attempt_models, strip_tokenfuse
 
 
 class FakeStack:
@@ -179,9 +180,9 @@ def test_seeds_are_stable_across_reruns_and_batching() -> None:
 
 
 def test_oom_walks_the_chain_and_reports_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tokenfuse.nodes import fusion_node
+    from tokenfuse.nodes import fusion_settings
 
-    monkeypatch.setattr(fusion_node, "_stronger_presets", lambda: ())  # scheduler API absent: the step is skipped
+    monkeypatch.setattr(fusion_settings, "stronger_presets", lambda: ())  # scheduler API absent: the step is skipped
     stack = FakeStack(oom_times=2)
     crops, out, report, stack = _run(faces_per_frame=2, faces_per_batch=2, stack=stack)
     samples = stack.ops("sample")
@@ -198,9 +199,9 @@ def test_oom_walks_the_chain_and_reports_it(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_oom_with_scheduler_api_repatches_stronger_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tokenfuse.nodes import fusion_node
+    from tokenfuse.nodes import fusion_settings
 
-    monkeypatch.setattr(fusion_node, "_stronger_presets", lambda: ("balanced", "lowvram_8gb", "lowvram_4gb"))
+    monkeypatch.setattr(fusion_settings, "stronger_presets", lambda: ("balanced", "lowvram_8gb", "lowvram_4gb"))
     _, out, report, stack = _run(stack=FakeStack(oom_times=1))
     assert [c["model"] for c in stack.ops("sample")] == ["patched", "patched:lowvram_4gb"]
     assert "stronger_preset: preset input -> lowvram_4gb (after out of memory)" in report
@@ -663,7 +664,8 @@ def test_the_node_bar_moves_at_every_sampler_step(fake_comfy: SimpleNamespace, f
     steps = 4
     images, fs = astronaut_faceset(1, faces, crop_size=128)
     model = SimpleNamespace(load_device=torch.device("cpu"))
-    backend = ScheduledFusion._comfy_backend(model, FakeVae(), "p", "n", steps, 5.0, "euler", "normal", 0.4, faces)
+    sampler = SamplerArgs(steps, 5.0, "euler", "normal", 0.4)
+    backend = comfy_backend(model, FakeVae(), "p", "n", sampler, faces, attempt_models(model))
     args = dict(seed=0, steps=steps, cfg=5.0, sampler_name="euler", scheduler="normal", denoise=0.4, guide_size=128)
     ScheduledFusion(backend).fuse(
         *LINKS, torch.from_numpy(images), fs, **args, max_size=1024, crop_factor=1.0, feather=0.04,
@@ -685,9 +687,8 @@ def test_without_a_step_bar_the_backend_shows_nothing(fake_comfy: SimpleNamespac
     """VideoFaceFusion's backend: its frame bar is the visible one, so sampling must not move a bar of its own."""
     images, fs = astronaut_faceset(1, 1, crop_size=128)
     model = SimpleNamespace(load_device=torch.device("cpu"))
-    backend = ScheduledFusion._comfy_backend(
-        model, FakeVae(), "p", "n", 4, 5.0, "euler", "normal", 0.4, 1, step_bar=False
-    )
+    sampler = SamplerArgs(4, 5.0, "euler", "normal", 0.4)
+    backend = comfy_backend(model, FakeVae(), "p", "n", sampler, 1, attempt_models(model), step_bar=False)
     ScheduledFusion(backend).fuse(*LINKS, torch.from_numpy(images), fs, *WIDGETS)
     assert FakeProgressBar.shown == [] and fake_comfy.cancels >= 4
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from tokenfuse.fusion.fallback import FallbackConfig
 from tokenfuse.fusion.run import CropHooks, FusionBackend, FusionSettings
-from tokenfuse.nodes.fusion_node import ScheduledFusion
 from tokenfuse.nodes.fusion_settings import FusionWidgets
+from tokenfuse.nodes.identity import setup_swap
 
 WIDGETS = dict(
     seed=100,
@@ -82,10 +82,10 @@ def test_widgets_backend_and_hooks_are_frozen() -> None:
 def test_the_node_never_mutates_the_backend_it_is_given() -> None:
     """Crop hooks (ArcFace check, identity pre-swap) go onto a copy: the caller's backend keeps its own."""
     backend = _backend()
-    copy, note = ScheduledFusion._setup_swap(backend, "none", "none", None, None)
+    copy, note = setup_swap(backend, "none", "none", None, None)
     assert note == "" and copy.hooks == backend.hooks == CropHooks() and copy.sample is backend.sample
     ref = np.ones(4, np.float32)
     with_hooks = dataclasses.replace(backend, hooks=CropHooks(identity_ref=ref))
-    copy, _ = ScheduledFusion._setup_swap(with_hooks, "none", "none", None, None)
+    copy, _ = setup_swap(with_hooks, "none", "none", None, None)
     assert copy.hooks.identity_ref is ref and backend.hooks.identity_ref is None
     assert torch.equal(copy.encode(torch.ones(1), False), torch.ones(1))

@@ -170,7 +170,7 @@ def test_nodes_confine_every_model_name(tmp_path: Path, monkeypatch: pytest.Monk
     import torch
     from tokenfuse.faces.types import Face, FaceSet
     from tokenfuse.nodes import NODE_CLASS_MAPPINGS
-    from tokenfuse.nodes.fusion_node import ScheduledFusion
+    from tokenfuse.nodes.identity import setup_swap
 
     monkeypatch.delenv(ALLOW_ABSOLUTE_ENV, raising=False)
     monkeypatch.setenv(MODELS_ENV, str(tmp_path / "models"))
@@ -198,7 +198,7 @@ def test_nodes_confine_every_model_name(tmp_path: Path, monkeypatch: pytest.Monk
             assert len(str(err.value)) < 600
     for name in hostile:
         with pytest.raises(ModelPathError, match="ArcFace model"):
-            ScheduledFusion._setup_swap(SimpleNamespace(), "none", name, None, None)
+            setup_swap(SimpleNamespace(), "none", name, None, None)
     face = Face(
         bbox=(0.0, 0.0, 32.0, 32.0),
         score=0.9,

@@ -189,7 +189,7 @@ def test_scheduled_fusion_source_face_uses_auto(
     no_retinaface: None, astronaut: np.ndarray, caplog: pytest.LogCaptureFixture
 ) -> None:
     """ScheduledFusion finds the source face of source_image with FaceDetect's default: MTCNN here."""
-    from tokenfuse.nodes.fusion_node import _detect_source
+    from tokenfuse.nodes.identity import detect_source as _detect_source
 
     with caplog.at_level(logging.INFO):
         faces = _detect_source(torch.from_numpy(astronaut[None].astype(np.float32) / 255))

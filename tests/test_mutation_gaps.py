@@ -16,7 +16,7 @@ import torch
 from test_fusion_geometry import astronaut_faceset
 from test_fusion_node import _run
 from tokenfuse.faces.importance import PlanOptions, build_plan, kept_fraction
-from tokenfuse.fusion.run import _back_to_crop
+from tokenfuse.fusion.refine import _back_to_crop
 from tokenfuse.nodes.glue import patcher
 
 

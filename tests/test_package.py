@@ -148,3 +148,64 @@ def test_no_subprocess_in_pack() -> None:
     for path in _pack_files():
         for _level, module, lineno in _imports(path):
             assert module.split(".")[0] not in {"subprocess", "pickle"}, f"{path}:{lineno} imports {module}"
+
+
+RUNTIME_DIRS = ("scheduling", "faces", "fusion", "video", "nodes", "face_model", "runner", "service")
+
+
+def _runtime_files() -> list[Path]:
+    files = [REPO / "__init__.py", REPO / "__main__.py"]
+    for d in RUNTIME_DIRS:
+        files += sorted((REPO / d).rglob("*.py"))
+    return files
+
+
+def _resolved(path: Path, level: int, module: str) -> str:
+    """The pack-relative dotted name an import statement in `path` names ("runner.items", "devkit.standin")."""
+    if level == 0:
+        return module.removeprefix("tokenfuse.") if module.split(".")[0] == "tokenfuse" else f"<external>.{module}"
+    package = list(path.relative_to(REPO).parent.parts)
+    base = package[: len(package) - (level - 1)] if level > 1 else package
+    return ".".join([*base, *([module] if module else [])])
+
+
+@pytest.mark.parametrize("path", _runtime_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_nothing_the_pack_runs_imports_devkit(path: Path) -> None:
+    """devkit/ is for tests, benches and tools: the nodes, the runner (demo, core engine), the service and the face
+    model package never import it, by relative or absolute name, nor load its files by path."""
+    for level, module, lineno in _imports(path):
+        target = _resolved(path, level, module)
+        assert target.split(".")[0] != "devkit", f"{path}:{lineno} imports {target}"
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Constant) and node.value == "devkit":
+            raise AssertionError(f"{path}:{node.lineno} names the devkit folder (loads it by path?)")
+
+
+def _node_classes() -> dict[str, Path]:
+    """Class name -> defining module, for every class in a nodes/ module's NODE_CLASS_MAPPINGS."""
+    found: dict[str, Path] = {}
+    for path in sorted((REPO / "nodes").glob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            names = [getattr(t, "id", "") for t in node.targets] if isinstance(node, ast.Assign) else []
+            if "NODE_CLASS_MAPPINGS" in names and isinstance(node.value, ast.Dict):  # type: ignore[union-attr]
+                found.update({v.id: path for v in node.value.values if isinstance(v, ast.Name)})  # type: ignore[union-attr]
+    return found
+
+
+def test_no_node_class_is_used_by_another_module() -> None:
+    """Nodes are thin callers of the cores: no node module, runner or service module imports or calls another
+    node's class (they share functions: nodes/video_fusion.py, nodes/identity.py, nodes/input_specs.py, the cores).
+    nodes/__init__.py, the registry, is the one place that collects them."""
+    classes = _node_classes()
+    assert {"ScheduledFusion", "VideoFaceFusion", "FaceTrack"} <= set(classes)
+    offenders = []
+    for path in _runtime_files():
+        if path == REPO / "nodes" / "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+            if isinstance(node, ast.ImportFrom):
+                offenders += [f"{path.name}:{node.lineno} imports {a.name}" for a in node.names if a.name in classes]
+            elif name in classes and classes[name] != path:
+                offenders.append(f"{path.name}:{node.lineno} uses {name}")
+    assert not offenders

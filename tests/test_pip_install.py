@@ -88,7 +88,7 @@ def test_wheel_contents(installed: tuple[Path, Path]) -> None:
         "tokenfuse/runner/server_ws.py",
         "tokenfuse/service/app.py",
         "tokenfuse/nodes/glue/ui.py",
-        "tokenfuse/devkit/face_model/weights/unet.safetensors",
+        "tokenfuse/face_model/weights/unet.safetensors",
         "tokenfuse/devkit/face_model/MODEL_CARD.md",
         "tokenfuse/workflows/tokenfuse_face_refine_sd15_4gb.json",
     ):
@@ -124,4 +124,4 @@ def test_console_script_runs(installed: tuple[Path, Path], tmp_path: Path) -> No
         text=True,
         check=True,
     ).stdout.strip()
-    assert Path(where).parent.name == "site-packages" and (Path(where) / "devkit/face_model/weights").is_dir()
+    assert Path(where).parent.name == "site-packages" and (Path(where) / "face_model/weights").is_dir()

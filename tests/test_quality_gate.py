@@ -1,6 +1,6 @@
 """The issue-14 quality gate in CI: every preset on the project's trained face model, without ComfyUI.
 
-ScheduledFusion's node code runs with a plain-torch backend (devkit/face_model/torch_sampling.py: the committed
+ScheduledFusion's node code runs with a plain-torch backend (face_model/torch_sampling.py: the committed
 weights in a torch re-implementation of ComfyUI's UNetModel / AutoencoderKL, SD1.5's schedule, ComfyUI's euler with a
 noise mask; tests/integration/test_torch_face_model.py checks it against ComfyUI's classes) and the pack's real
 attention patches. Face: skimage's public-domain astronaut (never in training), FACES built by hand (no detector).
@@ -40,8 +40,9 @@ PARAMS = dict(steps=8, denoise=0.45, guide=256, seed=0)
 def st() -> Iterator[SimpleNamespace]:
     import tokenfuse
     import torch
-    from tokenfuse.devkit.face_model import gate, loader, torch_sampling
+    from tokenfuse.devkit.face_model import gate
     from tokenfuse.devkit.face_model import quality as q
+    from tokenfuse.face_model import loader, torch_sampling
 
     if not loader.weights_present():
         pytest.skip(f"trained face model weights not found in {loader.WEIGHTS_DIR}")
@@ -59,7 +60,7 @@ def st() -> Iterator[SimpleNamespace]:
 
 def _output(st: SimpleNamespace, preset: str) -> Any:
     """The preset's FaceRun (cached: the gate and the identity test share it)."""
-    from tokenfuse.devkit.face_model.torch_sampling import scheduled
+    from tokenfuse.face_model.torch_sampling import scheduled
 
     if preset not in st.runs:
         st.runs[preset] = st.gate.fuse_torch(st.pack, scheduled(st.model, preset), st.photo, st.params)
@@ -101,7 +102,7 @@ def _probe(st: SimpleNamespace, with_plan: bool) -> tuple[dict[str, Any], Any]:
     if with_plan not in st.probes:
         from tokenfuse.devkit.face_model.attention_probe import patches_of
         from tokenfuse.devkit.face_model.broken import BREAKS, broken_patches
-        from tokenfuse.devkit.face_model.torch_sampling import scheduled
+        from tokenfuse.face_model.torch_sampling import scheduled
         from tokenfuse.fusion.crops import crop_plan
 
         variants = {p: patches_of(scheduled(st.model, p)) for p in st.gate.PRESETS}
@@ -131,7 +132,7 @@ def test_every_preset_keeps_the_attention_and_every_break_loses_it(st: SimpleNam
 
 
 def test_a_broken_patch_fails_the_quality_gate(st: SimpleNamespace) -> None:
-    from tokenfuse.devkit.face_model.torch_sampling import scheduled, with_patches
+    from tokenfuse.face_model.torch_sampling import scheduled, with_patches
 
     balanced = scheduled(st.model, "balanced")
     real = balanced.options["patches"]["attn1_patch"][0]

@@ -1,5 +1,5 @@
 """Ray scale-out without ComfyUI (runs in CI): a local 2-worker CPU cluster (`address="local"`, one per module)
-running the pack's video core with the seeded stand-in sampler (devkit/standin.py) on a real clip with a face, a
+running the pack's video core with the seeded stand-in sampler (video/standin.py) on a real clip with a face, a
 scene cut and AAC audio. A long video's chunks spread over both workers and join, in order with the audio, to the
 frames of a single-worker run; a worker killed mid-chunk is replaced and its chunk retried elsewhere, nothing lost
 or duplicated; a bad input fails alone; close() leaves no worker process; the service's /video endpoint returns the

@@ -10,11 +10,11 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
-from tokenfuse.devkit.standin import standin_refine
 from tokenfuse.faces.detect import RetinaFaceDetector
 from tokenfuse.video.chunks import fuse_chunk, join_chunks, plan_chunks
 from tokenfuse.video.encode import EncodeOptions
 from tokenfuse.video.fuse_pass import FuseOptions, fuse_video
+from tokenfuse.video.standin import standin_refine
 from tokenfuse.video.track_pass import track_video
 from tokenfuse.video.tracks import make_detect
 from video_clips import audio_packets, cut_clip, read_frames, video_pts

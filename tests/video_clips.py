@@ -16,7 +16,7 @@ import av
 import cv2
 import numpy as np
 import pytest
-from tokenfuse.devkit.standin import standin_refine as fake_refine  # noqa: F401  (the video tests' sampler)
+from tokenfuse.video.standin import standin_refine as fake_refine  # noqa: F401  (the video tests' sampler)
 
 
 def package_file(package: str, *parts: str) -> Path:

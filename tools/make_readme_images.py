@@ -179,8 +179,9 @@ def face_model_panels(
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """Before/after strip from the trained test face model (see the module docstring)."""
     import tokenfuse
-    from tokenfuse.devkit.face_model import gate, torch_sampling
+    from tokenfuse.devkit.face_model import gate
     from tokenfuse.devkit.face_model import quality as q
+    from tokenfuse.face_model import torch_sampling
     from tokenfuse.nodes import face_nodes
 
     model = torch_sampling.load_torch_face_model(weights)

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .torch_unet import BasicTransformerBlock
+from ...face_model.torch_unet import BasicTransformerBlock
 
 
 @dataclass

@@ -18,8 +18,8 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from ...face_model.torch_sampling import TorchFaceModel, scheduled, with_patches
 from .attention_probe import Patches, patches_of
-from .torch_sampling import TorchFaceModel, scheduled, with_patches
 
 Break = Literal["kv_sum", "v_roll", "v_flip", "v_perm", "attn_off"]
 BREAKS: tuple[Break, ...] = get_args(Break)

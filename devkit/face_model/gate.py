@@ -1,7 +1,7 @@
 """The quality gate without ComfyUI: ScheduledFusion's node code on the trained face model in plain torch.
 
 `fuse_torch` calls the pack's real ScheduledFusion node (`ScheduledFusion(backend).fuse(...)`: the same crop, noise
-mask, paste and artifact code a workflow runs) with a FusionBackend built from devkit/face_model/torch_sampling.py
+mask, paste and artifact code a workflow runs) with a FusionBackend built from face_model/torch_sampling.py
 instead of ComfyUI, so tests/test_quality_gate.py can hold every preset to the issue-14 gate in CI.
 tests/integration/test_torch_face_model.py checks that this path gives ComfyUI's output on the same weights.
 
@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...face_model.torch_sampling import TorchFaceModel, fusion_backend
 from . import quality as q
 from .attention_probe import FidelityStats, Patches, attention_probe
-from .torch_sampling import TorchFaceModel, fusion_backend
 
 GATE_PSNR = 30.0
 GATE_SSIM = 0.95

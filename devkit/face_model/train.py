@@ -5,7 +5,7 @@ Run with a Python that has ComfyUI's requirements (ComfyUI's classes build the n
     python devkit/face_model/train.py vae    --comfyui ... --out WORK --minutes 20
     python devkit/face_model/train.py latents --comfyui ... --out WORK
     python devkit/face_model/train.py unet   --comfyui ... --out WORK --minutes 60
-    python devkit/face_model/train.py export --comfyui ... --out WORK --dest devkit/face_model/weights
+    python devkit/face_model/train.py export --comfyui ... --out WORK --dest face_model/weights
     python devkit/face_model/train.py all --tiny ...   # smoke run of every stage in about a minute
 Seeded and single-process; every stage logs its loss to WORK/<stage>_log.csv and writes a checkpoint every
 --ckpt-minutes, so a stopped run still leaves a usable model. Stages stop at --steps or --minutes, whichever first.
@@ -149,7 +149,7 @@ def _grad_l1(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def cmd_vae(args: argparse.Namespace) -> None:
     from safetensors.torch import load_file, save_file
-    from tokenfuse.devkit.face_model import nets
+    from tokenfuse.face_model import nets
 
     out = Path(args.out)
     torch.manual_seed(args.seed)
@@ -201,7 +201,7 @@ def cmd_vae(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------------------------ latents
 def cmd_latents(args: argparse.Namespace) -> None:
     from safetensors.torch import load_file, save_file
-    from tokenfuse.devkit.face_model import nets
+    from tokenfuse.face_model import nets
 
     out = Path(args.out)
     faces = np.load(out / "train_faces.npy")
@@ -237,7 +237,7 @@ def cmd_latents(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------------------------------------- U-Net
 def cmd_unet(args: argparse.Namespace) -> None:
     from safetensors.torch import load_file, save_file
-    from tokenfuse.devkit.face_model import nets
+    from tokenfuse.face_model import nets
 
     out = Path(args.out)
     torch.manual_seed(args.seed)
@@ -316,7 +316,7 @@ def cmd_unet(args: argparse.Namespace) -> None:
 # -------------------------------------------------------------------------------------------------------- export
 def cmd_export(args: argparse.Namespace) -> None:
     from safetensors.torch import load_file
-    from tokenfuse.devkit.face_model import loader, nets
+    from tokenfuse.face_model import loader, nets
 
     out, dest = Path(args.out), Path(args.dest)
     vae_state = json.loads((out / "vae_state.json").read_text())
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True, help="work folder outside the repo (data, checkpoints, logs)")
     ap.add_argument("--images", nargs="*", default=[], help="prep: folders of face photos")
     ap.add_argument("--size", type=int, default=128, help="prep: aligned crop side (FFHQ template)")
-    ap.add_argument("--dest", default=str(REPO / "devkit" / "face_model" / "weights"), help="export folder")
+    ap.add_argument("--dest", default=str(REPO / "face_model" / "weights"), help="export folder")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2, help="torch threads (keep it small on a shared machine)")
     ap.add_argument("--minutes", type=float, default=20.0, help="wall-clock cap of a training stage")

@@ -87,6 +87,15 @@ def model_path(
     return resolve_model(name, model_dirs(kind), what=what, want=want, candidates=candidates, fix=fix)
 
 
+def insightface_model(name: str, what: str) -> Path:
+    """Path of an ONNX model named in a prompt, inside models/insightface (ModelPathError naming the fix otherwise):
+    the identity pre-swap's inswapper and its ArcFace model."""
+    fix = (
+        "Put the ONNX file (e.g. inswapper_128.onnx, w600k_r50.onnx) there and press R in ComfyUI to refresh the list."
+    )
+    return model_path("insightface", name, what, fix=fix)
+
+
 def file_stamp(
     kind: ModelKind,
     name: str,

@@ -1,4 +1,4 @@
-"""The quality gate on the project's trained face model (devkit/face_model/weights) through real ComfyUI.
+"""The quality gate on the project's trained face model (face_model/weights) through real ComfyUI.
 
 Held-out faces that training never saw (devkit/face_model/data.NEVER_TRAIN): skimage's astronaut and the two largest
 faces of insightface's t1.jpg. ScheduledFusion runs unscheduled and with `balanced`, same seed, fewer steps than the
@@ -37,8 +37,8 @@ def stack(comfy: SimpleNamespace) -> Iterator[SimpleNamespace]:
     import comfy.utils
     import tokenfuse
     import torch
-    from tokenfuse.devkit.face_model import loader
     from tokenfuse.devkit.face_model import quality as q
+    from tokenfuse.face_model import loader
 
     if not loader.weights_present():
         pytest.skip(f"trained face model weights not found in {loader.WEIGHTS_DIR}")

@@ -1,4 +1,4 @@
-"""The plain-torch face model (devkit/face_model/torch_*.py, what CI's quality gate runs) against ComfyUI's classes.
+"""The plain-torch face model (face_model/torch_*.py, what CI's quality gate runs) against ComfyUI's classes.
 
 Same committed weights, same inputs: the U-Net forward with the pack's attention patches (no preset, balanced, an
 aggressive adaptive preset, tome (the attn1_output_patch path), topk, and balanced with a crop-space TokenPlan), the
@@ -23,8 +23,9 @@ def st(comfy: SimpleNamespace) -> Iterator[SimpleNamespace]:
     import comfy.utils
     import tokenfuse
     import torch
-    from tokenfuse.devkit.face_model import gate, loader, torch_sampling
+    from tokenfuse.devkit.face_model import gate
     from tokenfuse.devkit.face_model import quality as q
+    from tokenfuse.face_model import loader, torch_sampling
 
     if not loader.weights_present():
         pytest.skip(f"trained face model weights not found in {loader.WEIGHTS_DIR}")

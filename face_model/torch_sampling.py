@@ -146,7 +146,7 @@ def sample(
 ) -> torch.Tensor:
     """ComfyUI euler / normal / cfg 1 on an unscaled VAE latent [B, 4, h, w]; noise_mask [B, 1, H, W] in 0..1 at any
     size (1 = may change; bilinear to the latent as ComfyUI does). Returns the unscaled latent."""
-    from ...scheduling.keys import PLAN_KEY
+    from ..scheduling.keys import PLAN_KEY
 
     device = latent.device
     sigmas = model.schedule.ksampler_sigmas(steps, denoise).to(device)
@@ -187,10 +187,10 @@ def sample(
 
 def scheduled(model: TorchFaceModel, preset: str, strategy: str = "preset", ratio: float = 0.0) -> TorchFaceModel:
     """The model with TokenSchedulerController's sd15 schedule for these widgets attached (scheduling/patches.py)."""
-    from ...nodes.scheduler_node import schedule_from_widgets
-    from ...scheduling.keys import PRESET_KEY
-    from ...scheduling.patches import build_unet_patches
-    from ...scheduling.telemetry import RunTelemetry
+    from ..nodes.scheduler_node import schedule_from_widgets
+    from ..scheduling.keys import PRESET_KEY
+    from ..scheduling.patches import build_unet_patches
+    from ..scheduling.telemetry import RunTelemetry
 
     schedule = schedule_from_widgets(preset, strategy, ratio, "sd15")
     if schedule.is_off:
@@ -212,7 +212,7 @@ def fusion_backend(model: TorchFaceModel, steps: int = 20, denoise: float = 0.45
 
     "Scheduling off" attempts (the artifact fallback) get the model without patches, like strip_tokenfuse.
     """
-    from ...fusion.run import FusionBackend
+    from ..fusion.backend import FusionBackend
 
     plain = replace(model, options={})
 
