@@ -235,14 +235,19 @@ class Schedule:
         """Build from a mapping; unknown keys are an error naming the allowed fields. Missing keys come from base."""
         if not isinstance(data, dict):
             raise ScheduleError(f"a schedule must be a mapping of fields, got {type(data).__name__}")
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(str(key) for key in set(data) - names)
-        if unknown:
-            shown = [echo(key, 40) for key in unknown[:5]] + (
-                [f"... {len(unknown) - 5} more"] if len(unknown) > 5 else []
-            )
-            raise ScheduleError(f"unknown Schedule field(s) [{', '.join(shown)}]; allowed: {sorted(names)}")
+        check_known_fields(data)
         return replace(base or cls(), **data)
+
+
+def check_known_fields(data: dict[str, Any], widgets: tuple[str, ...] = ()) -> None:
+    """Raise ScheduleError naming the keys of `data` that are neither Schedule fields nor in `widgets` (the names a
+    node's schedule_text also takes for its widgets, listed in the message when given)."""
+    names = {f.name for f in fields(Schedule)}
+    unknown = sorted(str(key) for key in set(data) - names - set(widgets))
+    if unknown:
+        shown = [echo(key, 40) for key in unknown[:5]] + ([f"... {len(unknown) - 5} more"] if len(unknown) > 5 else [])
+        allowed = f"the widgets {sorted(widgets)} and the fields {sorted(names)}" if widgets else f"{sorted(names)}"
+        raise ScheduleError(f"unknown Schedule field(s) [{', '.join(shown)}]; allowed: {allowed}")
 
 
 def _balanced(family: str) -> Schedule:
