@@ -216,6 +216,8 @@ class TokenSchedulerController:
             log.warning(msg)
             return model, msg
         schedule = schedule_from_widgets(preset, strategy, ratio, family.family, schedule_text)
+        if schedule_text.strip():  # the report names the preset in effect ({"preset": ...} in the text sets it)
+            preset = _widgets_from_text(parse_schedule_mapping(schedule_text), preset, strategy, ratio)[0]
         patched, _ = schedule_model(
             model, schedule, family, token_plan, unique_id, preset if not schedule_text.strip() else ""
         )

@@ -149,6 +149,11 @@ def test_schedule_text_takes_every_widget_name_as_the_widget_does() -> None:
     assert schedule_from_widgets("off", "preset", 0.0, "sd15", '{"ratio": 0.5}').is_off  # as the widget: off stays off
 
 
+def test_the_report_names_the_preset_a_schedule_text_sets() -> None:
+    _, report = NODE.apply(sd15_model(), "balanced", "preset", 0.0, schedule_text='{"preset": "lowvram_4gb"}')
+    assert "preset lowvram_4gb;" in report and "/64:0.50" in report, report
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -126,7 +126,8 @@ export function applyScheduleText(schedule, textValue) {
  * The schedule the chart shows, from the node's widget values ({name: value}; any key may be missing).
  * Mirrors nodes/scheduler_node.py schedule_from_widgets: the preset for the family, then the strategy widget
  * ("preset" keeps the preset's), then ratio (> 0 replaces the ratio at every level the preset reduces; preset "off"
- * stays identity), then schedule_text (whose widget names, e.g. {"ratio": 0.5}, replace the widgets' values first).
+ * stays identity), then schedule_text (whose widget names, e.g. {"ratio": 0.5}, replace the widgets' values first;
+ * `widgetValues` holds the values in effect when the text is accepted).
  */
 export function resolveSchedule(values, family = "sd15") {
   const v = values || {};
@@ -134,11 +135,12 @@ export function resolveSchedule(values, family = "sd15") {
   // schedule_text may set the widgets by name ({"ratio": 0.5}): they replace the widgets' values first, as in Python
   const fromText = widgetsFromText(v.schedule_text);
   if (fromText.error) return { ...widgets.schedule, preset: widgets.preset, textError: fromText.error };
-  const { schedule, preset } = widgetSchedule({ ...v, ...fromText.widgets }, family);
+  const widgetValues = { ...v, ...fromText.widgets };
+  const { schedule, preset } = widgetSchedule(widgetValues, family);
   const { schedule: final, error } = applyScheduleText(schedule, v.schedule_text);
   // a refused text changes nothing: the chart shows the widgets' own schedule, as a run would refuse to start
   if (error) return { ...widgets.schedule, preset: widgets.preset, textError: error };
-  return { ...final, preset, textError: null };
+  return { ...final, preset, textError: null, widgetValues };
 }
 
 /** The preset for the family, then the strategy and ratio widgets (schedule_from_widgets without the text). */
