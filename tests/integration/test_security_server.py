@@ -150,3 +150,24 @@ def test_raw_schedule_text_errors_are_the_packs_and_short_in_the_log(
     assert status == "error" and message in got and len(got) < 400, (status, got[:500])
     grown = fusion_server.log.stat().st_size - before
     assert grown < 20_000, f"the server log grew {grown} bytes for one prompt"
+
+
+def test_an_arcface_file_that_is_not_onnx_is_named_by_its_name_only(
+    fusion_server: SimpleNamespace,  # noqa: F811
+    shared_assets: Path,
+) -> None:
+    """Issue 34 item 5: a recognition model that is not ONNX showed onnxruntime's raw text ("[ONNXRuntimeError] : 7 :
+    INVALID_PROTOBUF : Load model from <the server's full path> failed") to whoever queued the prompt. Now the pack's
+    message names the file by its name and the fix, as the swap model's does."""
+    assets = shared_assets / "scrfd_500m_bnkps.onnx"  # the real SCRFD detector: the pack's detector loads
+    pack = fusion_server.base / "models" / "insightface" / "models" / "tf_badpack"
+    pack.mkdir(parents=True, exist_ok=True)
+    (pack / "det_500m.onnx").write_bytes(assets.read_bytes())
+    (pack / "w600k_r50.onnx").write_bytes(b"not an onnx model" * 10)
+    prompt = _detect_prompt("tf_badpack")
+    prompt["2"]["inputs"]["backend"] = "insightface"
+    status, message = _run(fusion_server, prompt)
+    assert status == "error" and message.startswith("could not load the ArcFace model w600k_r50.onnx: the file is"), (
+        message
+    )
+    assert "PROTOBUF" not in message.upper() and str(fusion_server.base) not in message, message
