@@ -53,10 +53,20 @@ def providers(device: Device) -> list[str]:
     return ["CPUExecutionProvider"]
 
 
-def ort_session(model: Path | Callable[[], bytes], device: Device, label: str) -> Any:
-    """A cached onnxruntime session; a corrupt or non-ONNX file raises ModelFileError naming it.
+def ort_session(
+    model: Path | Callable[[], bytes],
+    device: Device,
+    label: str,
+    what: str = "face model",
+    fix: str = "Delete it and put the official file there again.",
+    error: type[ModelFileError] = ModelFileError,
+) -> Any:
+    """A cached onnxruntime session; a corrupt or non-ONNX file raises `error` naming it, then `fix`.
 
     model: an ONNX file, or a function returning ONNX bytes (called only when the session is not cached yet).
+    label: the cache key's name (a file's full path). The message names a file by its name only, and never repeats
+    onnxruntime's own text ("[ONNXRuntimeError] : 7 : INVALID_PROTOBUF : Load model from <full path> failed"),
+    which is logged at debug level instead.
     """
     import onnxruntime as ort
 
@@ -75,10 +85,9 @@ def ort_session(model: Path | Callable[[], bytes], device: Device, label: str) -
         try:
             sess = ort.InferenceSession(src, sess_options=opts, providers=providers(device))
         except Exception as exc:  # onnxruntime raises several private exception types
-            raise ModelFileError(
-                f"could not load face model {label}: {str(exc).splitlines()[0][:200]}. The file is corrupt or not an "
-                "ONNX model: delete it and download it again."
-            ) from exc
+            log.debug("onnxruntime could not load %s: %s", label, exc)
+            shown = label if callable(model) else Path(model).name
+            raise error(f"could not load the {what} {shown}: the file is corrupt or not an ONNX model. {fix}") from None
         _SESSIONS[key] = sess
         return sess
 

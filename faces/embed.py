@@ -65,7 +65,10 @@ class ArcFaceEmbedder:
                 f"ArcFace model {self.path} not found: put a recognition ONNX (e.g. w600k_r50.onnx from buffalo_l) "
                 f"in {self.path.parent} (ComfyUI's models/insightface/) or choose another model."
             )
-        self.session = ort_session(self.path, device, str(self.path))
+        fix = (
+            "Put a recognition ONNX (e.g. w600k_r50.onnx of buffalo_l) in models/insightface/ or choose another model."
+        )
+        self.session = ort_session(self.path, device, str(self.path), "ArcFace model", fix, self.error)
         inp = self.session.get_inputs()[0]
         self.input_name = inp.name
         if list(inp.shape[1:]) != [3, ARCFACE_SIZE, ARCFACE_SIZE]:

@@ -61,7 +61,10 @@ def echo(value: Any, limit: int = ECHO_MAX_CHARS) -> str:
 def _check_range(name: str, value: Any, lo: float, hi: float, integer: bool = False) -> None:
     kind = "an integer" if integer else "a number"
     ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok_type or (not integer and not math.isfinite(value)) or not lo <= value <= hi:
+    # an int is finite and compares exactly with a float bound: math.isfinite(int) would convert it and raise
+    # OverflowError past ~1e308 (a 4 000-digit end_percent), so only floats are asked
+    infinite = isinstance(value, float) and not math.isfinite(value)
+    if isinstance(value, bool) or not ok_type or infinite or not lo <= value <= hi:
         raise ScheduleError(f"Schedule field '{name}' must be {kind} in [{lo}, {hi}], got {echo(value)}")
 
 
@@ -232,14 +235,19 @@ class Schedule:
         """Build from a mapping; unknown keys are an error naming the allowed fields. Missing keys come from base."""
         if not isinstance(data, dict):
             raise ScheduleError(f"a schedule must be a mapping of fields, got {type(data).__name__}")
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(str(key) for key in set(data) - names)
-        if unknown:
-            shown = [echo(key, 40) for key in unknown[:5]] + (
-                [f"... {len(unknown) - 5} more"] if len(unknown) > 5 else []
-            )
-            raise ScheduleError(f"unknown Schedule field(s) [{', '.join(shown)}]; allowed: {sorted(names)}")
+        check_known_fields(data)
         return replace(base or cls(), **data)
+
+
+def check_known_fields(data: dict[str, Any], widgets: tuple[str, ...] = ()) -> None:
+    """Raise ScheduleError naming the keys of `data` that are neither Schedule fields nor in `widgets` (the names a
+    node's schedule_text also takes for its widgets, listed in the message when given)."""
+    names = {f.name for f in fields(Schedule)}
+    unknown = sorted(str(key) for key in set(data) - names - set(widgets))
+    if unknown:
+        shown = [echo(key, 40) for key in unknown[:5]] + ([f"... {len(unknown) - 5} more"] if len(unknown) > 5 else [])
+        allowed = f"the widgets {sorted(widgets)} and the fields {sorted(names)}" if widgets else f"{sorted(names)}"
+        raise ScheduleError(f"unknown Schedule field(s) [{', '.join(shown)}]; allowed: {allowed}")
 
 
 def _balanced(family: str) -> Schedule:
@@ -310,7 +318,14 @@ def _nesting_depth(text: str) -> int:
     return deepest
 
 
-def _parse_mapping(text: str) -> dict[str, Any]:
+def parse_schedule_mapping(text: str) -> dict[str, Any]:
+    """The mapping a schedule text holds ({} for empty text or null): JSON first, else YAML (safe_load).
+
+    Raises ScheduleError for text that is too long, nested too deep, not a mapping, or not valid JSON or YAML; a
+    syntax error says what is wrong, where (line, column) and gives a one-line valid example. The parser's own
+    exception is dropped (`from None`): a YAML list nested thousands deep would chain a ~200 KB RecursionError
+    traceback into the server log for every such prompt.
+    """
     if not isinstance(text, str):
         raise ScheduleError(f"schedule text must be a string, got {type(text).__name__}")
     text = text.strip()
@@ -328,13 +343,14 @@ def _parse_mapping(text: str) -> dict[str, Any]:
         )
     try:
         data = json.loads(text)
-    except (ValueError, RecursionError):  # JSONDecodeError, or an integer past Python's 4 300-digit limit
+    except (ValueError, RecursionError) as json_exc:  # JSONDecodeError, or an int past Python's 4 300-digit limit
         import yaml  # only when the text is not JSON
 
         try:
             data = yaml.safe_load(text)
-        except (yaml.YAMLError, RecursionError, ValueError, OverflowError) as exc:
-            raise ScheduleError(f"schedule text is neither valid JSON nor YAML: {echo(str(exc), 200)}") from exc
+        except (yaml.YAMLError, RecursionError, ValueError, OverflowError) as yaml_exc:
+            json_error = json_exc if isinstance(json_exc, json.JSONDecodeError) else None
+            raise _syntax_error(text, json_error, yaml_exc) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -342,15 +358,53 @@ def _parse_mapping(text: str) -> dict[str, Any]:
     return data
 
 
+SCHEDULE_TEXT_EXAMPLE = '{"ratios": {"8": 0.5}, "end_percent": 0.6}'
+
+
+def _one_line(text: str, limit: int) -> str:
+    """A parser's problem text on one line, tabs shown as \\t, cut to `limit` characters."""
+    flat = text.replace("\t", "\\t").replace("\r", " ").replace("\n", " ")
+    return flat if len(flat) <= limit else f"{flat[: limit - 3]}..."
+
+
+def _syntax_error(text: str, json_exc: json.JSONDecodeError | None, yaml_exc: BaseException) -> ScheduleError:
+    """A short ScheduleError for text neither parser reads: what is wrong, line and column (1-based), an example.
+
+    Text that starts like JSON gets the JSON parser's account ("Expecting ',' delimiter"), other text the YAML
+    parser's problem without its context lines; an error at the very end is an unclosed bracket or quote.
+    """
+    if isinstance(yaml_exc, RecursionError):  # block YAML ("- - - ...") nested thousands deep; brackets were counted
+        return ScheduleError(
+            "schedule text is nested too deep to read; a schedule is a flat mapping of fields (only 'ratios' holds a "
+            f"mapping). A valid example: {SCHEDULE_TEXT_EXAMPLE}"
+        )
+    where: tuple[int, int, int] | None = None
+    if isinstance(yaml_exc, (ValueError, OverflowError)) and getattr(yaml_exc, "problem_mark", None) is None:
+        what = "a number is too large (at most 4 300 digits)"  # int() past Python's digit limit, or an inf key
+    elif json_exc is not None and text[:1] in "{[":
+        what, where = json_exc.msg, (json_exc.lineno, json_exc.colno, json_exc.pos)
+    else:  # yaml.MarkedYAMLError: its `problem` without the "while parsing ..." context and the quoted text
+        mark = getattr(yaml_exc, "problem_mark", None)
+        what = str(getattr(yaml_exc, "problem", None) or yaml_exc)
+        if mark is not None:
+            where = (mark.line + 1, mark.column + 1, mark.index)
+    if where is not None and where[2] >= len(text):
+        what = "the text ends early (a bracket or quote is not closed?)"
+    at = f" at line {where[0]}, column {where[1]}" if where is not None else ""
+    return ScheduleError(
+        f"schedule text is not valid JSON or YAML: {_one_line(what, 120)}{at}. A valid example: {SCHEDULE_TEXT_EXAMPLE}"
+    )
+
+
 def parse_schedule_text(text: str, base: Schedule) -> Schedule:
     """Override fields of `base` from JSON or YAML text (empty text returns base itself)."""
-    data = _parse_mapping(text)
+    data = parse_schedule_mapping(text)
     return Schedule.from_dict(data, base=base) if data else base
 
 
 def load_schedule(path: str | Path) -> Schedule:
     """Load a .json/.yaml/.yml file (JSON is tried first whatever the suffix); missing fields take defaults."""
-    return Schedule.from_dict(_parse_mapping(Path(path).read_text(encoding="utf-8")))
+    return Schedule.from_dict(parse_schedule_mapping(Path(path).read_text(encoding="utf-8")))
 
 
 def save_schedule(schedule: Schedule, path: str | Path) -> Path:

@@ -9,6 +9,7 @@ import http.server
 import shutil
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -200,3 +201,144 @@ def test_insightface_pack_layout(shared_assets: Path, tmp_path: Path) -> None:
     detector, embedder = load_backend("insightface", [tmp_path])  # default pack name buffalo_l
     assert isinstance(detector, SCRFDDetector) and embedder is None
     assert detector.detect(np.zeros((64, 64, 3), np.uint8), 0.5) == []
+
+
+class _MirrorHandler(http.server.BaseHTTPRequestHandler):
+    """A hostile or broken mirror, chosen by the path: /trickle sends 10 bytes every 50 ms of a promised 1 MB,
+    /silent sends the headers then nothing, /huge streams 64 MB without Content-Length, /announce promises 10 GB.
+    The bytes it managed to send land in `sent` (a client that stops reading makes its writes fail)."""
+
+    sent: dict[str, int] = {}
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(200)
+        if self.path == "/announce":
+            self.send_header("Content-Length", str(10 << 30))
+        elif self.path != "/huge":
+            self.send_header("Content-Length", str(1 << 20))
+        self.end_headers()
+        sent = 0
+        try:
+            if self.path == "/trickle":
+                for _ in range(200):  # 10 s in all
+                    self.wfile.write(b"x" * 10)
+                    self.wfile.flush()
+                    sent += 10
+                    time.sleep(0.05)
+            elif self.path == "/silent":
+                time.sleep(10)
+            else:
+                block = b"x" * (1 << 20)
+                for _ in range(64):
+                    self.wfile.write(block)
+                    sent += len(block)
+        except OSError:  # the client hung up: what a stopped download looks like from here
+            pass
+        finally:
+            _MirrorHandler.sent[self.path] = sent
+        self.close_connection = True
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture()
+def mirror() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _MirrorHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _MirrorHandler.sent.clear()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _entry(mirror: str, path: str, max_bytes: int = models.DEFAULT_MAX_BYTES) -> ModelFile:
+    return ModelFile(name="m.onnx", url=f"{mirror}{path}", sha256="0" * 64, max_bytes=max_bytes)
+
+
+@pytest.mark.parametrize("path", ["/trickle", "/silent"])
+def test_a_stalled_download_gives_up_within_the_stall_window(mirror: str, path: str, tmp_path: Path) -> None:
+    """A mirror sending 200 bytes a second (or nothing) of a 1 MB file: before, the download waited for the server
+    to end (read(1 MB) returns only when full); now it gives up after the stall window with a clear message."""
+    start = time.monotonic()
+    with pytest.raises(ModelFileError, match=r"download of m.onnx from .* stalled: .* in 1 s") as err:
+        download(_entry(mirror, path), tmp_path, timeout=1.0)
+    assert time.monotonic() - start < 4.0, "gave up within about one window (a read waits at most one more)"
+    assert "put it at" in str(err.value)
+    assert list(tmp_path.iterdir()) == []  # no .part left
+
+
+def test_a_download_is_cancelled_while_the_mirror_trickles(mirror: str, tmp_path: Path) -> None:
+    """ComfyUI's interrupt (the cancel point raises it) stops a trickling download at once, long before the stall
+    window (30 s by default) ends it."""
+
+    class Interrupted(Exception):
+        pass
+
+    start = time.monotonic()
+    calls = []
+
+    def cancel() -> None:
+        calls.append(1)
+        if time.monotonic() - start > 0.3:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        download(_entry(mirror, "/trickle"), tmp_path, cancel=cancel)
+    assert time.monotonic() - start < 2.0 and len(calls) > 2  # checked between chunks of the trickle
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_oversized_body_without_content_length_stops_at_the_cap(mirror: str, tmp_path: Path) -> None:
+    """64 MB without Content-Length for a model capped at 1 MB: the download stops once past the cap (before: the
+    whole body was written to the .part file, then the checksum refused it)."""
+    with pytest.raises(ModelFileError, match=r"server sent more than 1048576 bytes") as err:
+        download(_entry(mirror, "/huge", max_bytes=1 << 20), tmp_path, timeout=5.0)
+    assert "put the official file at" in str(err.value)
+    assert list(tmp_path.iterdir()) == []
+    deadline = time.monotonic() + 5
+    while "/huge" not in _MirrorHandler.sent and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _MirrorHandler.sent["/huge"] < 32 << 20, "the client hung up long before the end of the body"
+
+
+def test_a_content_length_over_the_cap_is_refused_before_reading(mirror: str, tmp_path: Path) -> None:
+    with pytest.raises(ModelFileError, match=r"announces 10737418240 bytes, more than the 524288") as err:
+        download(_entry(mirror, "/announce", max_bytes=512 << 10), tmp_path, timeout=5.0)
+    assert "Nothing was saved" in str(err.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_pinned_download_declares_its_own_size_cap() -> None:
+    for entry in models.DOWNLOADS.values():
+        assert 0 < entry.max_bytes < models.DEFAULT_MAX_BYTES, entry.name
+    assert models.YUNET_2023MAR.max_bytes <= 3 * 230_000  # about twice the official ~230 KB file
+
+
+def test_face_detect_passes_comfyuis_interrupt_to_a_first_run_download(
+    mirror: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node layer hands its cancel point (nodes/glue/env.throw_if_interrupted) to the download: pressing cancel
+    while the YuNet mirror trickles ends the prompt at once, with nothing left in the model folder."""
+    import tokenfuse
+    import torch
+    from tokenfuse.nodes.glue import env
+
+    class InterruptProcessingException(Exception):  # ComfyUI's name (env.is_interrupt keys on it)
+        pass
+
+    start = time.monotonic()
+
+    def interrupted() -> None:
+        if time.monotonic() - start > 0.3:
+            raise InterruptProcessingException
+
+    monkeypatch.setenv("TOKENFUSE_MODELS", str(tmp_path))
+    monkeypatch.setitem(models.DOWNLOADS, "yunet", _entry(mirror, "/trickle"))
+    monkeypatch.setattr(env, "throw_if_interrupted", interrupted)
+    node = tokenfuse.NODE_CLASS_MAPPINGS["TokenFuseFaceDetect"]()
+    args = dict(score_threshold=0.5, order="left-right", indices="", max_faces=0, min_face_size=0, crop_size=512)
+    with pytest.raises(InterruptProcessingException):
+        node.detect(torch.zeros(1, 64, 64, 3), backend="yunet", crop_factor=1.0, detect_size=640, device="cpu", **args)
+    assert time.monotonic() - start < 3.0
+    assert list((tmp_path / "facedetection").iterdir()) == []

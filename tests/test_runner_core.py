@@ -79,6 +79,35 @@ def test_core_engine_bad_input_fails_alone_and_resume(clip: Path, tmp_path: Path
     assert [r["name"] for r in again] == ["broken", "short", "broken"] and again[-1]["status"] == "failed"
 
 
+def test_core_engine_refuses_a_clip_with_no_video_frames(
+    clip: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A declared H.264 stream with no packet and 1 s of AAC fails alone with the pack's message (before: "ok", 0
+    frames, an output with an empty video track); the good clip beside it is written, nothing else is left, in the
+    output folder or in the system temp folder."""
+    import tempfile
+
+    from video_clips import zero_frame_clip
+
+    system_temp = tmp_path / "system_temp"
+    system_temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(system_temp))
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    zero_frame_clip(folder / "audio_only.mkv")
+    trim_copy(clip, folder / "short.mp4", 1.0)
+    out = tmp_path / "out"
+    assert main(["run", "--engine", "core", str(folder), "-o", str(out), "--sampler", "standin", *ARGS]) == 1
+    empty, short = rows(out)
+    assert empty["name"] == "audio_only" and empty["status"] == "failed", empty
+    assert "has no video frames to process" in empty["error"] and not empty.get("outputs"), empty
+    assert short["status"] == "ok" and Path(short["outputs"][0]).is_file(), short
+    left = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert left == ["report.jsonl", str(Path(short["outputs"][0]).relative_to(out))], left
+    assert list(system_temp.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [

@@ -205,3 +205,50 @@ def test_too_long_schedule_text_says_why_in_a_whole_sentence() -> None:
 
     with pytest.raises(ScheduleError, match=r"at most 16384 are accepted \(a schedule has 23 fields\)$"):
         parse_schedule_text(" " + "x" * SCHEDULE_TEXT_MAX_CHARS + "y", Schedule())
+
+
+@pytest.mark.parametrize("text", ['{"end_percent": ' + "9" * 4000 + "}", "end_percent: " + "9" * 4000])
+def test_a_4000_digit_number_is_a_schedule_error(text: str) -> None:
+    """math.isfinite() of a 4 000-digit int raised a raw OverflowError ("int too large to convert to float")."""
+    with pytest.raises(ScheduleError, match=r"^Schedule field 'end_percent' must be a number in \[0.0, 1.0\], got 9+"):
+        parse_schedule_text(text, preset_schedule("balanced"))
+    with pytest.raises(ScheduleError, match=r"'ratios\[8\]' must be a number"):
+        parse_schedule_text('{"ratios": {"8": -' + "9" * 4000 + "}}", Schedule())
+
+
+def test_yaml_nested_8000_deep_is_one_short_error_without_a_chained_traceback() -> None:
+    """Block YAML ("- - - ... x") is not caught by the bracket count: the parser's RecursionError used to be chained
+    to the ScheduleError, writing a ~196 KB traceback into the server log for every such prompt."""
+    import traceback
+
+    with pytest.raises(ScheduleError, match=r"nested too deep to read; .* A valid example: \{") as info:
+        parse_schedule_text("- " * 8000 + "x", Schedule())
+    assert len(str(info.value)) < 300
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    assert len("".join(traceback.format_exception(info.value))) < 4000
+
+
+@pytest.mark.parametrize(
+    ("text", "what", "line", "column"),
+    [
+        ('{"ratios": {"8": 0.5},\n "end_percent" 0.6}', "Expecting ':' delimiter", 2, 16),
+        ('{"a": [1,', "the text ends early (a bracket or quote is not closed?)", 1, 10),
+        ("end_percent: 0.6\nratios: [1, 2\nseed: 3", "expected ',' or ']', but got ':'", 3, 5),
+        ("seed: 1\n\tpool: avg", "found character '\\t' that cannot start any token", 2, 1),
+        ("a: !!python/object/apply:os.system ['true']", "could not determine a constructor for the tag", 1, 4),
+    ],
+    ids=["json", "json unclosed", "yaml", "yaml tab", "yaml python tag"],
+)
+def test_bad_schedule_text_says_what_where_and_gives_an_example(text: str, what: str, line: int, column: int) -> None:
+    """Before: the parser's raw text ("while parsing a flow node expected the node content, but found
+    '<stream end>' in "<unicode string>" ..."), with its context lines and no example."""
+    with pytest.raises(ScheduleError) as info:
+        parse_schedule_text(text, Schedule())
+    msg = str(info.value)
+    assert msg.startswith(f"schedule text is not valid JSON or YAML: {what}")
+    assert f" at line {line}, column {column}. " in msg
+    assert msg.endswith('A valid example: {"ratios": {"8": 0.5}, "end_percent": 0.6}')
+    assert "\n" not in msg and "<unicode string>" not in msg and "while parsing" not in msg
+    assert info.value.__cause__ is None and len(msg) < 300
+    example = msg.split("A valid example: ")[1]
+    assert parse_schedule_text(example, Schedule()).end_percent == 0.6  # the example is valid

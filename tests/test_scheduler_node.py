@@ -133,6 +133,45 @@ def test_schedule_text_error_names_the_field(text: str, field: str) -> None:
 
 
 # ---- the node on a fake MODEL ----
+def test_schedule_text_takes_every_widget_name_as_the_widget_does() -> None:
+    """{"ratio": 0.5} was refused ("unknown Schedule field(s) ['ratio']") although the node has a ratio widget: a
+    widget named in the text now acts as the widget set to that value, and the fields apply after it."""
+    for family in ("sd15", "sdxl", "dit"):
+        assert schedule_from_widgets("balanced", "preset", 0.0, family, '{"ratio": 0.5}') == schedule_from_widgets(
+            "balanced", "preset", 0.5, family
+        )
+    assert schedule_from_widgets("off", "preset", 0.0, "sd15", "preset: lowvram_4gb") == preset_schedule("lowvram_4gb")
+    assert schedule_from_widgets("balanced", "tome", 0.0, "sd15", '{"strategy": "preset"}').strategy == "todo"
+    text = '{"preset": "lowvram_8gb", "strategy": "tome", "ratio": 0.25, "end_percent": 0.5}'
+    assert schedule_from_widgets("off", "preset", 0.0, "sd15", text) == replace(
+        schedule_from_widgets("lowvram_8gb", "tome", 0.25, "sd15"), end_percent=0.5
+    )
+    assert schedule_from_widgets("off", "preset", 0.0, "sd15", '{"ratio": 0.5}').is_off  # as the widget: off stays off
+
+
+def test_the_report_names_the_preset_a_schedule_text_sets() -> None:
+    _, report = NODE.apply(sd15_model(), "balanced", "preset", 0.0, schedule_text='{"preset": "lowvram_4gb"}')
+    assert "preset lowvram_4gb;" in report and "/64:0.50" in report, report
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"ratio": 0.95}', r"^schedule_text 'ratio' must be a number in \[0.0, 0.9\], got 0.95$"),
+        ('{"ratio": true}', r"'ratio' must be a number .*, got True$"),
+        ("ratio: .inf", r"'ratio' must be a number .*, got inf$"),
+        ('{"preset": "fast"}', r"^schedule_text 'preset' must be one of \('off', 'balanced', .*\), got 'fast'$"),
+        (
+            '{"ratio": 0.5, "rato": 1}',
+            r"unknown Schedule field\(s\) \['rato'\]; allowed: the widgets \['preset', 'ratio', ",
+        ),
+    ],
+)
+def test_bad_widget_values_in_schedule_text_are_refused_as_the_widgets_would_be(text: str, message: str) -> None:
+    with pytest.raises(ScheduleError, match=message):
+        schedule_from_widgets("balanced", "preset", 0.0, "sd15", text)
+
+
 def test_model_is_cloned_not_mutated_and_patches_chain() -> None:
     model = sd15_model()
     model.set_model_attn1_patch(other_attn1)

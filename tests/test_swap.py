@@ -140,6 +140,30 @@ def test_wrong_models_are_rejected_with_the_fix(models: dict[str, Path], tmp_pat
         ArcFaceOnnx(models["swap"])
 
 
+@pytest.mark.parametrize(
+    "content", [b"not an onnx model" * 10, b"", b"\x08\x07" + b"\xff" * 64], ids=["text", "empty", "bytes"]
+)
+def test_an_arcface_file_that_is_not_onnx_gets_the_swap_models_kind_of_message(content: bytes, tmp_path: Path) -> None:
+    """Before: "could not load face model /full/path/w600k_r50.onnx: [ONNXRuntimeError] : 7 : INVALID_PROTOBUF :
+    Load model from /full/path/... failed:Protobuf parsing failed." Now the file by its name and the fix, like the
+    swap model's message, with onnxruntime's text and the server's path left out (and no chained traceback)."""
+    from tokenfuse.faces.embed import ArcFaceEmbedder
+    from tokenfuse.faces.models import ModelFileError
+
+    bad = tmp_path / "w600k_r50.onnx"
+    bad.write_bytes(content)
+    for cls, error in ((ArcFaceEmbedder, ModelFileError), (ArcFaceOnnx, SwapModelError)):
+        with pytest.raises(error) as info:
+            cls(bad)
+        msg = str(info.value)
+        assert msg.startswith("could not load the ArcFace model w600k_r50.onnx: the file is corrupt or not an ONNX")
+        assert "models/insightface/" in msg and "w600k_r50.onnx of buffalo_l" in msg
+        assert str(tmp_path) not in msg and "PROTOBUF" not in msg.upper() and "ONNXRuntimeError" not in msg
+        assert info.value.__cause__ is None and info.value.__suppress_context__
+    with pytest.raises(SwapModelError, match=r"^could not load the swap model w600k_r50.onnx: the file is corrupt"):
+        InSwapper(bad)  # the message the ArcFace one now follows
+
+
 def _node_inputs(images: np.ndarray, fs: FaceSet) -> dict[str, Any]:
     """ScheduledFusion's inputs for one face at guide 128, 2 steps (links: stand-ins for the fake backend)."""
     return dict(

@@ -237,3 +237,46 @@ def test_corrupt_middle_stops_with_the_file_and_frame_named(tmp_path: Path, carp
     bad.write_bytes(bytes(data))
     with pytest.raises(VideoReadError, match=r"garbled\.mp4 is corrupt at frame \d+"):
         track_video(bad, detect)
+
+
+def test_a_clip_with_no_video_frames_is_refused_by_both_nodes_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An MKV with a declared H.264 stream, no video packet and 1 s of AAC. Before: FaceTrack reported "0 frames ...
+    0 track(s)", VideoFaceFusion "0 frames copied without re-encoding" (an output with an empty video track, which
+    core SaveVideo then failed on: "No video stream found"). Now both refuse it with the pack's message, and the
+    temp folder VideoFaceFusion writes into stays empty."""
+    from tokenfuse.nodes.glue import video as video_glue
+    from video_clips import zero_frame_clip
+
+    clip = zero_frame_clip(tmp_path / "audio_only.mkv")
+
+    class Stream:
+        def get_stream_source(self) -> str:
+            return str(clip)
+
+    no_frames = r"video .*audio_only\.mkv has no video frames to process"
+    with pytest.raises(VideoReadError, match=no_frames):
+        getattr(FaceTrack(), FaceTrack.FUNCTION)(video=Stream(), **TRACK_ARGS)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(video_glue, "output_path", lambda prefix="v": str(temp / f"{prefix}.mp4"))
+    # what FaceTrack gave for this clip before (tracks made in code skip the same-video check)
+    tracks = FaceTracks(name=str(clip), width=64, height=64, frame_count=0, fps=30.0, cuts=(), tracks=())
+    node = VideoFaceFusion(FakeStack().backend())
+    with pytest.raises(VideoReadError, match=no_frames):
+        getattr(node, VideoFaceFusion.FUNCTION)(
+            video=Stream(),
+            face_tracks=tracks,
+            **dict(model="model", vae=None, positive=None, negative=None, seed=7, steps=4, cfg=5.0),
+            **dict(sampler_name="euler", scheduler="normal", denoise=0.4, guide_size=128, faces_per_batch=2),
+            **dict(mode="keyframes", keyframes_per_second=2.0, pose_threshold=0.0, strength=1.0, crf=18),
+            **dict(preset="ultrafast", fallback="off"),
+        )
+    assert list(temp.iterdir()) == []
+    # the core passes refuse it too (the runner's core engine goes through them)
+    with pytest.raises(VideoReadError, match=no_frames), VideoReader(clip, keep_audio=True) as reader:
+        list(reader)
+    with pytest.raises(VideoReadError, match=no_frames):
+        fuse_video(clip, temp / "out.mp4", tracks, fake_refine, OPTS)
+    assert list(temp.iterdir()) == []

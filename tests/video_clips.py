@@ -209,3 +209,26 @@ def mux_ass_line(container: av.container.OutputContainer, sub: av.stream.Stream,
     pk = av.Packet(f"0,0,Default,,0,0,0,,line {i}".encode())
     pk.stream, pk.pts, pk.dts, pk.duration, pk.time_base = sub, i * 100, i * 100, 200, Fraction(1, 1000)
     container.mux(pk)
+
+
+def zero_frame_clip(path: Path, seconds: float = 1.0) -> Path:
+    """An MKV with a declared H.264 video stream that holds no packet, and `seconds` of silent AAC: what an audio-only
+    export with an empty video track looks like. PyAV writes it as is: the x264 stream is added (its header goes
+    into the file) but never given a frame."""
+    with av.open(str(path), "w", format="matroska") as out:
+        video = out.add_stream("libx264", rate=30)
+        video.width, video.height, video.pix_fmt = 64, 64, "yuv420p"
+        audio = out.add_stream("aac", rate=44100)
+        samples = 0
+        while samples < seconds * 44100:
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+            frame.sample_rate, frame.pts = 44100, samples
+            samples += 1024
+            for packet in audio.encode(frame):
+                out.mux(packet)
+        for packet in audio.encode(None):
+            out.mux(packet)
+    with av.open(str(path)) as check:  # what the test relies on
+        assert check.streams.video[0].codec_context.name == "h264" and check.streams.audio
+        assert not any(p.size for p in check.demux(check.streams.video[0]))
+    return path

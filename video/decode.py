@@ -28,6 +28,15 @@ class VideoReadError(ValueError):
     """The input cannot be read as a video; the message names the input and what to do."""
 
 
+def no_frames_error(name: str) -> VideoReadError:
+    """The pack's error for a video whose video stream gives no frame (declared, but no picture in it: an
+    audio-only export with an empty video track): nothing to track or fuse, and nothing must be written for it."""
+    return VideoReadError(
+        f"video {name} has no video frames to process: its video stream holds no picture (an audio-only export?). "
+        "Re-export the clip with its video."
+    )
+
+
 def source_name(source: Source) -> str:
     """A name for messages: the path, or the file object's name, or its type."""
     if isinstance(source, (str, os.PathLike)):
@@ -150,7 +159,7 @@ class VideoReader:
     a writer can copy them without a second pass over the input; data and attachment streams (timecode, telemetry,
     fonts) and further video streams are not copied, and a warning names them. Errors while decoding raise
     VideoReadError naming the input and the frame; a stream that ends early (a truncated file) ends the iteration
-    and `truncated` says so.
+    and `truncated` says so; a stream that gave no frame at all (read from the start) raises VideoReadError.
 
         with VideoReader(path) as reader:
             for frame in reader: ...
@@ -245,6 +254,8 @@ class VideoReader:
             raise VideoReadError(
                 f"video {self.name} is corrupt at frame {self.frames_read}: {exc}. Re-export or repair the file."
             ) from exc
+        if self.frames_read == 0 and not self._seeked:
+            raise no_frames_error(self.name)  # before: 0 frames tracked and a "successful" empty copy
         if self.truncated:
             log.warning(
                 "video %s ended after %d of %d frames: the file is truncated; the frames that decoded are used",

@@ -24,7 +24,7 @@ from ..faces.align import template, warp_face
 from ..faces.masks import crop_mask
 from ..faces.paste import BlendOptions, paste_frame
 from ..faces.types import Face
-from .decode import Source, VideoReader, probe
+from .decode import Source, VideoReader, no_frames_error, probe
 from .encode import EncodeOptions, VideoWriter, remux_copy
 from .flow import FlowOptions, KeyChange, grey, propagate
 from .keyframes import REASON_NONE, KeyframeOptions, choose_keyframes
@@ -329,6 +329,8 @@ def fuse_video(
     t0 = time.perf_counter()
     out_path = Path(out_path)
     total = tracks.frame_count
+    if total == 0:  # the copy below would "succeed" with an empty video track that players and SaveVideo refuse
+        raise no_frames_error(tracks.name)
     if not tracks.tracks:
         log.warning("no face tracks in %s: the video is copied through unchanged", tracks.name)
         if progress is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -54,12 +55,14 @@ REFUSED_TEXTS = [
     '{"start_percent": 0.5, "end_percent": 0.2}',
     '{"strategy": "bogus"}',
     '{"ratios": {"8": "0.5"}}',
+    '{"ratio": 0.95}',
+    '{"preset": "fast"}',
 ]
 
 
 @pytest.fixture(scope="module")
 def editor_state(browser_tools: tuple[str, dict[str, str]], comfy_server: SimpleNamespace) -> dict:
-    texts = [*REFUSED_TEXTS, '{"end_percent": 0.6}']
+    texts = [*REFUSED_TEXTS, '{"end_percent": 0.6}', '{"ratio": 0.5}']
     out = run_node_script(browser_tools, STATE_SCRIPT, comfy_server.url, json.dumps({"schedule_texts": texts}))
     return json.loads(out)
 
@@ -78,6 +81,15 @@ def test_chart_refuses_schedule_text_the_server_refuses(editor_state: dict, text
 def test_chart_draws_schedule_text_the_server_accepts(editor_state: dict) -> None:
     drawn = editor_state["scheduleText"]['{"end_percent": 0.6}']
     assert "active in 0%–60% of the steps" in drawn and "Schedule field" not in drawn
+
+
+def test_chart_draws_a_widget_name_in_schedule_text_as_the_widget(editor_state: dict) -> None:
+    """{"ratio": 0.5} is the ratio widget at 0.5 (it was refused as an unknown Schedule field): balanced's 75 % bars
+    become 50 %, as schedule_from_widgets builds it."""
+    drawn = editor_state["scheduleText"]['{"ratio": 0.5}']
+    bars = re.findall(r"(?<= )\d+(?= )", drawn.split("active in")[0])  # the numbers on the bars: % removed
+    assert "50" in bars and "75" not in bars, drawn
+    assert "unknown" not in drawn and "must be" not in drawn, drawn
 
 
 def test_live_stats_belong_to_the_workflow_tab_that_queued_the_run(editor_state: dict) -> None:

@@ -122,3 +122,52 @@ def test_model_names_cannot_leave_the_model_folders_or_probe_the_disk(fusion_ser
     assert status == "error" and "absolute path" in message and "TOKENFUSE_ALLOW_ABSOLUTE_MODEL_PATHS" in message, (
         message
     )
+
+
+@pytest.mark.parametrize(
+    ("schedule_text", "message"),
+    [
+        ('{"end_percent": ' + "9" * 4000 + "}", "Schedule field 'end_percent' must be a number in [0.0, 1.0]"),
+        ("end_percent: " + "9" * 4000, "Schedule field 'end_percent' must be a number in [0.0, 1.0]"),
+        ("- " * 8000 + "x", "schedule text is nested too deep to read"),
+        (
+            '{"ratios": {"8": 0.5},\n "end_percent" 0.6}',
+            "Expecting ':' delimiter at line 2, column 16. A valid example",
+        ),
+    ],
+    ids=["json 4000 digits", "yaml 4000 digits", "yaml nested 8000 deep", "json syntax"],
+)
+def test_raw_schedule_text_errors_are_the_packs_and_short_in_the_log(
+    fusion_server: SimpleNamespace,  # noqa: F811
+    schedule_text: str,
+    message: str,
+) -> None:
+    """Issue 34 item 5: a 4 000-digit end_percent gave a raw OverflowError; a YAML list nested 8 000 deep wrote a
+    ~196 KB chained traceback into the server log for every such prompt. Now each ends in the pack's ScheduleError,
+    and the prompt adds a few KB to the log at most."""
+    before = fusion_server.log.stat().st_size
+    status, got = _run(fusion_server, _sampling_prompt(schedule_text))
+    assert status == "error" and message in got and len(got) < 400, (status, got[:500])
+    grown = fusion_server.log.stat().st_size - before
+    assert grown < 20_000, f"the server log grew {grown} bytes for one prompt"
+
+
+def test_an_arcface_file_that_is_not_onnx_is_named_by_its_name_only(
+    fusion_server: SimpleNamespace,  # noqa: F811
+    shared_assets: Path,
+) -> None:
+    """Issue 34 item 5: a recognition model that is not ONNX showed onnxruntime's raw text ("[ONNXRuntimeError] : 7 :
+    INVALID_PROTOBUF : Load model from <the server's full path> failed") to whoever queued the prompt. Now the pack's
+    message names the file by its name and the fix, as the swap model's does."""
+    assets = shared_assets / "scrfd_500m_bnkps.onnx"  # the real SCRFD detector: the pack's detector loads
+    pack = fusion_server.base / "models" / "insightface" / "models" / "tf_badpack"
+    pack.mkdir(parents=True, exist_ok=True)
+    (pack / "det_500m.onnx").write_bytes(assets.read_bytes())
+    (pack / "w600k_r50.onnx").write_bytes(b"not an onnx model" * 10)
+    prompt = _detect_prompt("tf_badpack")
+    prompt["2"]["inputs"]["backend"] = "insightface"
+    status, message = _run(fusion_server, prompt)
+    assert status == "error" and message.startswith("could not load the ArcFace model w600k_r50.onnx: the file is"), (
+        message
+    )
+    assert "PROTOBUF" not in message.upper() and str(fusion_server.base) not in message, message

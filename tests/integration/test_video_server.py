@@ -184,3 +184,21 @@ def test_a_prompt_cannot_read_a_video_by_path_or_write_the_output_anywhere(
     assert status == "error" and "'out_path' is not an input of this node" in message, (status, message)
     assert victim.read_bytes() == b"important data"
     assert not list((video_server.base / "output").rglob("tf_exfil*"))
+
+
+def test_a_clip_with_no_video_frames_fails_in_the_pack_with_its_message(video_server: SimpleNamespace) -> None:
+    """An MKV with a declared H.264 stream, no video packet and 1 s of AAC, through the whole chain: before, FaceTrack
+    reported 0 frames, VideoFaceFusion 'copied' it, and core SaveVideo failed with "No video stream found" on a temp
+    file the pack made. Now FaceTrack stops the prompt with the pack's message, and nothing reaches temp or output."""
+    from video_clips import zero_frame_clip
+
+    zero_frame_clip(video_server.base / "input" / "tf_audio_only.mkv")
+    temp = video_server.base / "temp"
+    before = set(temp.rglob("*")) if temp.exists() else set()
+    prompt = _prompt()
+    prompt["4"]["inputs"]["file"] = "tf_audio_only.mkv"
+    prompt["8"]["inputs"]["filename_prefix"] = "tf_no_frames"
+    status, message = _error_of(video_server.url, prompt)
+    assert status == "error" and "tf_audio_only.mkv has no video frames to process" in message, (status, message)
+    assert (set(temp.rglob("*")) if temp.exists() else set()) == before
+    assert not list((video_server.base / "output").rglob("tf_no_frames*"))

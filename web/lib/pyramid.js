@@ -3,7 +3,7 @@
 // Mirrors scheduling/schedule.py: ratioFor() is Schedule.ratio_for, presetSchedule() is preset_schedule(),
 // SCHEDULE_DEFAULTS are the Schedule dataclass defaults. Keep them line-by-line comparable when either side changes.
 
-import { checkScheduleText, MAX_RATIO, SCHEDULE_FIELD_DEFAULTS } from "./schedule_check.js";
+import { checkScheduleText, MAX_RATIO, SCHEDULE_FIELD_DEFAULTS, widgetsFromText } from "./schedule_check.js";
 
 // LEVELS, MAX_RATIO, FAMILY_LEVELS, BLOCK_LEVELS and the preset names are checked against scheduling/vocabulary.py and
 // scheduling/schedule.py by tests/test_vocabulary.py.
@@ -126,10 +126,25 @@ export function applyScheduleText(schedule, textValue) {
  * The schedule the chart shows, from the node's widget values ({name: value}; any key may be missing).
  * Mirrors nodes/scheduler_node.py schedule_from_widgets: the preset for the family, then the strategy widget
  * ("preset" keeps the preset's), then ratio (> 0 replaces the ratio at every level the preset reduces; preset "off"
- * stays identity), then schedule_text.
+ * stays identity), then schedule_text (whose widget names, e.g. {"ratio": 0.5}, replace the widgets' values first;
+ * `widgetValues` holds the values in effect when the text is accepted).
  */
 export function resolveSchedule(values, family = "sd15") {
   const v = values || {};
+  const widgets = widgetSchedule(v, family);
+  // schedule_text may set the widgets by name ({"ratio": 0.5}): they replace the widgets' values first, as in Python
+  const fromText = widgetsFromText(v.schedule_text);
+  if (fromText.error) return { ...widgets.schedule, preset: widgets.preset, textError: fromText.error };
+  const widgetValues = { ...v, ...fromText.widgets };
+  const { schedule, preset } = widgetSchedule(widgetValues, family);
+  const { schedule: final, error } = applyScheduleText(schedule, v.schedule_text);
+  // a refused text changes nothing: the chart shows the widgets' own schedule, as a run would refuse to start
+  if (error) return { ...widgets.schedule, preset: widgets.preset, textError: error };
+  return { ...final, preset, textError: null, widgetValues };
+}
+
+/** The preset for the family, then the strategy and ratio widgets (schedule_from_widgets without the text). */
+function widgetSchedule(v, family) {
   const preset = typeof v.preset === "string" && presetSchedule(v.preset, family) ? v.preset : "off";
   let schedule = presetSchedule(preset, family);
   if (typeof v.strategy === "string" && v.strategy !== "preset" && family !== "dit") {
@@ -140,8 +155,7 @@ export function resolveSchedule(values, family = "sd15") {
     if (family === "dit") schedule = { ...schedule, ditRatio: ratio };
     else schedule = { ...schedule, ratios: Object.fromEntries(Object.keys(schedule.ratios).map((lv) => [lv, ratio])) };
   }
-  const { schedule: final, error } = applyScheduleText(schedule, v.schedule_text);
-  return { ...final, preset, textError: error };
+  return { schedule, preset };
 }
 
 /**

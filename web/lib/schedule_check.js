@@ -14,6 +14,13 @@ export const SCHEDULE_TEXT_MAX_DEPTH = 8;
 export const STRATEGIES = Object.freeze(["tome", "todo", "topk"]);
 export const POOL_MODES = Object.freeze(["avg", "nearest"]);
 const LEVELS = Object.freeze([8, 16, 32, 64]);
+/** get_args(Preset) (scheduling/vocabulary.py), in its order: the 'preset' message lists them so. */
+export const PRESETS = Object.freeze(["off", "balanced", "lowvram_4gb", "lowvram_6gb", "lowvram_8gb"]);
+/**
+ * TokenSchedulerController's widgets a schedule_text may also set by name (nodes/scheduler_node.py WIDGET_KEYS):
+ * preset and ratio always, strategy only with its widget-only value "preset" (any other value is the Schedule field).
+ */
+export const WIDGET_KEYS = Object.freeze(["preset", "strategy", "ratio"]);
 const SEED_MAX = 2n ** 63n - 1n;
 const TELEMETRY_NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}\.jsonl$/;
 
@@ -251,9 +258,55 @@ export function parseJsonLikePython(text) {
   }
 }
 
+const isMapping = (v) => v !== null && typeof v === "object" && !Array.isArray(v) && !(v instanceof PyNumber);
+const isWidgetKey = (data, key) => (key === "strategy" ? data.strategy === "preset" : key === "preset" || key === "ratio");
+
+/**
+ * The widget values a schedule_text sets by name, checked as nodes/scheduler_node.py _widgets_from_text checks them
+ * (preset, then ratio; the first failing one names the error). Text the server refuses before reading it (too long,
+ * too deep), text that is not JSON and text that is not a mapping set nothing here: checkScheduleText reports them.
+ *
+ * @returns {{widgets: {preset?: string, strategy?: string, ratio?: number}, error: string|null}}
+ */
+export function widgetsFromText(textValue) {
+  const none = { widgets: {}, error: null };
+  if (typeof textValue !== "string") return none;
+  const text = textValue.trim();
+  if (!text || text.length > SCHEDULE_TEXT_MAX_CHARS || nestingDepth(text) > SCHEDULE_TEXT_MAX_DEPTH) return none;
+  const parsed = parseJsonLikePython(text);
+  if (!parsed.ok || !isMapping(parsed.data)) return none;
+  const data = parsed.data;
+  const widgets = {};
+  if (Object.hasOwn(data, "preset")) {
+    const v = data.preset;
+    if (typeof v !== "string" || !PRESETS.includes(v)) {
+      return { widgets: {}, error: `schedule_text 'preset' must be one of (${PRESETS.map((p) => `'${p}'`).join(", ")}), got ${echo(v)}` };
+    }
+    widgets.preset = v;
+  }
+  if (Object.hasOwn(data, "ratio")) {
+    const v = data.ratio;
+    const ok = isNum(v) && (v.kind === "int" || Number.isFinite(v.value)) && 0 <= v.value && v.value <= MAX_RATIO;
+    if (!ok) return { widgets: {}, error: `schedule_text 'ratio' must be a number in [0.0, ${pyFloat(MAX_RATIO)}], got ${echo(v)}` };
+    widgets.ratio = Number(v.value);
+  }
+  if (data.strategy === "preset") widgets.strategy = "preset";
+  return { widgets, error: null };
+}
+
+/** The mapping without the widget keys (widgetsFromText reads those), its keys' text order kept. */
+function withoutWidgetKeys(data) {
+  const out = {};
+  const order = entriesInTextOrder(data).map(([k]) => k).filter((k) => !isWidgetKey(data, k));
+  for (const key of order) Object.defineProperty(out, key, { value: data[key], enumerable: true, writable: true, configurable: true });
+  Object.defineProperty(out, KEY_ORDER, { value: order });
+  return out;
+}
+
 /**
  * The schedule fields a schedule_text sets, validated as the server validates them on top of `base` (the widgets'
- * schedule, in Schedule field names; missing fields take the Schedule defaults).
+ * schedule, in Schedule field names; missing fields take the Schedule defaults). The widget keys (WIDGET_KEYS) are
+ * left out: widgetsFromText reads them, and `base` already holds what they set.
  *
  * @returns {{fields: object|null, error: string|null, yaml: boolean}} fields: the text's overrides as plain JS
  *   values (ratios keyed by level number); yaml: the text is not JSON (the server reads it as YAML; not checked here)
@@ -278,11 +331,11 @@ export function checkScheduleText(textValue, base = {}) {
   }
   const parsed = parseJsonLikePython(text);
   if (!parsed.ok) return { fields: null, error: null, yaml: true };
-  const data = parsed.data;
-  if (data === null) return { fields: {}, error: null, yaml: false };
-  if (typeof data !== "object" || Array.isArray(data) || data instanceof PyNumber) {
-    return { fields: null, error: `schedule text must be a mapping of fields, got ${pyTypeName(data)}`, yaml: false };
+  if (parsed.data === null) return { fields: {}, error: null, yaml: false };
+  if (!isMapping(parsed.data)) {
+    return { fields: null, error: `schedule text must be a mapping of fields, got ${pyTypeName(parsed.data)}`, yaml: false };
   }
+  const data = withoutWidgetKeys(parsed.data);
   if (!Object.keys(data).length) return { fields: {}, error: null, yaml: false };
   const error = validate(data, base);
   if (error) return { fields: null, error, yaml: false };
@@ -296,11 +349,12 @@ export function checkScheduleText(textValue, base = {}) {
 
 function validate(data, base) {
   const names = Object.keys(SCHEDULE_FIELD_DEFAULTS);
-  const unknown = Object.keys(data).filter((k) => !names.includes(k)).sort(pySort);
+  const unknown = Object.keys(data).filter((k) => !names.includes(k) && !WIDGET_KEYS.includes(k)).sort(pySort);
   if (unknown.length) {
     const shown = unknown.slice(0, 5).map((k) => echo(k, 40));
     if (unknown.length > 5) shown.push(`... ${unknown.length - 5} more`);
-    return `unknown Schedule field(s) [${shown.join(", ")}]; allowed: [${[...names].sort(pySort).map((n) => `'${n}'`).join(", ")}]`;
+    const quoted = (list) => `[${[...list].sort(pySort).map((n) => `'${n}'`).join(", ")}]`;
+    return `unknown Schedule field(s) [${shown.join(", ")}]; allowed: the widgets ${quoted(WIDGET_KEYS)} and the fields ${quoted(names)}`;
   }
   const v = {};
   for (const name of names) {

@@ -104,3 +104,14 @@ test("DiT: one bar, the preset's dit_ratio (never an SD1.5 pyramid of zeros)", (
   const text = resolveSchedule({ preset: "balanced", schedule_text: '{"dit_ratio": 0.2}' }, "dit");
   assert.deepEqual(pyramidSeries(text, "dit"), [{ index: 0, level: 0, ratio: 0.2 }]);
 });
+
+test("schedule_text widget names: the chart's header gets the values in effect", () => {
+  const s = resolveSchedule({ preset: "balanced", strategy: "preset", ratio: 0, schedule_text: '{"ratio": 0.5, "preset": "lowvram_8gb"}' });
+  assert.equal(s.textError, null);
+  assert.equal(s.preset, "lowvram_8gb");
+  assert.equal(s.widgetValues.ratio, 0.5);
+  assert.deepEqual(s.ratios, { 8: 0.5, 16: 0.5, 32: 0.5 });
+  const refused = resolveSchedule({ preset: "balanced", ratio: 0, schedule_text: '{"ratio": 0.5, "bogus": 1}' });
+  assert.equal(refused.widgetValues, undefined);
+  assert.deepEqual(refused.ratios, { 8: 0.75, 16: 0.75 });
+});

@@ -9,6 +9,8 @@ custom_nodes; it is never installed anywhere else.
 - TokenFuseTestShowText: an output node returning its text as {"ui": {"text": [...]}}, which /history lists.
 - TokenFuseTestInduceOOM (model, times) -> MODEL: a clone whose first `times` sampling runs raise ComfyUI's OOM
   exception (devkit/induce_oom.py; the pack itself carries no injector).
+- TokenFuseTestModelMirror (image, url) -> IMAGE: points the pack's YuNet download at `url` (a loopback mirror the
+  test runs), then passes the image on, so the FaceDetect node it feeds downloads from there.
 - With TOKENFUSE_TEST_RANDOM_CHECKPOINTS=1 in the server's environment, ComfyUI's own CheckpointLoaderSimple loads
   those random models too (for workflows run as shipped, e.g. in the editor; its checkpoint files may be empty).
 
@@ -116,8 +118,29 @@ class InduceOOM:
         return (induce_oom.oom_on_first_samples(model, times),)
 
 
+class ModelMirror:
+    RETURN_TYPES = ("IMAGE",)
+    FUNCTION = "point"
+    CATEGORY = "testing"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"image": ("IMAGE",), "url": ("STRING", {"default": ""})}}
+
+    def point(self, image, url):
+        import dataclasses
+        import importlib
+
+        # the pack is loaded under its folder's name: find it by its FaceDetect node module
+        (root,) = {n[: -len(".nodes.face_nodes")] for n in list(sys.modules) if n.endswith(".nodes.face_nodes")}
+        models = importlib.import_module(f"{root}.faces.models")
+        models.DOWNLOADS["yunet"] = dataclasses.replace(models.DOWNLOADS["yunet"], url=url)
+        return (image,)
+
+
 NODE_CLASS_MAPPINGS = {
     "TokenFuseTestRandomCheckpoint": RandomCheckpoint,
     "TokenFuseTestShowText": ShowText,
     "TokenFuseTestInduceOOM": InduceOOM,
+    "TokenFuseTestModelMirror": ModelMirror,
 }
