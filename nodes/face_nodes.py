@@ -460,7 +460,7 @@ class Blend:
         faces.check_image(h, w, b, "the image input of Blend")
         with_crop = sum(1 for frame in faces.faces for f in frame if f.crop is not None)
         if with_crop == 0:
-            log.warning("%s", BLEND_PASSTHROUGH)
+            log.warning("%s", blend_passthrough(faces.count))
             return (image,)
         warn_out_of_range(frames, "Blend")
         opts = BlendOptions(strength=strength, color_transfer=color_transfer, seamless=seamless)
@@ -486,16 +486,26 @@ class Blend:
         return {"ui": {"text": [blend_status(faces, out is image)]}, "result": (out,)}
 
 
-BLEND_PASSTHROUGH = (
+BLEND_NO_FACE = (
+    "Blend: no face was found upstream (FaceDetect found none in this image), so there was nothing to paste; the "
+    "image is unchanged"
+)
+BLEND_NO_CROP = (
     "Blend: no face carries a processed crop (connect ScheduledFusion or GFPGANEnhance before Blend); the image "
     "passes through unchanged"
 )
 
 
+def blend_passthrough(face_count: int) -> str:
+    """Why Blend passed the image through: no face at all upstream (a photo without a face: the chain is fine), or
+    faces without processed crops (the chain misses ScheduledFusion / GFPGANEnhance: then the advice helps)."""
+    return BLEND_NO_FACE if face_count == 0 else BLEND_NO_CROP
+
+
 def blend_status(faces: Any, passed_through: bool) -> str:
     """The line Blend shows in the editor: what it pasted, or the pass-through warning."""
     if passed_through:
-        return f"WARNING: {BLEND_PASSTHROUGH}"
+        return f"WARNING: {blend_passthrough(faces.count)}"
     pasted = sum(1 for frame in faces.faces for f in frame if f.crop is not None)
     return f"Blend: pasted {pasted} face(s) into {faces.batch_size} frame(s)"
 

@@ -89,6 +89,24 @@ def test_blend_shows_its_pass_through_warning_in_the_node(astronaut, faces) -> N
     assert "ScheduledFusion or GFPGANEnhance" in out["ui"]["text"][0]
 
 
+def test_blend_on_a_photo_without_a_face_says_what_happened(astronaut) -> None:
+    """Issue 33 item 2: FaceDetect found no face, ScheduledFusion and GFPGANEnhance are connected and passed the
+    empty FACES on; Blend says so instead of advising to connect them."""
+    h, w = astronaut.shape[1:3]
+    out = _run_node(
+        "TokenFuseBlend",
+        image=astronaut,
+        faces=FaceSet((h, w), ((),)),
+        strength=1.0,
+        color_transfer=False,
+        seamless=False,
+    )
+    assert out["result"][0] is astronaut
+    (line,) = out["ui"]["text"]
+    assert line.startswith("WARNING: Blend: no face was found upstream") and "image is unchanged" in line, line
+    assert "connect" not in line, line
+
+
 @needs_retinaface
 def test_blend_shows_what_it_pasted(astronaut, faces) -> None:
     frame = astronaut[0].numpy()
