@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, get_args
 from ..fusion.fallback import FallbackMode
 from ..scheduling.keys import PLAN_KEY, PRESET_KEY
 from ..scheduling.vocabulary import PRESET_ORDER
-from .checks import checked_inputs
+from .checks import checked_inputs, model_names_valid
 from .glue import env, paths, sampling
 from .input_specs import seed_input
 from .model_patching import _transformer_option, in_sampling_series, repatch_with_preset, strip_tokenfuse
@@ -237,6 +237,12 @@ class ScheduledFusion:
         """The ONNX files' stamps (ComfyUI's name for it): a model replaced under the same name runs the node again."""
         return "|".join(paths.file_stamp("insightface", name) for name in (swap_model, arcface_model))
 
+    @classmethod
+    def VALIDATE_INPUTS(cls, swap_model: str = "none", arcface_model: str = "none") -> bool | str:  # noqa: N802
+        """ComfyUI skips its "Value not in list" check for these two: a missing ONNX file stops the run with the
+        pack's message (checks.model_names_valid)."""
+        return model_names_valid(swap_model=swap_model, arcface_model=arcface_model)
+
     @checked_inputs("swap_model", "arcface_model")
     def fuse(
         self,
@@ -279,6 +285,7 @@ class ScheduledFusion:
             raise ValueError("image must be an IMAGE [B, H, W, C]: connect a LoadImage / VAE Decode output.")
         frames = as_rgb_float(image)  # gray repeated, alpha dropped: FaceDetect and Blend take them too
         faces.check_image(int(image.shape[1]), int(image.shape[2]), int(image.shape[0]))
+        check_swap_models(swap_model, arcface_model)  # a missing file stops the run, faces or not
         if faces.count == 0:
             log.warning(
                 "ScheduledFusion: no faces in %d frame(s); nothing to refine (Blend returns the image as is).",
@@ -422,7 +429,7 @@ class ScheduledFusion:
 
         embedder = None
         if arcface_model and arcface_model != "none":
-            embedder = ArcFaceOnnx(_insightface_model(arcface_model, "ArcFace model"))
+            embedder = ArcFaceOnnx(_insightface_model(arcface_model, "arcface_model"))
         hooks = backend.hooks if embedder is None else replace(backend.hooks, embed=embedder.embed)
         if not swap_model or swap_model == "none":
             return replace(backend, hooks=hooks), ""
@@ -444,18 +451,27 @@ class ScheduledFusion:
             frame_idx = next(i for i, frame in enumerate(source_faces.faces) if frame)
             rgb = source_image[frame_idx, ..., :3].detach().float().cpu().numpy()
             emb = embedder.embed(rgb, src.landmarks)
-        swapper = InSwapper(_insightface_model(swap_model, "swap model"))
+        swapper = InSwapper(_insightface_model(swap_model, "swap_model"))
         latent = swapper.source_latent(emb)
         hooks = replace(hooks, pre_swap=lambda crop, lm: swap_in_crop(crop, lm, swapper, latent), identity_ref=emb)
         return replace(backend, hooks=hooks), f", identity pre-swap {os.path.basename(swap_model)}"
 
 
 def _insightface_model(name: str, what: str) -> Path:
-    """Path of an ONNX model named in the prompt, inside models/insightface (ModelPathError otherwise)."""
-    fix = (
-        "Put the ONNX file (e.g. inswapper_128.onnx, w600k_r50.onnx) there and press R in ComfyUI to refresh the list."
-    )
-    return paths.model_path("insightface", name, what, fix=fix)
+    """Path of an ONNX model named in the prompt, inside models/insightface; ModelPathError otherwise, naming the
+    file, the folders searched and where to download it (faces/model_sources.py)."""
+    from ..faces.model_sources import get_it
+
+    return paths.model_path("insightface", name, what, fix=get_it(name, "insightface"))
+
+
+def check_swap_models(swap_model: str, arcface_model: str) -> None:
+    """ModelPathError (the pack's message) when swap_model or arcface_model names a file that is not installed;
+    "none" and "" need nothing. ScheduledFusion and VideoFaceFusion call it before any work, so a missing model stops
+    the run at once, also on frames without a face."""
+    for name, what in ((swap_model, "swap_model"), (arcface_model, "arcface_model")):
+        if name and name != "none":
+            _insightface_model(name, what)
 
 
 def _detect_source(source_image: Any) -> Any:

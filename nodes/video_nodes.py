@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from ..faces.types import DetectorBackend
 from ..scheduling.anchor_mode import AnchorMode, pool_for
 from ..video.encode import Preset
-from .checks import checked_inputs
+from .checks import checked_inputs, model_names_valid
 from .face_nodes import _BACKEND_TIP, _folders, _reference_embedding, model_stamp
 from .glue import env
 from .glue import video as video_glue
@@ -283,6 +283,11 @@ class VideoFaceFusion:
             },
         }
 
+    @classmethod
+    def VALIDATE_INPUTS(cls, swap_model: str = "none", arcface_model: str = "none") -> bool | str:  # noqa: N802
+        """As ScheduledFusion's: a missing ONNX file stops the run with the pack's message."""
+        return model_names_valid(swap_model=swap_model, arcface_model=arcface_model)
+
     @checked_inputs("swap_model", "arcface_model")
     def fuse(
         self,
@@ -320,10 +325,11 @@ class VideoFaceFusion:
         from ..video.fuse_pass import FuseOptions, fuse_video
         from ..video.keyframes import KeyframeOptions
         from ..video.track_pass import FaceTracks
-        from .fusion_node import ScheduledFusion
+        from .fusion_node import ScheduledFusion, check_swap_models
 
         if not isinstance(face_tracks, FaceTracks):
             raise TypeError(f"face_tracks must be FaceTrack's output, got {type(face_tracks).__name__}")
+        check_swap_models(swap_model, arcface_model)  # before streaming: a missing file stops the run at once
         source = video_glue.stream_source(video)
         _check_same_video(face_tracks, source)
         size = int(guide_size) // 8 * 8

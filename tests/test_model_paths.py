@@ -197,7 +197,7 @@ def test_nodes_confine_every_model_name(tmp_path: Path, monkeypatch: pytest.Monk
             assert str(tmp_path / "secret.onnx") not in str(err.value) or "absolute path" in str(err.value)
             assert len(str(err.value)) < 600
     for name in hostile:
-        with pytest.raises(ModelPathError, match="ArcFace model"):
+        with pytest.raises(ModelPathError, match="arcface_model"):
             ScheduledFusion._setup_swap(SimpleNamespace(), "none", name, None, None)
     face = Face(
         bbox=(0.0, 0.0, 32.0, 32.0),
