@@ -66,7 +66,7 @@ class GFPGANEnhance:
         "Face restore: sharpens each face with a face-restoration model (GFPGAN, RestoreFormer) from "
         "models/facerestore_models. Connect its faces output to Blend."
     )
-    CATEGORY = "TokenFuse"
+    CATEGORY = "TokenFuse/photo"
     FUNCTION = "enhance"
     RETURN_TYPES = ("IMAGE", "FACES", "STRING")
     RETURN_NAMES = ("crops", "faces", "report")

@@ -89,7 +89,7 @@ class FaceDetect:
         "Finds the faces in a photo or video frames, picks which ones to work on, and cuts out an aligned square "
         "of each. Start every TokenFuse workflow here."
     )
-    CATEGORY = "TokenFuse/faces"
+    CATEGORY = "TokenFuse/photo"
     FUNCTION = "detect"
     RETURN_TYPES = ("FACES", "IMAGE", "MASK")
     RETURN_NAMES = ("faces", "preview", "mask")
@@ -257,7 +257,7 @@ class PatchTokenize:
         "Plans where the diffusion model keeps its tokens: the face keeps them, the background is merged. "
         "Shows the plan and the expected saving in the node."
     )
-    CATEGORY = "TokenFuse/faces"
+    CATEGORY = "TokenFuse/photo"
     FUNCTION = "tokenize"
     # An output node runs (and shows its plan and saving) even when nothing downstream uses its outputs.
     OUTPUT_NODE = True
@@ -416,7 +416,7 @@ class Blend:
         "Pastes the refined or restored faces back into the photo with a soft edge. Pixels outside the faces stay "
         "exactly as they were. Shows in the node whether faces were pasted or the photo passed through."
     )
-    CATEGORY = "TokenFuse/faces"
+    CATEGORY = "TokenFuse/photo"
     FUNCTION = "blend_and_show"
     RETURN_TYPES = ("IMAGE",)
     RETURN_NAMES = ("image",)
@@ -535,8 +535,9 @@ NODE_CLASS_MAPPINGS = {
     "TokenFusePatchTokenize": PatchTokenize,
     "TokenFuseBlend": Blend,
 }
+# Display names: the design-card name, with the words users search for (tests/test_editor_ui.py: how search ranks).
 NODE_DISPLAY_NAME_MAPPINGS = {
     "TokenFuseFaceDetect": "FaceDetect",
-    "TokenFusePatchTokenize": "PatchTokenize",
-    "TokenFuseBlend": "Blend",
+    "TokenFusePatchTokenize": "Token Plan (PatchTokenize)",
+    "TokenFuseBlend": "Blend / Paste Faces Back",
 }

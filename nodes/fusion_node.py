@@ -63,7 +63,7 @@ class ScheduledFusion:
         "face, so it fits in 4-8 GB. Refines faces, or swaps them with an optional source photo. Shows a report per "
         "face (and any fallback taken) in the node. Connect its faces output to Blend."
     )
-    CATEGORY = "TokenFuse"
+    CATEGORY = "TokenFuse/photo"
     FUNCTION = "fuse_and_show"
     RETURN_TYPES = ("IMAGE", "FACES", "STRING")
     RETURN_NAMES = ("crops", "faces", "report")

@@ -518,4 +518,8 @@ def make_refine(
 
 
 NODE_CLASS_MAPPINGS = {"TokenFuseFaceTrack": FaceTrack, "TokenFuseVideoFaceFusion": VideoFaceFusion}
-NODE_DISPLAY_NAME_MAPPINGS = {"TokenFuseFaceTrack": "FaceTrack", "TokenFuseVideoFaceFusion": "VideoFaceFusion"}
+# "video" finds both (after ComfyUI's two Video*CFGGuidance nodes, which its search ranks first by use count)
+NODE_DISPLAY_NAME_MAPPINGS = {
+    "TokenFuseFaceTrack": "Video FaceTrack",
+    "TokenFuseVideoFaceFusion": "Video Face Refine / Swap / Detailer (VideoFaceFusion)",
+}
