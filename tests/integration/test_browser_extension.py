@@ -162,3 +162,24 @@ def test_workflow_store_tells_closed_tabs(editor_state: dict) -> None:
     """The frontend API the chart uses to forget a closed tab's numbers (web/lib/prompts.js isOpenWorkflowOf)."""
     res = editor_state["closedTab"]
     assert res == {"isOpenFn": "function", "openBefore": True, "openAfter": False, "activeOpen": True}, res
+
+
+def test_template_browser_shows_titles_in_budget_order(
+    browser_tools: tuple[str, dict[str, str]], comfy_server: SimpleNamespace
+) -> None:
+    """ComfyUI's template browser, the pack's category chosen: readable titles and descriptions (it showed the raw,
+    cut-off file names), 4 -> 6 -> 8 GB, the video workflow last (web/lib/templates.js)."""
+    script = REPO / "tests" / "integration" / "templates_check.mjs"
+    res = json.loads(run_node_script(browser_tools, script, comfy_server.url, timeout=300))
+    titles = [
+        "4 GB · Face refine (SD1.5)",
+        "6 GB · Face swap (SD1.5)",
+        "6 GB · Group photo (SD1.5)",
+        "8 GB · Face refine (SDXL)",
+        "6 GB · Video face refine (SD1.5)",
+    ]
+    shown = [c for c in res["cards"] if c in titles]
+    assert shown == titles, res["cards"]
+    assert "Sharpens the main face of a photo" in res["text"], res["text"]
+    assert "tokenfuse_" not in res["text"] and "tokenfuse " not in res["text"], res["text"]
+    assert not [e for e in res["errors"] if _ours(e)], res["errors"]

@@ -135,16 +135,6 @@ export function familyFromModelName(name) {
 }
 
 /**
- * TokenFuse's example workflows in the template browser's order: by GPU budget, smallest first (the 4 GB one
- * leads), then the others by name. The server lists them in file-system order.
- * @param {string[]} names template names (file names without .json)
- */
-export function orderTemplates(names) {
-  const budget = (n) => Number(/_(\d+)gb$/i.exec(n)?.[1] ?? Infinity);
-  return [...names].sort((a, b) => budget(a) - budget(b) || (a < b ? -1 : a > b ? 1 : 0));
-}
-
-/**
  * Names among `names` of the widgets whose value comes from a link (a widget converted to an input and connected):
  * the run uses the linked value, which the editor does not know before the run.
  * @param {{name?: string, widget?: {name?: string}, link?: (number|null)}[]|undefined} inputs the node's inputs

@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  chartHeader, DIT_LEGEND, familyFromModelName, isWarning, legendText, orderTemplates, percentText, reportLines, strategyText, wrapText,
+  chartHeader, DIT_LEGEND, familyFromModelName, isWarning, legendText, percentText, reportLines, strategyText, wrapText,
   chartNote, linkedWidgets,
 } from "../lib/labels.js";
 import { pyramidSeries, resolveSchedule } from "../lib/pyramid.js";
@@ -89,15 +89,6 @@ test("a DiT chart says what its one bar is: K/V dropped per attention call, no U
   assert.match(h, /^% of K\/V tokens dropped per attention call · DiT \(from the last run\) · balanced · top-K keys$/);
   assert.match(chartHeader(resolveSchedule({ preset: "off" }, "dit"), { preset: "off" }, "dit", "default"), /nothing removed$/);
   assert.match(DIT_LEGEND, /no U-Net levels/);
-});
-
-test("templates are ordered by GPU budget, 4 GB first", () => {
-  const listed = ["tokenfuse_group_photo_multiface_sd15", "tokenfuse_face_refine_sdxl_8gb", "tokenfuse_face_swap_sd15_6gb", "tokenfuse_face_refine_sd15_4gb"];
-  assert.deepEqual(orderTemplates(listed), [
-    "tokenfuse_face_refine_sd15_4gb", "tokenfuse_face_swap_sd15_6gb", "tokenfuse_face_refine_sdxl_8gb", "tokenfuse_group_photo_multiface_sd15",
-  ]);
-  assert.deepEqual(listed[0], "tokenfuse_group_photo_multiface_sd15"); // input untouched
-  assert.deepEqual(orderTemplates([]), []);
 });
 
 test("widgets fed by a link are named, and the chart says it cannot draw them", () => {
