@@ -52,10 +52,13 @@ export function chartHeader(schedule, values, family, familySource) {
 /** What the DiT chart's one bar means (the chart is per U-Net level; DiT models have none). */
 export const DIT_LEGEND = "DiT: one bar for every attention call (no U-Net levels; the bars are per level for U-Nets)";
 
-/** The legend: what the /8 … /64 colours mean. */
+/**
+ * The legend: what the /8 … /64 colours mean. Short enough for one line after the coloured swatches at the node's
+ * default width (400 px, 10 px font: about 46 characters; the longer text was cut off there).
+ */
 export function legendText(levels) {
-  const ls = (levels?.length ? levels : [8, 16, 32, 64]).map((lv) => `/${lv}`);
-  return `colour = U-Net level, latent size vs image: ${ls.join(" ")} (first = finest, most tokens)`;
+  const finest = (levels?.length ? Math.min(...levels) : 8);
+  return `colour = U-Net level, latent = image / N (/${finest} finest)`;
 }
 
 /**

@@ -37,9 +37,12 @@ test("numbers on bars tell the 8/6/4 GB presets apart", () => {
   assert.equal(percentText(0.755), "76");
 });
 
-test("legend explains the /8 … /64 levels", () => {
-  assert.equal(legendText([8, 16, 32, 64]), "colour = U-Net level, latent size vs image: /8 /16 /32 /64 (first = finest, most tokens)");
-  assert.match(legendText([16, 32]), /: \/16 \/32 \(/);
+test("legend explains the /8 … /64 levels in one short line", () => {
+  assert.equal(legendText([8, 16, 32, 64]), "colour = U-Net level, latent = image / N (/8 finest)");
+  assert.match(legendText([16, 32]), /\(\/16 finest\)$/);
+  assert.equal(legendText(undefined), legendText([8, 16, 32, 64]));
+  // what the chart draws after the swatches fits about 46 characters at the default node width
+  assert.ok(legendText([8, 16, 32, 64]).replace(/^colour = /, "= ").length <= 46);
 });
 
 test("wrapText keeps every word, never exceeds the width, cuts only words longer than a line", () => {
