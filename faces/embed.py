@@ -105,9 +105,12 @@ def insightface_pack(root: Path, name: str) -> tuple[Path, Path | None]:
     candidates = [Path(root) / "models" / name, Path(root) / name]
     folder = next((c for c in candidates if c.is_dir()), None)
     if folder is None:
+        from .model_sources import get_it
+
         raise ModelFileError(
             f"insightface pack '{name}' not found (looked in {', '.join(str(c) for c in candidates)}): put the pack's "
-            "ONNX files (e.g. det_10g.onnx, w600k_r50.onnx) in models/insightface/models/<name>/."
+            f"ONNX files (e.g. det_10g.onnx, w600k_r50.onnx) in models/insightface/models/{name}/. "
+            + get_it(name, "insightface/models")
         )
     onnx = sorted(folder.glob("*.onnx"))
     det = next((p for p in onnx if p.name.startswith(("det_", "scrfd"))), None)

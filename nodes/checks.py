@@ -146,3 +146,18 @@ def checked_inputs(*free_choices: str) -> Callable[[F], F]:
         return run  # type: ignore[return-value]
 
     return wrap
+
+
+def model_names_valid(**names: Any) -> bool | str:
+    """A node's VALIDATE_INPUTS body for its model-file combos (ComfyUI's name for the hook).
+
+    ComfyUI checks a combo value against its list before a run; a workflow naming a model file that is not installed
+    then only gets a red outline on the node while the rest of the prompt runs and the queue says "success". A
+    VALIDATE_INPUTS that takes an input makes ComfyUI skip that check for it (execution.validate_inputs), so the node
+    runs and stops the run with the pack's message (file, folder, download address: nodes/glue/paths.model_path).
+    Here only the type is checked: True, or the message for a value that is not text.
+    """
+    for name, value in names.items():
+        if not isinstance(value, str) or len(value) > STRING_MAX_CHARS:
+            return f"{name} must be a model file name from its list, got {echo(value)}"
+    return True

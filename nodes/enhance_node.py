@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from ..scheduling.vocabulary import MODEL_EXTENSIONS
-from .checks import checked_inputs
+from .checks import checked_inputs, model_names_valid
 from .glue import env, paths
 from .glue import patcher as comfy_patcher
 
@@ -26,13 +26,18 @@ def _model_choices() -> list[str]:
 
 
 def _model_file(name: str) -> str:
-    """Path of the face-restoration model named in the prompt, inside the facerestore folders (ModelPathError
-    naming the folders otherwise)."""
-    fix = (
-        "To fix: download e.g. GFPGANv1.4.pth (or a converted .safetensors) into models/facerestore_models, then "
-        "press R in ComfyUI to refresh the list."
-    )
-    return str(paths.model_path(paths.FACERESTORE_FOLDER, name, "face-restoration model", fix=fix))
+    """Path of the face-restoration model named in the prompt, inside the facerestore folders; ModelPathError
+    otherwise, naming the file, the folders searched and where to download it (faces/model_sources.py)."""
+    from ..faces.model_paths import ModelPathError
+    from ..faces.model_sources import get_it
+
+    if name == NO_MODEL:  # the list's placeholder: nothing is installed
+        raise ModelPathError(
+            "GFPGANEnhance: no face-restoration model is installed. "
+            + get_it("GFPGANv1.4.pth", paths.FACERESTORE_FOLDER)
+        )
+    fix = get_it(name, paths.FACERESTORE_FOLDER)
+    return str(paths.model_path(paths.FACERESTORE_FOLDER, name, "GFPGANEnhance: face-restoration model", fix=fix))
 
 
 def _load(path: str) -> tuple[Any, Any]:
@@ -61,7 +66,7 @@ class GFPGANEnhance:
         "Face restore: sharpens each face with a face-restoration model (GFPGAN, RestoreFormer) from "
         "models/facerestore_models. Connect its faces output to Blend."
     )
-    CATEGORY = "TokenFuse"
+    CATEGORY = "TokenFuse/photo"
     FUNCTION = "enhance"
     RETURN_TYPES = ("IMAGE", "FACES", "STRING")
     RETURN_NAMES = ("crops", "faces", "report")
@@ -118,6 +123,12 @@ class GFPGANEnhance:
         """The model file's stamp: a file replaced under the same name runs the node again."""
         return paths.file_stamp(paths.FACERESTORE_FOLDER, model_name)
 
+    @classmethod
+    def VALIDATE_INPUTS(cls, model_name: str = "") -> bool | str:  # noqa: N802 - ComfyUI's name
+        """ComfyUI skips its "Value not in list" check for model_name: a missing file stops the run with the pack's
+        message (checks.model_names_valid)."""
+        return model_names_valid(model_name=model_name)
+
     @checked_inputs("model_name")
     def enhance(
         self, image: Any, faces: Any, model_name: str, visibility: float, fidelity: float
@@ -138,6 +149,7 @@ class GFPGANEnhance:
             raise ValueError(f"IMAGE must be [B, H, W, C] with 1-4 channels, got {tuple(image.shape)}")
         batch, height, width = int(image.shape[0]), int(image.shape[1]), int(image.shape[2])
         faces.check_image(height, width, batch)
+        model_file = _model_file(model_name) if visibility > 0 else ""  # a missing file stops the run, faces or not
         if batch == 0 or faces.count == 0:
             msg = "GFPGANEnhance: no faces" + (" (empty batch)" if batch == 0 else "") + ": image passed through"
             log.warning(msg)
@@ -145,7 +157,7 @@ class GFPGANEnhance:
 
         restorer = None
         if visibility > 0:
-            restorer, _patcher = _load(_model_file(model_name))
+            restorer, _patcher = _load(model_file)
         pbar = env.progress_bar(faces.count)
         frames = as_rgb_float(image)  # gray repeated, alpha dropped: FaceDetect and Blend take them too
         out_faces: list[tuple[Any, ...]] = []

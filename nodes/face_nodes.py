@@ -31,7 +31,10 @@ _BACKEND_TIP = (
 def _folders(backend: str, model_name: str) -> tuple[list[Path], str]:
     """(model folders, name) for a backend. A model_name from the prompt is resolved inside the backend's model
     folders first (faces/model_paths.py: no `..`, no symlink out, absolute paths only when the operator allows them),
-    then handed on as (its folder, its name)."""
+    then handed on as (its folder, its name). A name that does not resolve raises ModelPathError naming the file, the
+    folders searched and where to get it (faces/model_sources.py)."""
+    from ..faces.model_sources import get_it
+
     if backend == "insightface":
         if not model_name:
             return paths.model_dirs("insightface"), model_name
@@ -41,14 +44,21 @@ def _folders(backend: str, model_name: str) -> tuple[list[Path], str]:
             "insightface pack",
             want="dir",
             candidates=lambda n: (f"models/{n}", n),
-            fix="Put the pack's ONNX files (e.g. det_10g.onnx, w600k_r50.onnx) in models/insightface/models/<name>/.",
+            fix="Put the pack's ONNX files (e.g. det_10g.onnx, w600k_r50.onnx) in models/insightface/models/<name>/. "
+            + get_it(model_name, "insightface/models"),
         )
         return [pack.parent], pack.name
     if model_name and backend != "yunet":
         log.warning("FaceDetect: model_name is used by the yunet and insightface backends only; ignored")
     if not model_name or backend != "yunet":
         return paths.model_dirs("facedetection"), model_name
-    path = paths.model_path("facedetection", model_name, "YuNet model", candidates=lambda n: (n, f"{n}.onnx"))
+    path = paths.model_path(
+        "facedetection",
+        model_name,
+        "YuNet model",
+        candidates=lambda n: (n, f"{n}.onnx"),
+        fix=get_it(model_name, "facedetection"),
+    )
     return [path.parent], path.name
 
 
@@ -79,7 +89,7 @@ class FaceDetect:
         "Finds the faces in a photo or video frames, picks which ones to work on, and cuts out an aligned square "
         "of each. Start every TokenFuse workflow here."
     )
-    CATEGORY = "TokenFuse/faces"
+    CATEGORY = "TokenFuse/photo"
     FUNCTION = "detect"
     RETURN_TYPES = ("FACES", "IMAGE", "MASK")
     RETURN_NAMES = ("faces", "preview", "mask")
@@ -247,7 +257,7 @@ class PatchTokenize:
         "Plans where the diffusion model keeps its tokens: the face keeps them, the background is merged. "
         "Shows the plan and the expected saving in the node."
     )
-    CATEGORY = "TokenFuse/faces"
+    CATEGORY = "TokenFuse/photo"
     FUNCTION = "tokenize"
     # An output node runs (and shows its plan and saving) even when nothing downstream uses its outputs.
     OUTPUT_NODE = True
@@ -406,7 +416,7 @@ class Blend:
         "Pastes the refined or restored faces back into the photo with a soft edge. Pixels outside the faces stay "
         "exactly as they were. Shows in the node whether faces were pasted or the photo passed through."
     )
-    CATEGORY = "TokenFuse/faces"
+    CATEGORY = "TokenFuse/photo"
     FUNCTION = "blend_and_show"
     RETURN_TYPES = ("IMAGE",)
     RETURN_NAMES = ("image",)
@@ -460,7 +470,7 @@ class Blend:
         faces.check_image(h, w, b, "the image input of Blend")
         with_crop = sum(1 for frame in faces.faces for f in frame if f.crop is not None)
         if with_crop == 0:
-            log.warning("%s", BLEND_PASSTHROUGH)
+            log.warning("%s", blend_passthrough(faces.count))
             return (image,)
         warn_out_of_range(frames, "Blend")
         opts = BlendOptions(strength=strength, color_transfer=color_transfer, seamless=seamless)
@@ -486,16 +496,26 @@ class Blend:
         return {"ui": {"text": [blend_status(faces, out is image)]}, "result": (out,)}
 
 
-BLEND_PASSTHROUGH = (
+BLEND_NO_FACE = (
+    "Blend: no face was found upstream (FaceDetect found none in this image), so there was nothing to paste; the "
+    "image is unchanged"
+)
+BLEND_NO_CROP = (
     "Blend: no face carries a processed crop (connect ScheduledFusion or GFPGANEnhance before Blend); the image "
     "passes through unchanged"
 )
 
 
+def blend_passthrough(face_count: int) -> str:
+    """Why Blend passed the image through: no face at all upstream (a photo without a face: the chain is fine), or
+    faces without processed crops (the chain misses ScheduledFusion / GFPGANEnhance: then the advice helps)."""
+    return BLEND_NO_FACE if face_count == 0 else BLEND_NO_CROP
+
+
 def blend_status(faces: Any, passed_through: bool) -> str:
     """The line Blend shows in the editor: what it pasted, or the pass-through warning."""
     if passed_through:
-        return f"WARNING: {BLEND_PASSTHROUGH}"
+        return f"WARNING: {blend_passthrough(faces.count)}"
     pasted = sum(1 for frame in faces.faces for f in frame if f.crop is not None)
     return f"Blend: pasted {pasted} face(s) into {faces.batch_size} frame(s)"
 
@@ -515,8 +535,9 @@ NODE_CLASS_MAPPINGS = {
     "TokenFusePatchTokenize": PatchTokenize,
     "TokenFuseBlend": Blend,
 }
+# Display names: the design-card name, with the words users search for (tests/test_editor_ui.py: how search ranks).
 NODE_DISPLAY_NAME_MAPPINGS = {
     "TokenFuseFaceDetect": "FaceDetect",
-    "TokenFusePatchTokenize": "PatchTokenize",
-    "TokenFuseBlend": "Blend",
+    "TokenFusePatchTokenize": "Token Plan (PatchTokenize)",
+    "TokenFuseBlend": "Blend / Paste Faces Back",
 }

@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from .checks import checked_inputs
+from .checks import checked_inputs, model_names_valid
 from .glue import env, paths
 from .glue.fusion_backend import comfy_backend
-from .identity import setup_swap
+from .identity import check_swap_models, setup_swap
 from .input_specs import diffusion_links, fallback_input, guide_size_input, sampler_inputs, seed_input, swap_inputs
 from .model_patching import attempt_models
 
@@ -51,7 +51,7 @@ class ScheduledFusion:
         "face, so it fits in 4-8 GB. Refines faces, or swaps them with an optional source photo. Shows a report per "
         "face (and any fallback taken) in the node. Connect its faces output to Blend."
     )
-    CATEGORY = "TokenFuse"
+    CATEGORY = "TokenFuse/photo"
     FUNCTION = "fuse_and_show"
     RETURN_TYPES = ("IMAGE", "FACES", "STRING")
     RETURN_NAMES = ("crops", "faces", "report")
@@ -140,6 +140,12 @@ class ScheduledFusion:
         """The ONNX files' stamps (ComfyUI's name for it): a model replaced under the same name runs the node again."""
         return "|".join(paths.file_stamp("insightface", name) for name in (swap_model, arcface_model))
 
+    @classmethod
+    def VALIDATE_INPUTS(cls, swap_model: str = "none", arcface_model: str = "none") -> bool | str:  # noqa: N802
+        """ComfyUI skips its "Value not in list" check for these two: a missing ONNX file stops the run with the
+        pack's message (checks.model_names_valid)."""
+        return model_names_valid(swap_model=swap_model, arcface_model=arcface_model)
+
     @checked_inputs("swap_model", "arcface_model")
     def fuse(
         self,
@@ -182,6 +188,7 @@ class ScheduledFusion:
             raise ValueError("image must be an IMAGE [B, H, W, C]: connect a LoadImage / VAE Decode output.")
         frames = as_rgb_float(image)  # gray repeated, alpha dropped: FaceDetect and Blend take them too
         faces.check_image(int(image.shape[1]), int(image.shape[2]), int(image.shape[0]))
+        check_swap_models(swap_model, arcface_model)  # a missing file stops the run, faces or not
         if faces.count == 0:
             log.warning(
                 "ScheduledFusion: no faces in %d frame(s); nothing to refine (Blend returns the image as is).",

@@ -28,7 +28,7 @@ def setup_swap(
 
     embedder = None
     if arcface_model and arcface_model != "none":
-        embedder = ArcFaceOnnx(paths.insightface_model(arcface_model, "ArcFace model"))
+        embedder = ArcFaceOnnx(paths.insightface_model(arcface_model, "arcface_model"))
     embed = None if embedder is None else embedder.embed
     if not swap_model or swap_model == "none":
         return replace(backend, hooks=identity_hooks(backend.hooks, embed)), ""
@@ -45,9 +45,18 @@ def setup_swap(
         frame_idx = next(i for i, frame in enumerate(source_faces.faces) if frame)
         rgb = source_image[frame_idx, ..., :3].detach().float().cpu().numpy()
     emb = source_embedding(src, rgb, embed)
-    swapper = InSwapper(paths.insightface_model(swap_model, "swap model"))
+    swapper = InSwapper(paths.insightface_model(swap_model, "swap_model"))
     hooks = identity_hooks(backend.hooks, embed, swapper, emb)
     return replace(backend, hooks=hooks), f", identity pre-swap {os.path.basename(swap_model)}"
+
+
+def check_swap_models(swap_model: str, arcface_model: str) -> None:
+    """ModelPathError (the pack's message) when swap_model or arcface_model names a file that is not installed;
+    "none" and "" need nothing. ScheduledFusion and VideoFaceFusion call it before any work, so a missing model stops
+    the run at once, also on frames without a face."""
+    for name, what in ((swap_model, "swap_model"), (arcface_model, "arcface_model")):
+        if name and name != "none":
+            paths.insightface_model(name, what)
 
 
 def detect_source(source_image: Any) -> Any:

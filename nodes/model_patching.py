@@ -19,12 +19,13 @@ which every TokenFuse patch honours.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..scheduling.keys import DISABLED_KEY, OVERRIDE_KEY, PLAN_KEY, PRESET_KEY, STEP_KEY, WRAPPER_KEY
 from ..scheduling.schedule import Schedule
@@ -152,8 +153,33 @@ def remove_scheduling(m: Any) -> bool:
     return True
 
 
+PeakKind = Literal["vram", "rss"]
+
+
+def _peak_memory_kind(device: Any) -> PeakKind | None:
+    """What _peak_memory_start measures on `device`: "vram" (CUDA's max_memory_allocated), "rss" (the process peak
+    RSS, on CPU), None (neither: CPU on Windows)."""
+    import torch
+
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda" and torch.cuda.is_available():
+        return "vram"
+    return "rss" if _process_peak_rss_mib() is not None else None
+
+
+def _process_peak_rss_mib() -> float | None:
+    """The process's peak resident set size in MiB (getrusage: KiB on Linux, bytes on macOS); None on Windows."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
 def _peak_memory_start(device: Any) -> tuple[Callable[[], str], Callable[[], float | None]]:
-    """Start measuring peak memory on `device`: (format the peak since now, peak device MiB or None on CPU)."""
+    """Start measuring peak memory on `device`: (format the peak since now, peak MiB: the device's on CUDA, the
+    process peak RSS on CPU, what the run summary says too; None where neither is known)."""
     import torch
 
     dev = torch.device(device) if device is not None else torch.device("cpu")
@@ -170,15 +196,13 @@ def _peak_memory_start(device: Any) -> tuple[Callable[[], str], Callable[[], flo
             return f"peak VRAM {now:.0f} MiB" if now > before else f"peak VRAM <= {before:.0f} MiB (earlier peak)"
 
         return cuda_text, cuda_mib
-    try:
-        import resource
-
-        def rss() -> str:
-            return f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (process)"
-
-        return rss, lambda: None
-    except ImportError:  # Windows
+    if _process_peak_rss_mib() is None:
         return (lambda: "peak memory n/a on CPU"), lambda: None
+
+    def rss() -> str:
+        return f"peak RSS {_process_peak_rss_mib():.0f} MiB (process)"
+
+    return rss, _process_peak_rss_mib
 
 
 class _LiveStats:
@@ -192,6 +216,7 @@ class _LiveStats:
         self.step = 0
         self.steps = 0
         self.peak_mib: Callable[[], float | None] = lambda: None
+        self.peak_kind: PeakKind | None = None
 
     def position(self, args: tuple, kwargs: dict) -> None:
         """Step (1-based) and step count from predict_noise(x, timestep, model_options) and its sample_sigmas."""
@@ -236,6 +261,7 @@ class _LiveStats:
             "steps": max(self.steps, self.step, 1),
             "step_time_s": step_time,
             "peak_mem_mb": self.peak_mib(),
+            "peak_mem_kind": self.peak_kind,
             "levels": levels,
             "final": final,
             "summary": summary,
@@ -269,6 +295,7 @@ def _make_run_wrapper(
         if cache is not None:
             _start_cache_run(cache, schedule, executor)
         peak, live.peak_mib = _peak_memory_start(device)
+        live.peak_kind = _peak_memory_kind(device)
         status: RunStatus = "failed"
         try:
             out = executor(*args, **kwargs)

@@ -122,7 +122,7 @@ class TokenSchedulerController:
         "Makes the diffusion model faster and lighter by letting attention skip tokens that matter least. Pick a "
         "preset for your GPU (balanced, or lowvram 8/6/4 GB); the chart shows what it removes per block."
     )
-    CATEGORY = "TokenFuse"
+    CATEGORY = "TokenFuse/model"
     FUNCTION = "apply"
     RETURN_TYPES = ("MODEL", "STRING")
     RETURN_NAMES = ("model", "report")
@@ -237,4 +237,4 @@ class TokenSchedulerController:
 
 
 NODE_CLASS_MAPPINGS = {"TokenFuseTokenSchedulerController": TokenSchedulerController}
-NODE_DISPLAY_NAME_MAPPINGS = {"TokenFuseTokenSchedulerController": "TokenSchedulerController"}
+NODE_DISPLAY_NAME_MAPPINGS = {"TokenFuseTokenSchedulerController": "Schedule Tokens (TokenSchedulerController)"}

@@ -308,6 +308,9 @@ def fuse_video_run(
     tracks = links.face_tracks
     if not isinstance(tracks, FaceTracks):
         raise TypeError(f"face_tracks must be FaceTrack's output, got {type(tracks).__name__}")
+    from .identity import check_swap_models
+
+    check_swap_models(*swap)  # before streaming: a missing file stops the run at once
     source = video_glue.stream_source(links.video)
     _check_same_video(tracks, source)
     notes: list[str] = []

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from ..faces.types import DetectorBackend
 from . import video_fusion
-from .checks import checked_inputs
+from .checks import checked_inputs, model_names_valid
 from .face_nodes import _BACKEND_TIP, _folders, _reference_embedding, model_stamp
 from .glue import env
 from .glue import video as video_glue
@@ -201,6 +201,11 @@ class VideoFaceFusion:
     def INPUT_TYPES(cls) -> dict[str, Any]:
         return video_fusion.input_types()
 
+    @classmethod
+    def VALIDATE_INPUTS(cls, swap_model: str = "none", arcface_model: str = "none") -> bool | str:  # noqa: N802
+        """As ScheduledFusion's: a missing ONNX file stops the run with the pack's message."""
+        return model_names_valid(swap_model=swap_model, arcface_model=arcface_model)
+
     @checked_inputs("swap_model", "arcface_model")
     def fuse(
         self,
@@ -263,4 +268,8 @@ class VideoFaceFusion:
 
 
 NODE_CLASS_MAPPINGS = {"TokenFuseFaceTrack": FaceTrack, "TokenFuseVideoFaceFusion": VideoFaceFusion}
-NODE_DISPLAY_NAME_MAPPINGS = {"TokenFuseFaceTrack": "FaceTrack", "TokenFuseVideoFaceFusion": "VideoFaceFusion"}
+# "video" finds both (after ComfyUI's two Video*CFGGuidance nodes, which its search ranks first by use count)
+NODE_DISPLAY_NAME_MAPPINGS = {
+    "TokenFuseFaceTrack": "Video FaceTrack",
+    "TokenFuseVideoFaceFusion": "Video Face Refine / Swap / Detailer (VideoFaceFusion)",
+}

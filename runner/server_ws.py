@@ -101,7 +101,13 @@ class PromptEvents:
         elif rss:
             self._raise(float(rss[1]), "server process peak RSS at the end of sampling (cumulative)")
         elif isinstance(data.get("peak_mem_mb"), (int, float)):
-            self._raise(float(data["peak_mem_mb"]), "server cuda max_memory_allocated during sampling (process peak)")
+            # "rss": the process peak RSS on CPU (older packs sent a number only for CUDA)
+            kind = (
+                "server process peak RSS during sampling (cumulative)"
+                if data.get("peak_mem_kind") == "rss"
+                else "server cuda max_memory_allocated during sampling (process peak)"
+            )
+            self._raise(float(data["peak_mem_mb"]), kind)
 
     def _raise(self, mib: float, kind: str) -> None:
         if self.peak_mib is None or mib >= self.peak_mib:

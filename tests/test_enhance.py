@@ -243,16 +243,39 @@ def test_missing_model_names_folder_and_fix(astronaut: torch.Tensor) -> None:
         load_restorer("/nonexistent/GFPGANv1.4.pth")
 
 
+def test_missing_model_stops_the_run_on_a_photo_without_faces_too(astronaut: torch.Tensor) -> None:
+    """Issue 33 item 1: a workflow naming a model that is not installed stops with the pack's message (file, folder,
+    download address) whatever the photo holds, instead of passing the photo through."""
+    no_faces = FaceSet(image_size=(512, 512), faces=((),))
+    with pytest.raises(FileNotFoundError) as err:
+        GFPGANEnhance().enhance(astronaut, no_faces, "GFPGANv1.4.pth", 1.0, 0.5)
+    msg = str(err.value)
+    assert "'GFPGANv1.4.pth'" in msg and "models/facerestore_models" in msg, msg
+    assert "https://github.com/TencentARC/GFPGAN/releases/download/v1.3.0/GFPGANv1.4.pth" in msg, msg
+    with pytest.raises(FileNotFoundError, match="no face-restoration model is installed"):
+        GFPGANEnhance().enhance(astronaut, no_faces, NO_MODEL, 1.0, 0.5)
+
+
+def test_model_name_skips_comfyuis_list_check() -> None:
+    """VALIDATE_INPUTS takes model_name, so ComfyUI does not refuse a file missing from the list before the run (a
+    red outline and a "successful" run): the node's own message stops it."""
+    import inspect
+
+    assert "model_name" in inspect.getfullargspec(GFPGANEnhance.VALIDATE_INPUTS).args
+    assert GFPGANEnhance.VALIDATE_INPUTS(model_name="GFPGANv1.4.pth") is True
+    assert "model_name" in str(GFPGANEnhance.VALIDATE_INPUTS(model_name=3))
+
+
 def test_bad_inputs(astronaut: torch.Tensor, caplog: pytest.LogCaptureFixture) -> None:
     node = GFPGANEnhance()
     no_faces = FaceSet(image_size=(512, 512), faces=((),))
     with caplog.at_level(logging.WARNING):
-        crops, out_faces, report = node.enhance(astronaut, no_faces, NO_MODEL, 1.0, 0.5)  # no model needed
+        crops, out_faces, report = node.enhance(astronaut, no_faces, NO_MODEL, 0.0, 0.5)  # visibility 0: no model
     assert crops is astronaut and out_faces is no_faces and "no faces" in report
     assert any("no faces" in r.message for r in caplog.records)
 
     empty = torch.zeros(0, 512, 512, 3)
-    crops, _, report = node.enhance(empty, FaceSet(image_size=(512, 512), faces=()), NO_MODEL, 1.0, 0.5)
+    crops, _, report = node.enhance(empty, FaceSet(image_size=(512, 512), faces=()), NO_MODEL, 0.0, 0.5)
     assert crops.shape[0] == 0 and "empty batch" in report
 
     wrong_size = FaceSet(image_size=(256, 256), faces=((_face(),),))

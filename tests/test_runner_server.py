@@ -306,7 +306,9 @@ def test_prompt_events_protocol() -> None:
     assert ev.peak_mib == 900
     ev.feed("tokenfuse.stats", {"summary": "x, peak VRAM 4000 MiB [sd15]", "prompt_id": "p0"})  # not ours
     assert ev.peak_mib == 900
+    ev.feed("tokenfuse.stats", {"summary": None, "peak_mem_mb": 950.0, "peak_mem_kind": "rss"})  # a CPU server
+    assert ev.peak_mib == 950 and ev.memory_kind.startswith("server process peak RSS during sampling")
     ev.feed("execution_interrupted", {"prompt_id": "p1", "node_id": "2", "node_type": "KSampler"})
     ev.feed("executing", {"node": None, "prompt_id": "p1"})
     ev.feed("tokenfuse.stats", {"summary": "x, peak RSS 99999 MiB (process) [sd15]"})  # after ours ended
-    assert ev.finished and ev.outcome == "interrupted" and ev.error["node_type"] == "KSampler" and ev.peak_mib == 900
+    assert ev.finished and ev.outcome == "interrupted" and ev.error["node_type"] == "KSampler" and ev.peak_mib == 950

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import re
 import sys
 from dataclasses import replace
 from types import SimpleNamespace
@@ -334,7 +335,11 @@ def test_live_stats_follow_the_web_schema(monkeypatch: pytest.MonkeyPatch) -> No
     # the workflow tab that queued this prompt shows them (one page's tabs share the client id)
     assert all(p["prompt_id"] == "prompt-1" for p in payloads)
     assert payloads[0]["levels"] == [{"level": 8, "tokens_in": 256, "tokens_out": 64}]
-    assert payloads[0]["step_time_s"] >= 0 and payloads[0]["peak_mem_mb"] is None  # CPU: no device peak
+    assert payloads[0]["step_time_s"] >= 0
+    # CPU: the process peak RSS, as the run summary says (the chart showed "peak —" for the whole run)
+    assert payloads[0]["peak_mem_kind"] == "rss" and payloads[0]["peak_mem_mb"] > 10
+    summary_mib = float(re.search(r"peak RSS (\d+) MiB", payloads[-1]["summary"])[1])
+    assert abs(payloads[-1]["peak_mem_mb"] - summary_mib) <= 1
     assert "tokens saved" in payloads[-1]["summary"] and payloads[-1]["levels"] == []
     # only to the browser that queued the prompt: another one's idle node with the same id showed this run's stats
     assert set(server.sids) == {"browser-a"}

@@ -253,3 +253,36 @@ def test_source_face_is_detected_from_source_image(models: dict[str, Path]) -> N
             arcface_model=str(models["arcface"]),
             source_image=blank,
         )
+
+
+def test_missing_swap_models_stop_the_run_with_file_folder_and_download(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33 item 1: the swap workflow as shipped, without inswapper_128.onnx / w600k_r50.onnx installed, stops
+    with the pack's message naming the file, models/insightface and where to download it (with or without a face in
+    the photo), and ComfyUI's own list check is skipped for both inputs (VALIDATE_INPUTS takes them)."""
+    import inspect
+
+    from tokenfuse.faces.model_paths import MODELS_ENV
+    from tokenfuse.nodes.fusion_node import ScheduledFusion
+    from tokenfuse.nodes.video_nodes import VideoFaceFusion
+
+    monkeypatch.setenv(MODELS_ENV, str(tmp_path))  # an empty models folder outside ComfyUI
+    (tmp_path / "insightface").mkdir()
+    images, fs = astronaut_faceset(1, 1, crop_size=128)
+    no_face = FaceSet(image_size=fs.image_size, faces=((),))
+    expected = {
+        "swap_model": ("'inswapper_128.onnx'", "Gourieff/ReActor/resolve/main/models/inswapper_128.onnx"),
+        "arcface_model": ("'w600k_r50.onnx'", "deepinsight/insightface/releases/download/v0.7/buffalo_l.zip"),
+    }
+    for name, (shown, url) in expected.items():
+        for faces in (fs, no_face):
+            with pytest.raises(FileNotFoundError) as err:
+                ScheduledFusion(FakeStack().backend()).fuse(**{**_node_inputs(images, faces), name: shown.strip("'")})
+            msg = str(err.value)
+            assert msg.startswith(f"{name} {shown} is not a readable file"), msg
+            assert str(tmp_path / "insightface") in msg and "models/insightface" in msg and url in msg, msg
+    for cls in (ScheduledFusion, VideoFaceFusion):
+        args = inspect.getfullargspec(cls.VALIDATE_INPUTS).args
+        assert {"swap_model", "arcface_model"} <= set(args), (cls, args)
+        assert cls.VALIDATE_INPUTS(swap_model="inswapper_128.onnx", arcface_model="w600k_r50.onnx") is True

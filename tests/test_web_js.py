@@ -137,6 +137,7 @@ def test_documented_stats_event_is_accepted() -> None:
         "steps",
         "step_time_s",
         "peak_mem_mb",
+        "peak_mem_kind",
         "levels",
         "final",
         "summary",

@@ -182,6 +182,30 @@ def test_note_names_model_files_licences_and_trade_offs(path: Path) -> None:
         assert backend in text and "MIT" in text
 
 
+@pytest.mark.parametrize("path", WORKFLOWS, ids=ids)
+def test_every_model_with_a_download_page_is_in_the_missing_models_metadata(path: Path) -> None:
+    """ComfyUI's missing-models dialog lists the `properties.models` entries ({name, url, directory}) whose name is
+    one of the node's widget values (frontend 1.27 getSelectedModelsMetadata): every model file a workflow names that
+    has a public download page (faces/model_sources.SOURCES, checkpoints) is there, with the address and folder the
+    node's own not-found message gives."""
+    from tokenfuse.faces.model_sources import SOURCES
+
+    for node in _load(path)["nodes"]:
+        listed = {m["name"]: m for m in (node.get("properties") or {}).get("models", [])}
+        for value in node.get("widgets_values") or []:
+            if not isinstance(value, str):
+                continue
+            where = f"{path.name} node {node['id']} {node['type']}: {value}"
+            if value in SOURCES:
+                source = SOURCES[value]
+                assert value in listed, f"{where} is not in properties.models"
+                assert listed[value]["url"] == source.url, where
+                assert listed[value]["directory"] == source.folder, where
+            elif node["type"] == "CheckpointLoaderSimple":
+                assert value in listed and listed[value]["directory"] == "checkpoints", where
+                assert listed[value]["url"].startswith("https://huggingface.co/"), where
+
+
 def _only(wf: dict[str, Any], node_type: str) -> dict[str, Any]:
     (values,) = _widgets(wf, node_type)
     return _named(node_type, values)

@@ -6,6 +6,8 @@ import { VIDEO_WORKFLOWS } from "./workflow_specs_video.mjs";
 const SD15 = "v1-5-pruned-emaonly-fp16.safetensors";
 const SDXL = "sd_xl_base_1.0.safetensors";
 const GFPGAN = "GFPGANv1.4.pth";
+const INSWAPPER = "inswapper_128.onnx";
+const ARCFACE = "w600k_r50.onnx";
 
 // Download URLs for the freely licensed files, as ComfyUI's frontend reads them from a node's properties.models
 // ({name, url, directory}; name must equal the node's widget value). The frontend offers a one-click download only
@@ -16,8 +18,12 @@ const MODEL_URLS = {
   [SD15]: { url: "https://huggingface.co/Comfy-Org/stable-diffusion-v1-5-archive/resolve/main/v1-5-pruned-emaonly-fp16.safetensors?download=true", directory: "checkpoints" },
   [SDXL]: { url: "https://huggingface.co/stabilityai/stable-diffusion-xl-base-1.0/resolve/main/sd_xl_base_1.0.safetensors?download=true", directory: "checkpoints" },
   [GFPGAN]: { url: "https://github.com/TencentARC/GFPGAN/releases/download/v1.3.0/GFPGANv1.4.pth", directory: "facerestore_models" },
+  // the insightface models (non-commercial research use only): the addresses ScheduledFusion's not-found message
+  // gives (faces/model_sources.py; tests/test_workflows.py checks that both say the same)
+  [INSWAPPER]: { url: "https://huggingface.co/datasets/Gourieff/ReActor/resolve/main/models/inswapper_128.onnx", directory: "insightface" },
+  [ARCFACE]: { url: "https://github.com/deepinsight/insightface/releases/download/v0.7/buffalo_l.zip", directory: "insightface" },
 };
-const models = (name) => [{ name, ...MODEL_URLS[name] }];
+const models = (...names) => names.map((name) => ({ name, ...MODEL_URLS[name] }));
 
 // Sizes the nodes have AFTER a run (previews and report panels included), so nothing grows into a neighbour:
 // measured in the real frontend with `node tools/make_workflows.mjs shots` (no overlap is checked there too).
@@ -61,7 +67,10 @@ function refine({ name, card, ckpt, image, preset, detect, plan = {}, fusion, en
     preview: { type: "PreviewImage", col: 2, title: "Detected faces", size: SIZE.preview },
     plan: { type: "TokenFusePatchTokenize", col: 2, widgets: plan, size: SIZE.plan },
     sched: { type: "TokenFuseTokenSchedulerController", col: 3, widgets: { preset, strategy: "preset", ratio: 0 } },
-    fusion: { type: "TokenFuseScheduledFusion", col: 3, widgets: { control_after_generate: "fixed", ...fusion }, size: SIZE.fusion },
+    fusion: {
+      type: "TokenFuseScheduledFusion", col: 3, widgets: { control_after_generate: "fixed", ...fusion }, size: SIZE.fusion,
+      ...(fusion.swap_model ? { properties: { models: models(fusion.swap_model, fusion.arcface_model) } } : {}),
+    },
     ...(enhance
       ? { enhance: { type: "TokenFuseGFPGANEnhance", col: 4, widgets: { model_name: GFPGAN, ...enhance }, properties: { models: models(GFPGAN) } } }
       : {}),
@@ -117,7 +126,7 @@ export const WORKFLOWS = [
     ckpt: SD15, image: "target.png", preset: "lowvram_6gb",
     detect: { max_faces: 1, crop_size: 512 },
     fusion: { seed: 7, steps: 20, cfg: 5, denoise: 0.35, guide_size: 512, max_size: 768, faces_per_batch: 1, fallback: "auto", sampler_name: "dpmpp_2m", scheduler: "karras",
-      swap_model: "inswapper_128.onnx", arcface_model: "w600k_r50.onnx" },
+      swap_model: INSWAPPER, arcface_model: ARCFACE },
     enhance: { visibility: 0.5, fidelity: 0.5 },
     blend: { strength: 1, color_transfer: true, seamless: false },
     extraNodes: [

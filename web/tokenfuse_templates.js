@@ -1,12 +1,12 @@
-// Template browser: TokenFuse's example workflows ordered by GPU budget, 4 GB first.
+// Template browser: TokenFuse's example workflows ordered by GPU budget (4 -> 6 -> 8 GB, video last), with titles and
+// descriptions a user reads instead of file names (web/lib/templates.js says how the frontend gets them).
 //
-// ComfyUI (0.3.64) lists a pack's workflows/ in file-system order and its frontend (1.27.x) shows them in the order
-// it receives them, so the list is sorted here where the frontend fetches it. Only lists made of TokenFuse's
-// templates (names starting "tokenfuse_") are touched; anything unexpected leaves the answer as it came.
+// Only lists made of TokenFuse's templates (names starting "tokenfuse_") are touched; anything unexpected leaves the
+// answer as it came.
 
 import { api } from "../../scripts/api.js";
 import { app } from "../../scripts/app.js";
-import { orderTemplates } from "./lib/labels.js";
+import { orderTemplates, withTemplateTexts } from "./lib/templates.js";
 
 app.registerExtension({
   name: "tokenfuse.templates",
@@ -19,7 +19,7 @@ app.registerExtension({
       try {
         for (const [pack, names] of Object.entries(answer ?? {})) {
           if (Array.isArray(names) && names.length && names.every((n) => typeof n === "string" && n.startsWith("tokenfuse_"))) {
-            answer[pack] = orderTemplates(names);
+            answer[pack] = withTemplateTexts(orderTemplates(names));
           }
         }
       } catch (err) {

@@ -89,11 +89,11 @@ def model_path(
 
 def insightface_model(name: str, what: str) -> Path:
     """Path of an ONNX model named in a prompt, inside models/insightface (ModelPathError naming the fix otherwise):
-    the identity pre-swap's inswapper and its ArcFace model."""
-    fix = (
-        "Put the ONNX file (e.g. inswapper_128.onnx, w600k_r50.onnx) there and press R in ComfyUI to refresh the list."
-    )
-    return model_path("insightface", name, what, fix=fix)
+    the identity pre-swap's inswapper and its ArcFace model. The error names the file, the folders searched and where
+    to download it (faces/model_sources.py)."""
+    from ...faces.model_sources import get_it
+
+    return model_path("insightface", name, what, fix=get_it(name, "insightface"))
 
 
 def file_stamp(

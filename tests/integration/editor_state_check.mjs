@@ -167,9 +167,22 @@ const SCENARIOS = {
     out.activeOpen = wfs.isOpen(wfs.activeWorkflow);
     return out;`,
 
-  // PatchTokenize run three times (the same workflow queued again): its size after each run.
+  // A CPU run's live stats (peak = process peak RSS) on a node of the default width: everything drawn.
+  cpuStatsDefaultWidth: `
+    const node = add("TokenFuseTokenSchedulerController");
+    api.dispatchCustomEvent("tokenfuse.stats", {
+      node: String(node.id), prompt_id: null, step: 3, steps: 20, step_time_s: 0.4, peak_mem_mb: 950.4,
+      peak_mem_kind: "rss", levels: [{ level: 8, tokens_in: 4096, tokens_out: 1024 }], final: false, summary: null,
+    });
+    const w = node.widgets.find((x) => x.name === "tokenfuse_chart");
+    const ctx = recorder();
+    w.draw(ctx, node, node.size[0], 100);
+    return { width: node.size[0], drawn: ctx.texts };`,
+
+  // PatchTokenize made in the editor, then run three times (the same workflow queued again): its size after each run.
   planPreviewRuns: `
     const plan = add("TokenFusePatchTokenize");
+    await sleep(100);
     const c = document.createElement("canvas");
     c.width = 96;
     c.height = 64;

@@ -106,6 +106,7 @@ def editor_server(comfy_server_factory, tmp_path_factory: pytest.TempPathFactory
     cv2.imwrite(str(base / "input" / "source_face.png"), np.ascontiguousarray(photo[:, ::-1]))
     group = np.hstack([photo, np.ascontiguousarray(photo[:, ::-1]), photo])
     cv2.imwrite(str(base / "input" / "group.jpg"), cv2.resize(group, (1152, 384)))
+    cv2.imwrite(str(base / "input" / "blank.png"), np.full((256, 256, 3), 128, np.uint8))  # a photo without a face
     _pan_clip(astronaut(), base / "input" / "talking_head.mp4")
     settings = base / "user" / "default" / "comfy.settings.json"
     settings.parent.mkdir(parents=True)
@@ -115,7 +116,7 @@ def editor_server(comfy_server_factory, tmp_path_factory: pytest.TempPathFactory
         extra_nodes={server_test_nodes.TEST_PACK: server_test_nodes.FOLDER},
         env={"TOKENFUSE_TEST_RANDOM_CHECKPOINTS": "1"},  # CheckpointLoaderSimple loads random weights
     ) as server:
-        yield SimpleNamespace(url=server.url, log=server.log)
+        yield SimpleNamespace(url=server.url, log=server.log, base=base)
 
 
 @pytest.fixture(scope="module")
@@ -174,18 +175,133 @@ def test_no_page_errors_from_the_pack(after_run: dict[str, Any]) -> None:
     assert not ours, ours
 
 
+# word -> the display name (its card name) the user means. "token" is left out: it starts every node id
+# ("TokenFuse..."), and the frontend ranks ids starting with the word by length (TokenFuseBlend first), so no display
+# name that keeps its card name can reach the top three for it. "video": ComfyUI's VideoLinearCFGGuidance and
+# VideoTriangleCFGGuidance come first (used more often); FaceTrack third, VideoFaceFusion fourth.
 SEARCHES = {
+    "face": "FaceDetect",
+    "detect": "FaceDetect",
     "face swap": "(ScheduledFusion)",
+    "swap": "(ScheduledFusion)",
     "detailer": "(ScheduledFusion)",
     "refine": "(ScheduledFusion)",
     "restore": "(GFPGANEnhance)",
+    "video": "FaceTrack",
+    "track": "FaceTrack",
+    "blend": "Blend",
+    "paste": "Blend",
+    "schedule": "(TokenSchedulerController)",
+    "plan": "(PatchTokenize)",
+    "tokenize": "(PatchTokenize)",
 }
 
 
 def test_node_search_finds_the_nodes(browser_tools, editor_server: SimpleNamespace) -> None:
-    """What users type into ComfyUI's node search box finds TokenFuse's nodes (frontend 1.27 searches the node id
-    and display name only; see tests/test_editor_ui.py)."""
+    """What users type into ComfyUI's node search box finds the node they mean in the top three (frontend 1.27
+    searches the node id and display name only; see tests/test_editor_ui.py)."""
     script = REPO / "tests" / "integration" / "search_check.mjs"
     found = json.loads(run_node_script(browser_tools, script, editor_server.url, *SEARCHES))
     for query, name in SEARCHES.items():
         assert any(name in r for r in found[query][:3]), (query, found[query])
+
+
+RUN_SCRIPT = REPO / "tests" / "integration" / "editor_run_check.mjs"
+
+
+def _run_in_editor(browser_tools, server: SimpleNamespace, *args: str) -> dict[str, Any]:
+    return json.loads(run_node_script(browser_tools, RUN_SCRIPT, server.url, *args, timeout=900, log=server.log))
+
+
+def test_swap_workflow_without_its_models_stops_with_the_packs_message(
+    browser_tools, editor_server: SimpleNamespace
+) -> None:
+    """Issue 33 item 1: the swap workflow as shipped, queued with the Queue button on a server without
+    inswapper_128.onnx / w600k_r50.onnx: the missing-models dialog lists both when it loads, and the run stops with
+    TokenFuse's message (file, folder, download address) shown in the editor (it ran as a success with a red outline
+    on ScheduledFusion and "Value not in list" in the server log only)."""
+    folder = editor_server.base / "models" / "insightface"
+    hidden = editor_server.base / "insightface_hidden"
+    folder.rename(hidden)
+    folder.mkdir()
+    try:
+        res = _run_in_editor(
+            browser_tools, editor_server, "workflow", str(REPO / "workflows" / "tokenfuse_face_swap_sd15_6gb.json")
+        )
+    finally:
+        folder.rmdir()
+        hidden.rename(folder)
+    assert any("inswapper_128.onnx" in d and "w600k_r50.onnx" in d for d in res["loadDialogs"]), res["loadDialogs"]
+    status = res["status"]
+    assert not status["ok"] and status.get("node_type") == "TokenFuseScheduledFusion", status
+    message = status["error"]
+    assert "swap_model 'inswapper_128.onnx'" in message and "models/insightface" in message, message
+    assert "https://huggingface.co/datasets/Gourieff/ReActor/resolve/main/models/inswapper_128.onnx" in message
+    assert any("inswapper_128.onnx" in d and "models/insightface" in d for d in res["dialogs"]), res["dialogs"]
+
+
+HANDBUILT = {
+    "nodes": {
+        "photo": {"type": "LoadImage", "col": 0, "widgets": {"image": "portrait.png"}},
+        "blank": {"type": "LoadImage", "col": 0, "widgets": {"image": "blank.png"}},
+        "detect": {"type": "TokenFuseFaceDetect", "col": 1, "widgets": {"crop_size": 128}},
+        "bdetect": {"type": "TokenFuseFaceDetect", "col": 1},
+        "plan": {"type": "TokenFusePatchTokenize", "col": 2},
+        "below_plan": {"type": "Note", "col": 2},
+        "ckpt": {"type": "CheckpointLoaderSimple", "col": 3},
+        "pos": {"type": "CLIPTextEncode", "col": 3, "widgets": {"text": "a face"}},
+        "neg": {"type": "CLIPTextEncode", "col": 3, "widgets": {"text": "blurry"}},
+        "fusion": {"type": "TokenFuseScheduledFusion", "col": 4},
+        "enhance": {"type": "TokenFuseGFPGANEnhance", "col": 4},
+        "blend": {"type": "TokenFuseBlend", "col": 5},
+        "below_blend": {"type": "Note", "col": 5},
+        "out": {"type": "PreviewImage", "col": 5},
+    },
+    "links": [
+        ["photo", "IMAGE", "detect", "image"],
+        ["photo", "IMAGE", "plan", "image"],
+        ["detect", "faces", "plan", "faces"],
+        ["blank", "IMAGE", "bdetect", "image"],
+        ["ckpt", "MODEL", "fusion", "model"],
+        ["ckpt", "VAE", "fusion", "vae"],
+        ["ckpt", "CLIP", "pos", "clip"],
+        ["ckpt", "CLIP", "neg", "clip"],
+        ["pos", "CONDITIONING", "fusion", "positive"],
+        ["neg", "CONDITIONING", "fusion", "negative"],
+        ["blank", "IMAGE", "fusion", "image"],
+        ["bdetect", "faces", "fusion", "faces"],
+        ["blank", "IMAGE", "enhance", "image"],
+        ["fusion", "faces", "enhance", "faces"],
+        ["blank", "IMAGE", "blend", "image"],
+        ["enhance", "faces", "blend", "faces"],
+        ["blend", "image", "out", "images"],
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def handbuilt_run(browser_tools, editor_server: SimpleNamespace) -> dict[str, Any]:
+    """A graph built in the editor node by node (search-box sizes, nodes 20 px apart), queued with the Queue
+    button: PatchTokenize on a portrait with a node right below it; FaceDetect -> ScheduledFusion -> GFPGANEnhance ->
+    Blend on a photo without a face."""
+    return _run_in_editor(browser_tools, editor_server, "handbuilt", json.dumps(HANDBUILT))
+
+
+def test_no_node_of_the_pack_grows_over_a_neighbour_in_a_handbuilt_graph(handbuilt_run: dict[str, Any]) -> None:
+    """Issue 33 item 4: PatchTokenize grew about 240 px when its preview arrived, over the node below it."""
+    res = handbuilt_run
+    assert res["status"]["ok"], res["status"]
+    ours = [p for p in res["after"]["overlaps"] if any(":TokenFuse" in n for n in p)]
+    assert res["before"]["overlaps"] == [] and ours == [], (res["after"]["overlaps"], res["after"]["rects"])
+    (plan,) = [v for k, v in res["outputs"].items() if k.endswith(":TokenFusePatchTokenize")]
+    assert plan and "% fewer tokens than uniform" in plan[0], plan
+    sizes = {r[1]: r[4:] for r in res["before"]["rects"]}
+    assert {r[1]: r[4:] for r in res["after"]["rects"]}["TokenFusePatchTokenize"] == sizes["TokenFusePatchTokenize"]
+
+
+def test_blend_says_no_face_was_found_on_a_photo_without_one(handbuilt_run: dict[str, Any]) -> None:
+    """Issue 33 item 2: ScheduledFusion and GFPGANEnhance are connected; Blend says what happened instead of
+    advising to connect them."""
+    (blend,) = [v for k, v in handbuilt_run["outputs"].items() if k.endswith(":TokenFuseBlend")]
+    assert blend and blend[0].startswith("WARNING: Blend: no face was found upstream"), blend
+    assert "image is unchanged" in blend[0] and "connect" not in blend[0], blend

@@ -16,7 +16,7 @@ def test_scheduler_node_in_object_info(comfy_server) -> None:
     node = info.get("TokenFuseTokenSchedulerController")
     log = comfy_server.log.read_text()
     assert node is not None, f"node missing from /object_info; server log tail:\n{log[-3000:]}"
-    assert node["display_name"] == "TokenSchedulerController" and node["category"] == "TokenFuse"
+    assert "(TokenSchedulerController)" in node["display_name"] and node["category"] == "TokenFuse/model"
     assert node["output"] == ["MODEL", "STRING"]
     required = node["input"]["required"]
     assert required["model"][0] == "MODEL" and "balanced" in required["preset"][0]

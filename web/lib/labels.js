@@ -52,10 +52,13 @@ export function chartHeader(schedule, values, family, familySource) {
 /** What the DiT chart's one bar means (the chart is per U-Net level; DiT models have none). */
 export const DIT_LEGEND = "DiT: one bar for every attention call (no U-Net levels; the bars are per level for U-Nets)";
 
-/** The legend: what the /8 … /64 colours mean. */
+/**
+ * The legend: what the /8 … /64 colours mean. Short enough for one line after the coloured swatches at the node's
+ * default width (400 px, 10 px font: about 46 characters; the longer text was cut off there).
+ */
 export function legendText(levels) {
-  const ls = (levels?.length ? levels : [8, 16, 32, 64]).map((lv) => `/${lv}`);
-  return `colour = U-Net level, latent size vs image: ${ls.join(" ")} (first = finest, most tokens)`;
+  const finest = (levels?.length ? Math.min(...levels) : 8);
+  return `colour = U-Net level, latent = image / N (/${finest} finest)`;
 }
 
 /**
@@ -132,16 +135,6 @@ export function familyFromModelName(name) {
   if (/sd_?xl|xl(?![a-z])/.test(base)) return "sdxl";
   // DiT families the scheduler reaches through the attention override (DESIGN.md §5)
   return /flux|(^|[^a-z])wan_?2|qwen[_-]?image|hunyuan[_-]?video|(^|[^a-z])ltx/.test(base) ? "dit" : null;
-}
-
-/**
- * TokenFuse's example workflows in the template browser's order: by GPU budget, smallest first (the 4 GB one
- * leads), then the others by name. The server lists them in file-system order.
- * @param {string[]} names template names (file names without .json)
- */
-export function orderTemplates(names) {
-  const budget = (n) => Number(/_(\d+)gb$/i.exec(n)?.[1] ?? Infinity);
-  return [...names].sort((a, b) => budget(a) - budget(b) || (a < b ? -1 : a > b ? 1 : 0));
 }
 
 /**

@@ -48,3 +48,20 @@ export function windowSpan(startPercent, endPercent, rect) {
 export function levelColor(level) {
   return { 0: "#a98be0", 8: "#4fa3e0", 16: "#59c27a", 32: "#e0b44f", 64: "#d9675b" }[level] ?? "#999999";
 }
+
+/**
+ * The size a node needs so that a preview of at least `previewH` px fits below its widgets, or null when `size`
+ * already has that room (never smaller than it is: a node the user made bigger stays so).
+ * @param {number[]|undefined} size the node's [w, h]
+ * @param {number[]|undefined} min its computeSize() (widgets and panels, the preview widget when there is one)
+ * @param {number} previewH room for the preview below `min` (0 when `min` already counts it)
+ * @param {number} minW smallest width
+ * @returns {number[]|null}
+ */
+export function previewRoom(size, min, previewH, minW) {
+  const w = size?.[0] ?? 0;
+  const h = size?.[1] ?? 0;
+  const wantW = Math.max(w, minW, min?.[0] ?? 0);
+  const wantH = Math.max(h, (min?.[1] ?? 0) + previewH);
+  return wantW > w || wantH > h ? [wantW, wantH] : null;
+}

@@ -6,7 +6,8 @@
 //   "prompt_id": "..." | null,    // ComfyUI's id of the running prompt: whose workflow tab the numbers belong to
 //   "step": 3, "steps": 20,       // 1-based step just finished, total steps of the run
 //   "step_time_s": 0.41,          // wall time of that step in seconds
-//   "peak_mem_mb": 3120.5 | null, // peak device memory so far in MiB (null when unknown, e.g. CPU)
+//   "peak_mem_mb": 3120.5 | null, // peak memory so far in MiB (null when unknown)
+//   "peak_mem_kind": "vram" | "rss" | null,  // what peak_mem_mb is: device memory, or the process peak RSS (CPU)
 //   "levels": [{"level": 8, "tokens_in": 4096, "tokens_out": 2458}, ...],  // per U-Net level (factor vs image)
 //   "final": false,               // true on the last event of a run
 //   "summary": null | "..."       // one-line run summary, set on the final event
@@ -37,6 +38,7 @@ export function normalizeStats(detail) {
     steps,
     stepTimeS: float(detail.step_time_s),
     peakMemMb: float(detail.peak_mem_mb),
+    peakMemKind: ["vram", "rss"].includes(detail.peak_mem_kind) ? detail.peak_mem_kind : null,
     levels,
     final: detail.final === true,
     summary: typeof detail.summary === "string" && detail.summary ? detail.summary : null,
@@ -55,6 +57,7 @@ export function mergeStats(prev, next) {
     ...next,
     stepTimeS: next.stepTimeS ?? prev.stepTimeS,
     peakMemMb: next.peakMemMb ?? prev.peakMemMb,
+    peakMemKind: next.peakMemMb !== null ? next.peakMemKind : prev.peakMemKind,
     levels: next.levels.length ? next.levels : prev.levels,
   };
 }
@@ -216,7 +219,9 @@ export function statsLines(stats) {
   const stopped = stats.status ? stats.status !== "complete" : stats.step < stats.steps;
   if (stats.final && stopped) head = `${stats.status === "failed" ? "failed" : "stopped"} at step ${stats.step}/${stats.steps}`;
   else if (!stats.final && stats.stopped) head = `stopped at step ${stats.step}/${stats.steps} (${stats.stopped})`;
-  const lines = [`${previous}${head} · ${formatSeconds(stats.stepTimeS)}/step · peak ${formatMemMb(stats.peakMemMb)}`];
+  // on CPU the peak is the process's peak RSS, as the run summary says ("peak RSS 950 MiB (process)")
+  const peak = `peak ${stats.peakMemKind === "rss" ? "RSS " : ""}${formatMemMb(stats.peakMemMb)}`;
+  const lines = [`${previous}${head} · ${formatSeconds(stats.stepTimeS)}/step · ${peak}`];
   if (stats.final && stats.summary) lines.push(stats.summary);
   return lines;
 }

@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  chartHeader, DIT_LEGEND, familyFromModelName, isWarning, legendText, orderTemplates, percentText, reportLines, strategyText, wrapText,
+  chartHeader, DIT_LEGEND, familyFromModelName, isWarning, legendText, percentText, reportLines, strategyText, wrapText,
   chartNote, linkedWidgets,
 } from "../lib/labels.js";
 import { pyramidSeries, resolveSchedule } from "../lib/pyramid.js";
@@ -37,9 +37,12 @@ test("numbers on bars tell the 8/6/4 GB presets apart", () => {
   assert.equal(percentText(0.755), "76");
 });
 
-test("legend explains the /8 … /64 levels", () => {
-  assert.equal(legendText([8, 16, 32, 64]), "colour = U-Net level, latent size vs image: /8 /16 /32 /64 (first = finest, most tokens)");
-  assert.match(legendText([16, 32]), /: \/16 \/32 \(/);
+test("legend explains the /8 … /64 levels in one short line", () => {
+  assert.equal(legendText([8, 16, 32, 64]), "colour = U-Net level, latent = image / N (/8 finest)");
+  assert.match(legendText([16, 32]), /\(\/16 finest\)$/);
+  assert.equal(legendText(undefined), legendText([8, 16, 32, 64]));
+  // what the chart draws after the swatches fits about 46 characters at the default node width
+  assert.ok(legendText([8, 16, 32, 64]).replace(/^colour = /, "= ").length <= 46);
 });
 
 test("wrapText keeps every word, never exceeds the width, cuts only words longer than a line", () => {
@@ -89,15 +92,6 @@ test("a DiT chart says what its one bar is: K/V dropped per attention call, no U
   assert.match(h, /^% of K\/V tokens dropped per attention call · DiT \(from the last run\) · balanced · top-K keys$/);
   assert.match(chartHeader(resolveSchedule({ preset: "off" }, "dit"), { preset: "off" }, "dit", "default"), /nothing removed$/);
   assert.match(DIT_LEGEND, /no U-Net levels/);
-});
-
-test("templates are ordered by GPU budget, 4 GB first", () => {
-  const listed = ["tokenfuse_group_photo_multiface_sd15", "tokenfuse_face_refine_sdxl_8gb", "tokenfuse_face_swap_sd15_6gb", "tokenfuse_face_refine_sd15_4gb"];
-  assert.deepEqual(orderTemplates(listed), [
-    "tokenfuse_face_refine_sd15_4gb", "tokenfuse_face_swap_sd15_6gb", "tokenfuse_face_refine_sdxl_8gb", "tokenfuse_group_photo_multiface_sd15",
-  ]);
-  assert.deepEqual(listed[0], "tokenfuse_group_photo_multiface_sd15"); // input untouched
-  assert.deepEqual(orderTemplates([]), []);
 });
 
 test("widgets fed by a link are named, and the chart says it cannot draw them", () => {

@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { columnBars, rowBars, windowSpan, levelColor } from "../lib/layout.js";
+import { columnBars, rowBars, windowSpan, levelColor, previewRoom } from "../lib/layout.js";
 import { viewRoutes } from "../lib/preview.js";
 
 const RECT = { x: 10, y: 20, w: 100, h: 50 };
@@ -47,4 +47,12 @@ test("preview routes carry filename, subfolder and type", () => {
   const r = viewRoutes([{ filename: "a b.png", subfolder: "", type: "temp" }, { filename: "" }, null], 7);
   assert.deepEqual(r, ["/view?filename=a+b.png&subfolder=&type=temp&rand=7"]);
   assert.deepEqual(viewRoutes(undefined), []);
+});
+
+test("PatchTokenize's preview room is reserved once, never shrinks a node, never grows one that has it", () => {
+  assert.deepEqual(previewRoom([273, 286], [273, 286], 220, 260), [273, 506]); // a new node: widgets + preview
+  assert.equal(previewRoom([273, 506], [273, 286], 220, 260), null); // already there
+  assert.equal(previewRoom([340, 640], [273, 506], 0, 260), null); // the frontend's preview widget counted
+  assert.deepEqual(previewRoom([200, 600], [180, 286], 220, 260), [260, 600]); // only the width was missing
+  assert.deepEqual(previewRoom(undefined, undefined, 220, 260), [260, 220]);
 });

@@ -69,6 +69,14 @@ test("statsLines shows progress while running and the summary at the end", () =>
   assert.deepEqual(statsLines(fin), ["done 20 steps · 410 ms/step · peak 3.05 GiB", "tokens -38%, 1.21x"]);
 });
 
+test("on CPU the peak is the process peak RSS, named so (it showed 'peak —' for the whole run)", () => {
+  const cpu = normalizeStats({ ...EVENT, peak_mem_mb: 950.4, peak_mem_kind: "rss" });
+  assert.deepEqual(statsLines(cpu), ["step 3/20 · 410 ms/step · peak RSS 950 MiB"]);
+  assert.equal(normalizeStats({ ...EVENT, peak_mem_kind: "bogus" }).peakMemKind, null);
+  const fin = normalizeStats({ ...EVENT, step: 20, peak_mem_mb: null, peak_mem_kind: null, final: true });
+  assert.match(statsLines(mergeStats(cpu, fin))[0], /peak RSS 950 MiB$/); // the kind stays with the kept number
+});
+
 test("the final event keeps step time, memory and levels of the run's last step", () => {
   const last = normalizeStats(EVENT);
   const fin = normalizeStats({ node: "12", step: 3, steps: 20, step_time_s: null, peak_mem_mb: null, levels: [],
