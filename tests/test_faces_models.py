@@ -189,7 +189,7 @@ def test_corrupt_and_wrong_model_files(shared_assets: Path, tmp_path: Path) -> N
 
 
 def test_insightface_pack_layout(shared_assets: Path, tmp_path: Path) -> None:
-    with pytest.raises(ModelFileError, match="models/insightface/models/<name>"):
+    with pytest.raises(ModelFileError, match="models/insightface/models/buffalo_l"):
         insightface_pack(tmp_path, "buffalo_l")
     pack = tmp_path / "models" / "buffalo_l"
     pack.mkdir(parents=True)
