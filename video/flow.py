@@ -22,6 +22,8 @@ from typing import Any, Literal
 import cv2
 import numpy as np
 
+from .clock import NULL_CLOCK, StageClock
+
 Detail = Literal["refined", "change"]
 
 
@@ -136,6 +138,8 @@ def propagate(
     face_mask: np.ndarray,
     opts: FlowOptions = FlowOptions(),
     target: np.ndarray | None = None,
+    *,
+    clock: StageClock = NULL_CLOCK,
 ) -> tuple[np.ndarray | None, float]:
     """The change for a frame between key frames, or None when the flow failed there.
 
@@ -145,16 +149,33 @@ def propagate(
     float32 0..1; with it (and opts.detail "refined", keys carrying their crops) the fine detail is the key
     frames' refined detail, warped (see FlowOptions). Returns (change [S, S, 3] float32, valid fraction of the
     face) or (None, fraction) when fewer than opts.min_valid of the face pixels are valid for every key.
+    clock: where the time goes ("flow": the DIS flows and validity maps; "propagation": the rest).
     """
     if not keys:
         return None, 0.0
     span = max(abs(keys[-1].frame - keys[0].frame), 1)  # two keys: weights 1 - distance / gap; one key: 1
     flows, valids, weights = [], [], []
-    for key in keys:
-        f, v = key_flow(target_grey, key)
-        flows.append(f)
-        valids.append(v)
-        weights.append(max(1e-3, 1.0 - abs(frame - key.frame) / span) if len(keys) > 1 else 1.0)
+    with clock.stage("flow"):
+        for key in keys:
+            f, v = key_flow(target_grey, key)
+            flows.append(f)
+            valids.append(v)
+            weights.append(max(1e-3, 1.0 - abs(frame - key.frame) / span) if len(keys) > 1 else 1.0)
+    with clock.stage("propagation"):
+        return _combine(frame, keys, flows, valids, weights, face_mask, opts, target)
+
+
+def _combine(
+    frame: int,
+    keys: list[KeyChange],
+    flows: list[np.ndarray],
+    valids: list[np.ndarray],
+    weights: list[float],
+    face_mask: np.ndarray,
+    opts: FlowOptions,
+    target: np.ndarray | None,
+) -> tuple[np.ndarray | None, float]:
+    """propagate's second half: the validity check, then the keys' warped changes (and refined detail) mixed."""
     mass = max(float(face_mask.sum()), 1e-6)
     fractions = [float((v * face_mask).sum() / mass) for v in valids]
     best = max(fractions)

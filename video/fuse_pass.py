@@ -24,6 +24,7 @@ from ..faces.align import template, warp_face
 from ..faces.masks import crop_mask
 from ..faces.paste import BlendOptions, paste_frame
 from ..faces.types import Face
+from .clock import NULL_CLOCK, StageClock
 from .decode import Source, VideoReader, probe
 from .encode import EncodeOptions, VideoWriter, remux_copy
 from .flow import FlowOptions, KeyChange, grey, propagate
@@ -138,9 +139,16 @@ class _Fuser:
     from, and are refined but never written. None: every frame fed is written."""
 
     def __init__(
-        self, tracks: FaceTracks, refine: Refine, opts: FuseOptions, writer: VideoWriter, window: range | None = None
+        self,
+        tracks: FaceTracks,
+        refine: Refine,
+        opts: FuseOptions,
+        writer: VideoWriter,
+        window: range | None = None,
+        clock: StageClock = NULL_CLOCK,
     ) -> None:
         self.ft, self.refine, self.opts, self.writer, self.window = tracks, refine, opts, writer, window
+        self.clock = clock
         s = opts.crop_size
         self.mask = crop_mask(template(s, tracks.crop_factor), s, opts.feather)
         self.reasons = [
@@ -166,7 +174,8 @@ class _Fuser:
                 continue
             assert tr.affines is not None
             affine = scale_affine(tr.affines[p], self.opts.crop_size)
-            crop = warp_face(frame.rgb, affine, self.opts.crop_size)
+            with self.clock.stage("crop"):
+                crop = warp_face(frame.rgb, affine, self.opts.crop_size)
             item = _Item(j, frame.index, affine, crop, key=key)
             pending.items.append(item)
             if item.key:
@@ -190,7 +199,8 @@ class _Fuser:
         batch, self.queue = self.queue[: self.opts.faces_per_batch], self.queue[self.opts.faces_per_batch :]
         crops = np.stack([it.crop for it in batch]).astype(np.float32) / 255.0
         seeds = [(self.opts.seed + self.seed_of[it.j]) % 2**64 for it in batch]  # as fusion.crops.face_seed
-        out = np.asarray(self.refine(crops, seeds), dtype=np.float32)
+        with self.clock.stage("diffusion"):
+            out = np.asarray(self.refine(crops, seeds), dtype=np.float32)
         if out.shape != crops.shape:
             raise ValueError(f"refine returned {out.shape} for crops of shape {crops.shape}")
         if not np.isfinite(out).all():
@@ -200,7 +210,9 @@ class _Fuser:
         for it, src, ref in zip(batch, crops, np.clip(out, 0.0, 1.0), strict=True):
             it.change = ref - src
             if it.key:
-                self.done[it.j][it.t] = KeyChange(it.t, grey(it.crop, self.opts.flow.work_size), it.change, src)
+                with self.clock.stage("crop"):
+                    key_grey = grey(it.crop, self.opts.flow.work_size)
+                self.done[it.j][it.t] = KeyChange(it.t, key_grey, it.change, src)
 
     def flush(self) -> None:
         """Refine everything queued (a partial last batch included) and write what is ready."""
@@ -219,9 +231,10 @@ class _Fuser:
         done = self.done[item.j]
         if k1 not in done:
             return False
-        target = grey(item.crop, self.opts.flow.work_size)
-        crop = item.crop.astype(np.float32) / 255.0
-        change, _ = propagate(target, item.t, [done[k0], done[k1]], self.mask, self.opts.flow, crop)
+        with self.clock.stage("crop"):
+            target = grey(item.crop, self.opts.flow.work_size)
+            crop = item.crop.astype(np.float32) / 255.0
+        change, _ = propagate(target, item.t, [done[k0], done[k1]], self.mask, self.opts.flow, crop, clock=self.clock)
         if change is None:
             item.own = True
             self.stats.flow_failures += 1
@@ -257,40 +270,47 @@ class _Fuser:
             return
         frame = pending.frame
         if pending.items:
-            rgb = frame.rgb.copy()
-            x0, y0, x1, y1 = self._footprint(pending.items, rgb.shape[0], rgb.shape[1])
-            if x1 > x0 and y1 > y0:
-                # Only the faces' footprint goes through float and paste-back: a 4k frame costs what its faces do.
-                shift = np.array([x0, y0], np.float64)
-                faces = []
-                for it in self._paste_order(pending.items):
-                    tr = self.ft.tracks[it.j]
-                    p = it.t - tr.start
-                    assert it.change is not None
-                    crop = np.clip(it.crop.astype(np.float32) / 255.0 + it.change, 0.0, 1.0)
-                    affine = it.affine.copy()
-                    affine[:, 2] += affine[:, :2] @ shift  # frame -> crop becomes ROI -> crop
-                    inverse = cv2.invertAffineTransform(affine)
-                    box = tr.bboxes[p] - np.tile(shift, 2)
-                    faces.append(
-                        Face(
-                            bbox=(float(box[0]), float(box[1]), float(box[2]), float(box[3])),
-                            score=float(tr.scores[p]),
-                            landmarks=tr.landmarks[p] - shift.astype(np.float32),
-                            affine=affine,
-                            inverse=inverse,
-                            crop_size=self.opts.crop_size,
-                            mask=self.mask,
-                            crop=crop,
-                        )
-                    )
-                roi = rgb[y0:y1, x0:x1].astype(np.float32) / 255.0
-                out = paste_frame(roi, tuple(faces), self.opts.blend)
-                rgb[y0:y1, x0:x1] = (np.clip(out, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
-            frame = Frame(frame.index, rgb, frame.pts, frame.time_base)
+            with self.clock.stage("paste"):
+                frame = self._pasted(pending)
             self.stats.faces += len(pending.items)
-        self.writer.write(frame)
+        with self.clock.stage("encode"):
+            self.writer.write(frame)
         self.stats.frames += 1
+
+    def _pasted(self, pending: _Pending) -> Frame:
+        """The buffered frame with its faces' refined crops pasted back (a new frame; the input is not touched)."""
+        frame = pending.frame
+        rgb = frame.rgb.copy()
+        x0, y0, x1, y1 = self._footprint(pending.items, rgb.shape[0], rgb.shape[1])
+        if x1 > x0 and y1 > y0:
+            # Only the faces' footprint goes through float and paste-back: a 4k frame costs what its faces do.
+            shift = np.array([x0, y0], np.float64)
+            faces = []
+            for it in self._paste_order(pending.items):
+                tr = self.ft.tracks[it.j]
+                p = it.t - tr.start
+                assert it.change is not None
+                crop = np.clip(it.crop.astype(np.float32) / 255.0 + it.change, 0.0, 1.0)
+                affine = it.affine.copy()
+                affine[:, 2] += affine[:, :2] @ shift  # frame -> crop becomes ROI -> crop
+                inverse = cv2.invertAffineTransform(affine)
+                box = tr.bboxes[p] - np.tile(shift, 2)
+                faces.append(
+                    Face(
+                        bbox=(float(box[0]), float(box[1]), float(box[2]), float(box[3])),
+                        score=float(tr.scores[p]),
+                        landmarks=tr.landmarks[p] - shift.astype(np.float32),
+                        affine=affine,
+                        inverse=inverse,
+                        crop_size=self.opts.crop_size,
+                        mask=self.mask,
+                        crop=crop,
+                    )
+                )
+            roi = rgb[y0:y1, x0:x1].astype(np.float32) / 255.0
+            out = paste_frame(roi, tuple(faces), self.opts.blend)
+            rgb[y0:y1, x0:x1] = (np.clip(out, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+        return Frame(frame.index, rgb, frame.pts, frame.time_base)
 
     def _paste_order(self, items: list[_Item]) -> list[_Item]:
         """The faces in paste order (later over earlier): faces interpolated through a detection gap first, those the
@@ -320,8 +340,12 @@ def fuse_video(
     refine: Refine,
     opts: FuseOptions = FuseOptions(),
     progress: Progress | None = None,
+    *,
+    clock: StageClock = NULL_CLOCK,
 ) -> VideoStats:
     """Pass 2 (see module doc): write the fused video to out_path (.mp4/.mov/.mkv) and return what was done.
+
+    clock: gets each stage's time (video/clock.py STAGES: decode, crop, diffusion, flow, propagation, paste, encode).
 
     The output exists only when the run finished: an exception (a cancel from `progress`, a refine error, a
     corrupt frame) leaves nothing at out_path.
@@ -362,9 +386,9 @@ def fuse_video(
             reader.subtitles,
             sar=sar,
         ) as writer:
-            fuser = _Fuser(tracks, refine, opts, writer)
+            fuser = _Fuser(tracks, refine, opts, writer, clock=clock)
             last = 0
-            for frame in reader:
+            for frame in clock.timed(reader, "decode"):
                 fuser.add(frame)
                 writer.mux_audio(reader.pop_audio())
                 if progress is not None and fuser.stats.frames - last >= opts.chunk_frames:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..faces.select import Selection
+from .clock import NULL_CLOCK, StageClock
 from .decode import Source, VideoReader, probe
 from .scenes import CutDetector
 from .smooth import jitter, raw_affines, smooth_track
@@ -68,10 +69,13 @@ def track_video(
     progress: Progress | None = None,
     chunk_frames: int = 32,
     on_frame: Callable[[Frame], None] | None = None,
+    *,
+    clock: StageClock = NULL_CLOCK,
 ) -> FaceTracks:
     """Stream a video once and return its face tracks (see module doc).
 
     on_frame: sees every decoded frame (e.g. to keep a few for a preview); must not keep them all.
+    clock: gets the time of "decode" and of "detect" (detection, scene cuts, linking and smoothing).
     """
     t0 = time.perf_counter()
     info = probe(source)
@@ -80,10 +84,11 @@ def track_video(
     per_frame: list[list[FaceObs]] = []
     cuts: list[int] = []
     with VideoReader(source) as reader:
-        for frame in reader:
-            if cutter.update(frame.rgb):
-                cuts.append(frame.index)
-            per_frame.append(detect(frame.rgb))
+        for frame in clock.timed(reader, "decode"):
+            with clock.stage("detect"):
+                if cutter.update(frame.rgb):
+                    cuts.append(frame.index)
+                per_frame.append(detect(frame.rgb))
             if on_frame is not None:
                 on_frame(frame)
             if progress is not None and (frame.index + 1) % chunk_frames == 0:
@@ -91,10 +96,11 @@ def track_video(
     n = len(per_frame)
     if progress is not None:
         progress(n, n)
-    linked = link_tracks(per_frame, cuts, opts.link)
-    chosen = select_tracks(linked, opts.selection)
-    sigma = opts.smooth_seconds * info.fps
-    smoothed = tuple(smooth_track(tr, sigma, opts.crop_factor) for tr in chosen)
+    with clock.stage("detect"):
+        linked = link_tracks(per_frame, cuts, opts.link)
+        chosen = select_tracks(linked, opts.selection)
+        sigma = opts.smooth_seconds * info.fps
+        smoothed = tuple(smooth_track(tr, sigma, opts.crop_factor) for tr in chosen)
     raw_j = [jitter(raw_affines(tr.landmarks, crop_factor=opts.crop_factor)) for tr in smoothed]
     smooth_j = [jitter(tr.affines) for tr in smoothed if tr.affines is not None]
     result = FaceTracks(
