@@ -32,6 +32,7 @@ from .decode import Source, VideoReader, probe
 from .encode import _FORMATS, VideoWriter, copyable_subtitles, mux_options, temp_path
 from .fuse_pass import FuseOptions, Refine, VideoStats, _Fuser
 from .keyframes import REASON_NONE, choose_keyframes
+from .progress import FrameProgress
 from .streams import add_copy
 from .track_pass import FaceTracks, Progress
 from .types import Frame
@@ -182,13 +183,9 @@ def fuse_chunk(
     with VideoWriter(
         out_path, tracks.width, tracks.height, info.rate, info.time_base, (), opts.encode, sar=info.sar
     ) as writer:
-        fuser = _Fuser(tracks, refine, opts, writer, window)
-        last = 0
+        fuser = _Fuser(tracks, refine, opts, writer, window, progress=FrameProgress(progress, len(window)))
         for frame in read_frames(source, chunk.first, chunk.last, pts):
             fuser.add(frame)
-            if progress is not None and fuser.stats.frames - last >= opts.chunk_frames:
-                last = fuser.stats.frames
-                progress(last, len(window))
         fuser.flush()
         fuser.drain()
         if fuser.buffer or fuser.stats.frames != len(window):

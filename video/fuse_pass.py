@@ -29,6 +29,7 @@ from .decode import Source, VideoReader, probe
 from .encode import EncodeOptions, VideoWriter, remux_copy
 from .flow import FlowOptions, KeyChange, grey, propagate
 from .keyframes import REASON_NONE, KeyframeOptions, choose_keyframes
+from .progress import FrameProgress, takes_tick
 from .smooth import scale_affine
 from .track_pass import FaceTracks, Progress
 from .tracks import seed_offsets
@@ -36,9 +37,11 @@ from .types import Frame
 
 log = logging.getLogger(__name__)
 
-Refine = Callable[[np.ndarray, list[int]], np.ndarray]
+Refine = Callable[..., np.ndarray]
 """refine(crops [N, S, S, 3] float32 0..1, seeds [N]) -> refined crops, same shape. One call = one diffusion run;
-the seeds are one per track (the same noise for a whole track)."""
+the seeds are one per track (the same noise for a whole track). A refine that takes the keyword `tick` (a parameter
+of that name or **kwargs) is called with tick=<callable>: call it per sampler step, so the run's progress moves
+while the batch diffuses (video/progress.py); it may raise to cancel."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,8 @@ class FuseOptions:
     different frames); seed: track i gets seed + i (a person's later tracks get their first track's: seed_offsets);
     max_buffer_frames: frames held before a partial batch is forced and the longest gap between a track's key frames
     (the memory bound: frames wait for their next key frame);
-    chunk_frames: frames per progress update; feather: mask edge as a crop fraction."""
+    chunk_frames: frames per progress update of the track pass's callers (the fusion pass reports every frame
+    written, video/progress.py); feather: mask edge as a crop fraction."""
 
     crop_size: int = 512
     faces_per_batch: int = 2
@@ -146,9 +150,13 @@ class _Fuser:
         writer: VideoWriter,
         window: range | None = None,
         clock: StageClock = NULL_CLOCK,
+        progress: FrameProgress | None = None,
     ) -> None:
         self.ft, self.refine, self.opts, self.writer, self.window = tracks, refine, opts, writer, window
         self.clock = clock
+        self.progress = progress if progress is not None else FrameProgress(None, 0)
+        self._refine_kw = {"tick": self.progress.tick} if takes_tick(refine) else {}
+        self._read = 0
         s = opts.crop_size
         self.mask = crop_mask(template(s, tracks.crop_factor), s, opts.feather)
         self.reasons = [
@@ -165,6 +173,9 @@ class _Fuser:
     # ---------------------------------------------------------------------------------------------- reading
     def add(self, frame: Frame) -> None:
         pending = _Pending(frame, context=self.window is not None and frame.index not in self.window)
+        if not pending.context:
+            self._read += 1
+            self.progress.read(self._read)
         for j, tr in enumerate(self.ft.tracks):
             if not tr.covers(frame.index):
                 continue
@@ -200,7 +211,7 @@ class _Fuser:
         crops = np.stack([it.crop for it in batch]).astype(np.float32) / 255.0
         seeds = [(self.opts.seed + self.seed_of[it.j]) % 2**64 for it in batch]  # as fusion.crops.face_seed
         with self.clock.stage("diffusion"):
-            out = np.asarray(self.refine(crops, seeds), dtype=np.float32)
+            out = np.asarray(self.refine(crops, seeds, **self._refine_kw), dtype=np.float32)
         if out.shape != crops.shape:
             raise ValueError(f"refine returned {out.shape} for crops of shape {crops.shape}")
         if not np.isfinite(out).all():
@@ -276,6 +287,7 @@ class _Fuser:
         with self.clock.stage("encode"):
             self.writer.write(frame)
         self.stats.frames += 1
+        self.progress.written(self.stats.frames)
 
     def _pasted(self, pending: _Pending) -> Frame:
         """The buffered frame with its faces' refined crops pasted back (a new frame; the input is not touched)."""
@@ -347,8 +359,9 @@ def fuse_video(
 
     clock: gets each stage's time (video/clock.py STAGES: decode, crop, diffusion, flow, propagation, paste, encode).
 
-    The output exists only when the run finished: an exception (a cancel from `progress`, a refine error, a
-    corrupt frame) leaves nothing at out_path.
+    progress(frames written, total) is called for every frame written and for every `tick` a refine that takes one
+    calls (video/progress.py). The output exists only when the run finished: an exception (a cancel from
+    `progress`, a refine error, a corrupt frame) leaves nothing at out_path.
     """
     t0 = time.perf_counter()
     out_path = Path(out_path)
@@ -386,14 +399,10 @@ def fuse_video(
             reader.subtitles,
             sar=sar,
         ) as writer:
-            fuser = _Fuser(tracks, refine, opts, writer, clock=clock)
-            last = 0
+            fuser = _Fuser(tracks, refine, opts, writer, clock=clock, progress=FrameProgress(progress, total))
             for frame in clock.timed(reader, "decode"):
                 fuser.add(frame)
                 writer.mux_audio(reader.pop_audio())
-                if progress is not None and fuser.stats.frames - last >= opts.chunk_frames:
-                    last = fuser.stats.frames
-                    progress(last, total)
             fuser.flush()
             fuser.drain()
             if fuser.buffer:
