@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -29,6 +30,7 @@ from .decode import Source, VideoReader, probe
 from .encode import EncodeOptions, VideoWriter, remux_copy
 from .flow import FlowOptions, KeyChange, grey, propagate
 from .keyframes import REASON_NONE, KeyframeOptions, choose_keyframes
+from .pipe import Prefetch, WriterThread, frames_and_audio
 from .progress import FrameProgress, takes_tick
 from .smooth import scale_affine
 from .track_pass import FaceTracks, Progress
@@ -147,7 +149,7 @@ class _Fuser:
         tracks: FaceTracks,
         refine: Refine,
         opts: FuseOptions,
-        writer: VideoWriter,
+        writer: VideoWriter | WriterThread,
         window: range | None = None,
         clock: StageClock = NULL_CLOCK,
         progress: FrameProgress | None = None,
@@ -284,8 +286,7 @@ class _Fuser:
             with self.clock.stage("paste"):
                 frame = self._pasted(pending)
             self.stats.faces += len(pending.items)
-        with self.clock.stage("encode"):
-            self.writer.write(frame)
+        self.writer.write(frame)  # timed where it runs (video/pipe.py WriterThread: the encoder's thread)
         self.stats.frames += 1
         self.progress.written(self.stats.frames)
 
@@ -388,26 +389,34 @@ def fuse_video(
     sar = probe(source).sar
     with VideoReader(source, keep_audio=True) as reader:
         rate = reader.video.average_rate
-        with VideoWriter(
-            out_path,
-            tracks.width,
-            tracks.height,
-            rate,
-            reader.time_base,
-            reader.audio,
-            opts.encode,
-            reader.subtitles,
-            sar=sar,
-        ) as writer:
+        with (
+            VideoWriter(
+                out_path,
+                tracks.width,
+                tracks.height,
+                rate,
+                reader.time_base,
+                reader.audio,
+                opts.encode,
+                reader.subtitles,
+                sar=sar,
+            ) as video_writer,
+            WriterThread(video_writer, clock=clock) as writer,
+        ):
             fuser = _Fuser(tracks, refine, opts, writer, clock=clock, progress=FrameProgress(progress, total))
-            for frame in clock.timed(reader, "decode"):
-                fuser.add(frame)
-                writer.mux_audio(reader.pop_audio())
+            rest: list[Any] = []  # the packets demuxed after the last frame: muxed after the last frame is written
+            with Prefetch(frames_and_audio(reader), clock=clock) as items:
+                for frame, audio in items:
+                    if frame is None:
+                        rest = audio
+                        continue
+                    fuser.add(frame)
+                    writer.mux_audio(audio)
             fuser.flush()
             fuser.drain()
             if fuser.buffer:
                 raise RuntimeError(f"{len(fuser.buffer)} frames of {tracks.name} were never resolved (internal error)")
-            writer.mux_audio(reader.pop_audio())
+            writer.mux_audio(rest)
             if progress is not None:
                 progress(fuser.stats.frames, total)
             writer.finish()

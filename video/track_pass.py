@@ -13,6 +13,7 @@ import numpy as np
 from ..faces.select import Selection
 from .clock import NULL_CLOCK, StageClock
 from .decode import Source, VideoReader, probe
+from .pipe import Prefetch
 from .scenes import CutDetector
 from .smooth import jitter, raw_affines, smooth_track
 from .tracks import DetectFn, FaceObs, LinkOptions, Track, link_tracks, select_tracks
@@ -83,8 +84,8 @@ def track_video(
     cutter = CutDetector(opts.cut_threshold)
     per_frame: list[list[FaceObs]] = []
     cuts: list[int] = []
-    with VideoReader(source) as reader:
-        for frame in clock.timed(reader, "decode"):
+    with VideoReader(source) as reader, Prefetch(reader, clock=clock) as frames:
+        for frame in frames:
             with clock.stage("detect"):
                 if cutter.update(frame.rgb):
                     cuts.append(frame.index)
