@@ -81,8 +81,20 @@ def _grid(h: int, w: int) -> np.ndarray:
 
 def sample(img: np.ndarray, flow: np.ndarray) -> np.ndarray:
     """img [h, w, ...] sampled at x + flow(x) (bilinear, border replicated), flow [h, w, 2] in img pixels."""
-    m = _grid(*flow.shape[:2]) + flow
-    return cv2.remap(img, m[..., 0], m[..., 1], cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    return remap(img, coords(flow))
+
+
+def coords(flow: np.ndarray) -> np.ndarray:
+    """The sampling positions x + flow(x) [h, w, 2] float32: computed once per flow, used by every `remap` of it."""
+    out: np.ndarray = _grid(*flow.shape[:2]) + flow
+    return out
+
+
+def remap(img: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """img [h, w, ...] sampled at positions `at` [h, w, 2] (bilinear, border replicated); the two-channel map goes
+    to OpenCV as it is (the same pixels as separate x / y maps, without copying them out)."""
+    out: np.ndarray = cv2.remap(img, at, None, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    return out
 
 
 def consistency(fwd: np.ndarray, bwd: np.ndarray) -> np.ndarray:
@@ -104,6 +116,13 @@ class KeyChange:
     grey: np.ndarray
     change: np.ndarray
     crop: np.ndarray | None = None
+
+    @functools.cached_property
+    def refined(self) -> np.ndarray:
+        """The refined key crop, crop + change [S, S, 3] float32: computed once, warped onto every frame it serves."""
+        assert self.crop is not None
+        out: np.ndarray = self.crop + self.change
+        return out
 
 
 def key_flow(target_grey: np.ndarray, key: KeyChange, max_residual: float = 24.0) -> tuple[np.ndarray, np.ndarray]:
@@ -181,10 +200,10 @@ def _combine(
     best = max(fractions)
     if best < opts.min_valid:
         return None, best
-    change = _mix([sample(k.change, f) for k, f in zip(keys, flows, strict=True)], valids, weights)
-    crops = [k.crop for k in keys if k.crop is not None]
-    if opts.detail == "refined" and target is not None and len(crops) == len(keys):
-        refined = [sample(c + k.change, f) for c, k, f in zip(crops, keys, flows, strict=True)]
+    at = [coords(f) for f in flows]
+    change = _mix([remap(k.change, m) for k, m in zip(keys, at, strict=True)], valids, weights)
+    if opts.detail == "refined" and target is not None and all(k.crop is not None for k in keys):
+        refined = [remap(k.refined, m) for k, m in zip(keys, at, strict=True)]
         change = _refined_detail(target, change, refined, valids, weights, opts.detail_sigma)
     return change, best
 
