@@ -161,6 +161,7 @@ class _Fuser:
         self._read = 0
         s = opts.crop_size
         self.mask = crop_mask(template(s, tracks.crop_factor), s, opts.feather)
+        self.support = _support_corners(self.mask)
         self.reasons = [
             choose_keyframes(tr, tracks.fps, opts.keyframes, opts.max_buffer_frames) for tr in tracks.tracks
         ]
@@ -333,13 +334,29 @@ class _Fuser:
         return sorted(items, key=lambda it: bool(self.ft.tracks[it.j].detected[it.t - self.ft.tracks[it.j].start]))
 
     def _footprint(self, items: list[_Item], h: int, w: int) -> tuple[int, int, int, int]:
-        """(x0, y0, x1, y1): the frame rectangle covering every face's aligned crop (clipped to the frame)."""
-        s = self.opts.crop_size
-        corners = np.array([[0, 0], [s, 0], [0, s], [s, s]], np.float64)
+        """(x0, y0, x1, y1): the frame rectangle covering every face's pasted pixels (where its warped mask is > 0),
+        clipped to the frame. Paste-back leaves every other pixel as it is, so only this rectangle goes through
+        float (about half of the crop's footprint: the mask leaves the crop's corners out)."""
+        corners = self.support
         pts = np.concatenate([corners @ inv[:, :2].T + inv[:, 2] for inv in (_inverse(it.affine) for it in items)])
         x0, y0 = np.floor(pts.min(0)).astype(int) - 2
         x1, y1 = np.ceil(pts.max(0)).astype(int) + 2
         return max(int(x0), 0), max(int(y0), 0), min(int(x1), w), min(int(y1), h)
+
+
+def _support_corners(mask: np.ndarray, margin: int = 2) -> np.ndarray:
+    """[4, 2] crop coordinates of the corners of the mask's nonzero box, grown by `margin` px (a frame pixel's
+    bilinear sample of the mask reaches one crop pixel further, plus fixed-point rounding); the whole crop when the
+    mask is empty."""
+    s = mask.shape[0]
+    ys, xs = np.nonzero(mask > 0)
+    if xs.size == 0:
+        x0 = y0 = 0
+        x1 = y1 = s
+    else:
+        x0, y0 = max(int(xs.min()) - margin, 0), max(int(ys.min()) - margin, 0)
+        x1, y1 = min(int(xs.max()) + 1 + margin, s), min(int(ys.max()) + 1 + margin, s)
+    return np.array([[x0, y0], [x1, y0], [x0, y1], [x1, y1]], np.float64)
 
 
 def _inverse(affine: np.ndarray) -> np.ndarray:
