@@ -208,19 +208,35 @@ def _combine(
     return change, best
 
 
+def _weighted_sum(images: list[np.ndarray], coefs: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+    """sum_i images[i] [S, S, C] x coefs[i] [S, S] (+ out, when given, added in place), with one scratch array:
+    at 512 px each full-size temporary costs about as much as the arithmetic."""
+    scratch = np.empty_like(images[0])
+    acc: np.ndarray = out if out is not None else np.zeros_like(images[0])
+    for img, c in zip(images, coefs, strict=True):
+        np.multiply(img, c[..., None], out=scratch)
+        acc += scratch
+    return acc
+
+
+def _mix_coefs(valids: list[np.ndarray], weights: list[float]) -> list[np.ndarray]:
+    """The [S, S] float32 weight of each key in _mix: validity x temporal weight, normalised, where any key is valid;
+    the temporal weights alone (normalised) elsewhere."""
+    parts = [v * np.float32(wt) for v, wt in zip(valids, weights, strict=True)]
+    den = np.add.reduce(parts) if len(parts) > 1 else parts[0]
+    ok = den > 1e-4
+    inv = np.float32(1.0) / np.maximum(den, np.float32(1e-4))
+    total = float(sum(weights))
+    return [
+        np.where(ok, p * inv, np.float32(wt / total)).astype(np.float32) for p, wt in zip(parts, weights, strict=True)
+    ]
+
+
 def _mix(warped: list[np.ndarray], valids: list[np.ndarray], weights: list[float]) -> np.ndarray:
     """Per pixel, the warped images [S, S, C] weighted by validity x temporal weight; where no key is valid, by
-    the temporal weights alone."""
-    num = np.zeros_like(warped[0])
-    den = np.zeros(valids[0].shape, np.float32)
-    soft_num = np.zeros_like(warped[0])
-    for w, v, wt in zip(warped, valids, weights, strict=True):
-        num += w * (v * wt)[..., None]
-        den += v * wt
-        soft_num += w * wt
-    soft = soft_num / float(sum(weights))
-    out: np.ndarray = np.where(den[..., None] > 1e-4, num / np.maximum(den, 1e-4)[..., None], soft)
-    return out.astype(np.float32)
+    the temporal weights alone. The weights are worked out per pixel ([S, S]) first and applied once per image."""
+    out: np.ndarray = _weighted_sum(warped, _mix_coefs(valids, weights)).astype(np.float32, copy=False)
+    return out
 
 
 def _refined_detail(
@@ -236,19 +252,22 @@ def _refined_detail(
     Where no key's flow is valid the warped refined crops are faded out (by the keys' mean validity) towards
     target + change, the plain propagation, so an occlusion keeps the frame's own detail instead of a ghost.
     At a key frame itself (flow 0, valid) this is exactly its refined crop.
+
+    warped = trust x (sum_i r_i v_i w_i / sum_i v_i w_i) + (1 - trust) x own, trust = clip(sum_i v_i w_i / sum_i w_i),
+    computed as per-pixel [S, S] coefficients first, so the full-size arithmetic is a few in-place passes.
     """
     s = target.shape[0]
     own = target + change
-    num = np.zeros_like(own)
-    den = np.zeros(valids[0].shape, np.float32)
-    for r, v, wt in zip(refined, valids, weights, strict=True):
-        num += r * (v * wt)[..., None]
-        den += v * wt
-    trust = np.clip(den / float(sum(weights)), 0.0, 1.0)[..., None]
-    warped = trust * (num / np.maximum(den, 1e-6)[..., None]) + (1.0 - trust) * own
+    parts = [v * np.float32(wt) for v, wt in zip(valids, weights, strict=True)]
+    den = np.add.reduce(parts) if len(parts) > 1 else parts[0]
+    trust = np.clip(den / np.float32(sum(weights)), 0.0, 1.0)
+    scale = trust / np.maximum(den, np.float32(1e-6))
+    warped = _weighted_sum([own, *refined], [np.float32(1.0) - trust, *(p * scale for p in parts)])
     # blur(own) + warped - blur(warped) == warped + blur(own - warped): the blur is linear, one is enough
-    out = warped + lowpass(own - warped, max(sigma * s, 0.5))
-    result: np.ndarray = (out - target).astype(np.float32)
+    np.subtract(own, warped, out=own)
+    warped += lowpass(own, max(sigma * s, 0.5))
+    warped -= target
+    result: np.ndarray = warped.astype(np.float32, copy=False)
     return result
 
 
