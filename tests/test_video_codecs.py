@@ -3,6 +3,7 @@ unknown codecs and containers that cannot hold a codec are refused with a messag
 
 from __future__ import annotations
 
+import dataclasses
 from fractions import Fraction
 from pathlib import Path
 
@@ -72,3 +73,11 @@ def test_unknown_codec_and_wrong_container_are_refused(tmp_path: Path) -> None:
     with pytest.raises(VideoWriteError, match="cannot hold vp9"):
         _write(tmp_path / "b.mov", _frames(1), EncodeOptions(codec="vp9"))
     assert not list(tmp_path.iterdir())  # nothing half-written left behind
+
+
+def test_node_output_path_takes_the_suffix_from_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tokenfuse.nodes.glue import video as video_glue
+
+    monkeypatch.setitem(CODECS, "h264", dataclasses.replace(CODECS["h264"], suffix=".mkv"))
+    assert video_glue.output_path("x").endswith(".mkv")
+    assert video_glue.output_path("x", codec="vp9").endswith(CODECS["vp9"].suffix)
