@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 import numpy as np
 
@@ -229,6 +229,7 @@ class VideoWriter:
         sar: Fraction | None = None,
     ) -> None:
         import av
+        from av.video.stream import VideoStream
 
         self.path = Path(path)
         fmt = _FORMATS.get(self.path.suffix.lower())
@@ -264,7 +265,7 @@ class VideoWriter:
             for key, value in (metadata or {}).items():
                 self.container.metadata[key] = value
             ew, eh = even_size(width, height)
-            self.stream = self.container.add_stream(encoder, rate=self.rate)
+            self.stream = cast(VideoStream, self.container.add_stream(encoder, rate=self.rate))
             self.stream.width, self.stream.height = ew, eh
             self.stream.pix_fmt = "yuv420p"
             self.stream.time_base = self.time_base
