@@ -112,6 +112,7 @@ def floor_run(clip: Path, out: Path, crf: int, preset: str, x264_threads: int) -
 
     dec = enc = 0.0
     n = 0
+    cpu0 = time.process_time()
     with av.open(str(clip)) as src, av.open(str(out), "w") as dst:
         v = src.streams.video[0]
         v.thread_type = "AUTO"
@@ -138,7 +139,8 @@ def floor_run(clip: Path, out: Path, crf: int, preset: str, x264_threads: int) -
         for p in s.encode(None):
             dst.mux(p)
         enc += time.perf_counter() - t0
-    return {"decode": dec * 1000 / n, "encode": enc * 1000 / n, "total": (dec + enc) * 1000 / n}
+    cpu = (time.process_time() - cpu0) * 1000 / n  # every thread of the process: the decoder's and x264's too
+    return {"decode": dec * 1000 / n, "encode": enc * 1000 / n, "total": (dec + enc) * 1000 / n, "cpu": cpu}
 
 
 def stability(src: Path, out: Path, tracks: Any, limit: int, size: int = 256) -> float:
@@ -232,11 +234,21 @@ def load_average() -> str:
 def floor_row(n: int, floor: dict[str, float], args: argparse.Namespace) -> dict[str, Any]:
     """The floor as a stage row: decode (+ rgb24) and encode (from_ndarray + YUV + libx264) only."""
     stages = {"decode": floor["decode"], "encode": floor["encode"]}
-    return dict(frames=n, run=f"floor ({args.preset})", stages=stages, other=0.0, total=floor["total"], ratio=1.0)
+    return dict(
+        frames=n,
+        run=f"floor ({args.preset})",
+        stages=stages,
+        other=0.0,
+        total=floor["total"],
+        ratio=1.0,
+        cpu=floor["cpu"],
+        cpu_ratio=1.0,
+        load=load_average(),
+    )
 
 
 def pipeline_row(
-    n: int, mode: str, clock1: Any, clock2: Any, spf: float, floor: dict[str, float], args: argparse.Namespace
+    n: int, mode: str, clock1: Any, clock2: Any, spf: float, cpu_spf: float, floor: dict[str, float]
 ) -> dict[str, Any]:
     """Pass 1 + pass 2 of one mode as a stage row (ms/frame); other = wall time not in any stage (negative when
     threaded stages overlap)."""
@@ -250,6 +262,8 @@ def pipeline_row(
         other=total - sum(stages.values()),
         total=total,
         ratio=total / floor["total"],
+        cpu=cpu_spf * 1000.0,
+        cpu_ratio=cpu_spf * 1000.0 / floor["cpu"],
         load=load_average(),
     )
 
@@ -258,7 +272,10 @@ def stage_line(r: dict[str, Any]) -> str:
     from tokenfuse.video.clock import STAGES
 
     cells = " | ".join(f"{r['stages'][k]:.1f}" if k in r["stages"] else "" for k in STAGES)
-    return f"| {r['frames']} | {r['run']} | {cells} | {r['other']:.1f} | {r['total']:.1f} | {r['ratio']:.2f}x |"
+    return (
+        f"| {r['frames']} | {r['run']} | {cells} | {r['other']:.1f} | {r['total']:.1f} | {r['ratio']:.2f}x | "
+        f"{r['cpu']:.1f} | {r['cpu_ratio']:.2f}x |"
+    )
 
 
 def table_row(r: dict[str, Any]) -> str:
@@ -374,11 +391,11 @@ def main(argv: list[str] | None = None) -> None:
         stage_rows.append(floor_row(n, floor, args))
         print("stages " + stage_line(stage_rows[-1]), flush=True)
         clock1 = StageClock()
-        t0 = time.perf_counter()
+        t0, c1 = time.perf_counter(), time.process_time()
         tracks = track_video(
             clip, detect, progress=lambda d, t: print(f"\r  pass 1 {d}/{t}", end="", flush=True), clock=clock1
         )
-        t_track = (time.perf_counter() - t0) / n
+        t_track, c_track = (time.perf_counter() - t0) / n, (time.process_time() - c1) / n
         print()
         for mode, anchor in cases(n):
             out = work / f"out_{n}_{mode}_{anchor}.mp4"
@@ -390,7 +407,8 @@ def main(argv: list[str] | None = None) -> None:
             secs, cpu = time.perf_counter() - t0, time.process_time() - c0
             print()
             if runner is None:
-                stage_rows.append(pipeline_row(n, mode, clock1, clock2, t_track + secs / n, floor, args))
+                spf, cpu_spf = t_track + secs / n, c_track + cpu / n
+                stage_rows.append(pipeline_row(n, mode, clock1, clock2, spf, cpu_spf, floor))
                 print("stages " + stage_line(stage_rows[-1]), flush=True)
             peak = _status("VmHWM")
             flick = stability(clip, out, tracks, args.stability_frames)
@@ -466,8 +484,12 @@ def main(argv: list[str] | None = None) -> None:
         f"x264 threads auto, OpenCV threads {cv2.getNumThreads()}, torch threads {args.threads}; load average "
         f"{load_average()}. Floor: PyAV decode -> rgb24 -> from_ndarray -> the same encoder, same process and clip."
     )
-    print("| frames | run | " + " | ".join(STAGE_NAMES[k] for k in STAGES) + " | other | total | total / floor |")
-    print("|---|---|" + "---|" * (len(STAGES) + 3))
+    print(
+        "| frames | run | "
+        + " | ".join(STAGE_NAMES[k] for k in STAGES)
+        + " | other | total | total / floor | CPU ms/frame | CPU / floor CPU |"
+    )
+    print("|---|---|" + "---|" * (len(STAGES) + 5))
     for r in stage_rows:
         print(stage_line(r))
     write_json(args.json, {"settings": vars(args), "rows": rows, "stages": stage_rows})
