@@ -47,7 +47,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "devkit"))
 sys.path.insert(0, str(REPO / "tests"))  # the clip helpers and the stand-in sampler the tests use
-from bench_report import quick_settings  # noqa: E402
+from bench_report import quick_settings, write_json  # noqa: E402
 from pack_loader import load_pack  # noqa: E402
 
 load_pack()  # video_clips imports the stand-in sampler from the pack (tokenfuse.video.standin); the root is light
@@ -75,9 +75,10 @@ def _status(field: str) -> int | None:
     return None
 
 
-def make_clip(path: Path, frames: int, fps: int = 30, height: int = 720) -> Path:
+def make_clip(path: Path, frames: int, fps: int = 30, height: int = 720, faces: int = 1) -> Path:
     """A 16:9 30 fps talking head (1280x720 by default) of `frames` frames (ping-pong loop of the WebP's 56 frames),
-    H.264; the face fills the frame's height."""
+    H.264; one face fills the frame's height, or `faces` heads side by side (each a third of the width, each at
+    another point of the loop, so they do not move in step)."""
     import av
 
     src, _ = webp_frames("api_kling_avatar2-1.webp")
@@ -88,10 +89,13 @@ def make_clip(path: Path, frames: int, fps: int = 30, height: int = 720) -> Path
         s.width, s.height, s.pix_fmt = width, height, "yuv420p"
         s.options = {"crf": "18", "preset": "ultrafast"}
         canvas = np.zeros((height, width, 3), np.uint8)
-        x0 = (width - height) // 2
+        side = height if faces == 1 else min(height, width // faces)
+        y0 = (height - side) // 2
+        x0s = [(width - height) // 2] if faces == 1 else [k * (width // faces) for k in range(faces)]
         for i in range(frames):
-            face = cv2.resize(cycle[i % len(cycle)], (height, height), interpolation=cv2.INTER_CUBIC)
-            canvas[:, x0 : x0 + height] = face
+            for k, x0 in enumerate(x0s):
+                head = cycle[(i + 17 * k) % len(cycle)]
+                canvas[y0 : y0 + side, x0 : x0 + side] = cv2.resize(head, (side, side), interpolation=cv2.INTER_CUBIC)
             vf = av.VideoFrame.from_ndarray(canvas, format="rgb24")
             vf.pts = i
             for p in s.encode(vf):
@@ -99,6 +103,44 @@ def make_clip(path: Path, frames: int, fps: int = 30, height: int = 720) -> Path
         for p in s.encode(None):
             out.mux(p)
     return path
+
+
+def floor_run(clip: Path, out: Path, crf: int, preset: str, x264_threads: int) -> dict[str, float]:
+    """The floor, ms per frame: PyAV decode -> to_ndarray("rgb24") -> from_ndarray -> the run's encoder settings
+    (libx264, yuv420p BT.709 as the pack writes, same CRF / preset / threads), nothing else, one thread of Python."""
+    import av
+
+    dec = enc = 0.0
+    n = 0
+    cpu0 = time.process_time()
+    with av.open(str(clip)) as src, av.open(str(out), "w") as dst:
+        v = src.streams.video[0]
+        v.thread_type = "AUTO"
+        s = dst.add_stream("libx264", rate=v.average_rate)
+        s.width, s.height, s.pix_fmt = v.codec_context.width, v.codec_context.height, "yuv420p"
+        s.time_base = s.codec_context.time_base = v.time_base
+        s.options = {"crf": str(crf), "preset": preset, **({"threads": str(x264_threads)} if x264_threads else {})}
+        it = src.decode(v)
+        while True:
+            t0 = time.perf_counter()
+            frame = next(it, None)
+            if frame is None:
+                break
+            rgb = frame.to_ndarray(format="rgb24")
+            t1 = time.perf_counter()
+            vf = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(
+                format="yuv420p", dst_colorspace=1, dst_color_range=1
+            )
+            vf.pts, vf.time_base = frame.pts, v.time_base
+            for p in s.encode(vf):
+                dst.mux(p)
+            dec, enc, n = dec + t1 - t0, enc + time.perf_counter() - t1, n + 1
+        t0 = time.perf_counter()
+        for p in s.encode(None):
+            dst.mux(p)
+        enc += time.perf_counter() - t0
+    cpu = (time.process_time() - cpu0) * 1000 / n  # every thread of the process: the decoder's and x264's too
+    return {"decode": dec * 1000 / n, "encode": enc * 1000 / n, "total": (dec + enc) * 1000 / n, "cpu": cpu}
 
 
 def stability(src: Path, out: Path, tracks: Any, limit: int, size: int = 256) -> float:
@@ -170,6 +212,72 @@ def comfy_refine_runner(args: argparse.Namespace) -> Any:
     return run
 
 
+STAGE_NAMES = {
+    "decode": "decode",
+    "detect": "detect + track",
+    "crop": "crop",
+    "diffusion": "key-frame diffusion",
+    "flow": "flow",
+    "propagation": "propagation",
+    "paste": "paste",
+    "encode": "encode",
+}
+
+
+def load_average() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+def floor_row(n: int, floor: dict[str, float], args: argparse.Namespace) -> dict[str, Any]:
+    """The floor as a stage row: decode (+ rgb24) and encode (from_ndarray + YUV + libx264) only."""
+    stages = {"decode": floor["decode"], "encode": floor["encode"]}
+    return dict(
+        frames=n,
+        run=f"floor ({args.preset})",
+        stages=stages,
+        other=0.0,
+        total=floor["total"],
+        ratio=1.0,
+        cpu=floor["cpu"],
+        cpu_ratio=1.0,
+        load=load_average(),
+    )
+
+
+def pipeline_row(
+    n: int, mode: str, clock1: Any, clock2: Any, spf: float, cpu_spf: float, floor: dict[str, float]
+) -> dict[str, Any]:
+    """Pass 1 + pass 2 of one mode as a stage row (ms/frame); other = wall time not in any stage (negative when
+    threaded stages overlap)."""
+    ms1, ms2 = clock1.ms_per_frame(n), clock2.ms_per_frame(n)
+    stages = {k: ms1.get(k, 0.0) + ms2.get(k, 0.0) for k in {*ms1, *ms2}}
+    total = spf * 1000.0
+    return dict(
+        frames=n,
+        run=mode,
+        stages=stages,
+        other=total - sum(stages.values()),
+        total=total,
+        ratio=total / floor["total"],
+        cpu=cpu_spf * 1000.0,
+        cpu_ratio=cpu_spf * 1000.0 / floor["cpu"],
+        load=load_average(),
+    )
+
+
+def stage_line(r: dict[str, Any]) -> str:
+    from tokenfuse.video.clock import STAGES
+
+    cells = " | ".join(f"{r['stages'][k]:.1f}" if k in r["stages"] else "" for k in STAGES)
+    return (
+        f"| {r['frames']} | {r['run']} | {cells} | {r['other']:.1f} | {r['total']:.1f} | {r['ratio']:.2f}x | "
+        f"{r['cpu']:.1f} | {r['cpu_ratio']:.2f}x |"
+    )
+
+
 def table_row(r: dict[str, Any]) -> str:
     return (
         f"| {r['frames']} | {r['mode']} | {r['anchor']} ({r['anchor_mb']:.1f} MB) | {r['keys']} (+{r['fails']}) | "
@@ -203,6 +311,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=2, help="faces_per_batch")
     p.add_argument("--kps", type=float, default=2.0, help="key frames per second")
     p.add_argument("--preset", default="veryfast", help="x264 preset of the output")
+    p.add_argument("--crf", type=int, default=19, help="x264 CRF of the output (and of the floor)")
+    p.add_argument("--faces", type=int, choices=[1, 3], default=1, help="talking heads in the clip (1 or 3)")
+    p.add_argument("--json", default="", help="write the rows (stages in ms/frame, floor, ratios) to this file")
     p.add_argument("--stability-frames", type=int, default=600)
     p.add_argument("--workdir", default="", help="keep clips and outputs here (default: a temp folder)")
     p.add_argument("--quick", action="store_true", help="smoke run: one 30-frame 640x360 clip, guide 64, 2 steps")
@@ -220,6 +331,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     load_pack()
     from tokenfuse.faces.detect import RetinaFaceDetector
+    from tokenfuse.video.clock import STAGES, StageClock
     from tokenfuse.video.encode import EncodeOptions
     from tokenfuse.video.fuse_pass import FuseOptions, fuse_video
     from tokenfuse.video.keyframes import KeyframeOptions
@@ -243,7 +355,7 @@ def main(argv: list[str] | None = None) -> None:
             if m != "per_frame" or (not 0 < args.per_frame_up_to < n and a in pf_anchors)
         ]
 
-    def refine(clip: Path, out: Path, tracks: Any, mode: str, anchor: str) -> tuple[Any, int]:
+    def refine(clip: Path, out: Path, tracks: Any, mode: str, anchor: str, clock: Any = None) -> tuple[Any, int]:
         if runner is not None:
             stats, anchor_bytes = runner(clip, out, tracks, mode, anchor)
             return stats, anchor_bytes
@@ -252,39 +364,52 @@ def main(argv: list[str] | None = None) -> None:
             faces_per_batch=args.batch,
             seed=1,
             keyframes=KeyframeOptions(per_second=0.0 if mode == "per_frame" else args.kps),
-            encode=EncodeOptions(crf=19, preset=args.preset),
+            encode=EncodeOptions(crf=args.crf, preset=args.preset),
         )
         progress = (lambda d, t: print(f"\r  pass 2 {d}/{t}", end="", flush=True)) if "warmup" not in out.name else None
-        return fuse_video(clip, out, tracks, fake_refine, opts, progress=progress), 0
+        return fuse_video(clip, out, tracks, fake_refine, opts, progress=progress, clock=clock or StageClock()), 0
 
     # Not timed: every timed case once on a short clip, pass 1 included, so no row pays first-call costs (the
     # detector's session, the model load, the sampler's and the encoder's first allocations, the patches' set-up).
-    warm_clip = work / f"warmup{args.height}_{WARM_FRAMES}.mp4"
+    tag = f"{args.height}" + (f"x{args.faces}faces" if args.faces > 1 else "")
+    warm_clip = work / f"warmup{tag}_{WARM_FRAMES}.mp4"
     if not warm_clip.exists():
-        make_clip(warm_clip, WARM_FRAMES, height=args.height)
+        make_clip(warm_clip, WARM_FRAMES, height=args.height, faces=args.faces)
     warm_tracks = track_video(warm_clip, detect)
     warm_cases = list(dict.fromkeys(c for n in lengths for c in cases(n)))
     print(f"warm-up (not timed): {WARM_FRAMES} frames, {', '.join(f'{m}/{a}' for m, a in warm_cases)} ...", flush=True)
     for mode, anchor in warm_cases:
         refine(warm_clip, work / f"warmup_{mode}_{anchor}.mp4", warm_tracks, mode, anchor)
-    rows = []
+    floor_run(warm_clip, work / "warmup_floor.mp4", args.crf, args.preset, 0)
+    rows, stage_rows = [], []
     for n in lengths:
-        clip = work / (f"head720_{n}.mp4" if args.height == 720 else f"head{args.height}_{n}.mp4")
+        clip = work / f"head{tag}_{n}.mp4"
         if not clip.exists():
             print(f"making {clip.name} ...", flush=True)
-            make_clip(clip, n, height=args.height)
-        t0 = time.perf_counter()
-        tracks = track_video(clip, detect, progress=lambda d, t: print(f"\r  pass 1 {d}/{t}", end="", flush=True))
-        t_track = (time.perf_counter() - t0) / n
+            make_clip(clip, n, height=args.height, faces=args.faces)
+        floor = floor_run(clip, work / f"floor_{n}.mp4", args.crf, args.preset, 0)
+        stage_rows.append(floor_row(n, floor, args))
+        print("stages " + stage_line(stage_rows[-1]), flush=True)
+        clock1 = StageClock()
+        t0, c1 = time.perf_counter(), time.process_time()
+        tracks = track_video(
+            clip, detect, progress=lambda d, t: print(f"\r  pass 1 {d}/{t}", end="", flush=True), clock=clock1
+        )
+        t_track, c_track = (time.perf_counter() - t0) / n, (time.process_time() - c1) / n
         print()
         for mode, anchor in cases(n):
             out = work / f"out_{n}_{mode}_{anchor}.mp4"
             base = peak_rss_reset()
+            clock2 = StageClock()
             t0, c0 = time.perf_counter(), time.process_time()
             print(f"{n} frames, {mode}, anchor {anchor}", flush=True)
-            stats, anchor_bytes = refine(clip, out, tracks, mode, anchor)
+            stats, anchor_bytes = refine(clip, out, tracks, mode, anchor, clock2)
             secs, cpu = time.perf_counter() - t0, time.process_time() - c0
             print()
+            if runner is None:
+                spf, cpu_spf = t_track + secs / n, c_track + cpu / n
+                stage_rows.append(pipeline_row(n, mode, clock1, clock2, spf, cpu_spf, floor))
+                print("stages " + stage_line(stage_rows[-1]), flush=True)
             peak = _status("VmHWM")
             flick = stability(clip, out, tracks, args.stability_frames)
             rows.append(
@@ -353,6 +478,21 @@ def main(argv: list[str] | None = None) -> None:
     if len(ks) > 1:
         ratio = ks[-1]["peak"] / ks[0]["peak"]
         print(f"peak RSS {ks[-1]['frames']} vs {ks[0]['frames']} frames (keyframes): {ratio:.3f}x")
+    print(
+        f"\nWhere the time goes, ms per frame, whole pipeline (pass 1 + pass 2), {args.faces} face(s), "
+        f"{args.height * 16 // 9 // 2 * 2}x{args.height}; encoder libx264 preset {args.preset} CRF {args.crf}, "
+        f"x264 threads auto, OpenCV threads {cv2.getNumThreads()}, torch threads {args.threads}; load average "
+        f"{load_average()}. Floor: PyAV decode -> rgb24 -> from_ndarray -> the same encoder, same process and clip."
+    )
+    print(
+        "| frames | run | "
+        + " | ".join(STAGE_NAMES[k] for k in STAGES)
+        + " | other | total | total / floor | CPU ms/frame | CPU / floor CPU |"
+    )
+    print("|---|---|" + "---|" * (len(STAGES) + 5))
+    for r in stage_rows:
+        print(stage_line(r))
+    write_json(args.json, {"settings": vars(args), "rows": rows, "stages": stage_rows})
 
 
 if __name__ == "__main__":

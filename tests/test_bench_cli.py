@@ -415,6 +415,7 @@ def test_video_warms_every_timed_case_up_before_the_first_timed_row(
     calls: list[str] = []
     monkeypatch.setattr(video, "make_clip", lambda path, n, **k: calls.append(f"make {n}") or path)
     monkeypatch.setattr(video, "stability", lambda *a, **k: 1.0)
+    monkeypatch.setattr(video, "floor_run", lambda *a, **k: {"decode": 1.0, "encode": 2.0, "total": 3.0, "cpu": 3.0})
     tracks = types.SimpleNamespace(raw_jitter=0.0, smooth_jitter=0.0)
     stats = types.SimpleNamespace(key_frames=1, flow_failures=0, diffusion_runs=1)
 
@@ -422,7 +423,7 @@ def test_video_warms_every_timed_case_up_before_the_first_timed_row(
         calls.append(f"track {clip.name}")
         return tracks
 
-    def fuse_video(clip: Path, out: Path, tr: Any, refine: Any, opts: Any, progress: Any = None) -> Any:
+    def fuse_video(clip: Path, out: Path, tr: Any, refine: Any, opts: Any, progress: Any = None, **k: Any) -> Any:
         calls.append(f"fuse {out.name} kps {opts.keyframes.per_second}")
         return stats
 

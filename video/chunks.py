@@ -32,6 +32,8 @@ from .decode import Source, VideoReader, probe
 from .encode import _FORMATS, VideoWriter, copyable_subtitles, mux_options, temp_path
 from .fuse_pass import FuseOptions, Refine, VideoStats, _Fuser
 from .keyframes import REASON_NONE, choose_keyframes
+from .pipe import Prefetch, WriterThread
+from .progress import FrameProgress
 from .streams import add_copy
 from .track_pass import FaceTracks, Progress
 from .types import Frame
@@ -179,16 +181,16 @@ def fuse_chunk(
     out_path = Path(out_path)
     window = range(chunk.start, chunk.stop)
     info = probe(source)
-    with VideoWriter(
-        out_path, tracks.width, tracks.height, info.rate, info.time_base, (), opts.encode, sar=info.sar
-    ) as writer:
-        fuser = _Fuser(tracks, refine, opts, writer, window)
-        last = 0
-        for frame in read_frames(source, chunk.first, chunk.last, pts):
-            fuser.add(frame)
-            if progress is not None and fuser.stats.frames - last >= opts.chunk_frames:
-                last = fuser.stats.frames
-                progress(last, len(window))
+    with (
+        VideoWriter(
+            out_path, tracks.width, tracks.height, info.rate, info.time_base, (), opts.encode, sar=info.sar
+        ) as video_writer,
+        WriterThread(video_writer) as writer,
+    ):
+        fuser = _Fuser(tracks, refine, opts, writer, window, progress=FrameProgress(progress, len(window)))
+        with Prefetch(read_frames(source, chunk.first, chunk.last, pts)) as frames:
+            for frame in frames:
+                fuser.add(frame)
         fuser.flush()
         fuser.drain()
         if fuser.buffer or fuser.stats.frames != len(window):

@@ -1,4 +1,9 @@
-"""H.264 writer (PyAV libx264) that keeps the input's timestamps and copies its audio packets unchanged.
+"""Video writer (PyAV; H.264 by default) that keeps the input's timestamps and copies its audio packets unchanged.
+
+- Codecs and containers live here only: `CODECS` maps a codec name (h264, h265, vp9, av1) to the PyAV encoders
+  that can write it (the first one the installed PyAV has is used), the containers that hold it, its default file
+  suffix and how the shared quality settings (CRF, x264 preset vocabulary, threads) become that encoder's options.
+  A new codec is one `Codec` entry; `available_codecs()` says which ones this PyAV can write.
 
 - Every frame's pts is copied, and both `stream.time_base` and `stream.codec_context.time_base` are set to the
   input's: with only one of them set PyAV re-quantises timestamps and variable frame rate is lost.
@@ -20,10 +25,11 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 import numpy as np
 
@@ -36,6 +42,94 @@ Preset = Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium
 PRESETS: tuple[str, ...] = get_args(Preset)
 BT709, LIMITED = 1, 1  # AVCOL_SPC/PRI/TRC_BT709, AVCOL_RANGE_MPEG: what HD players assume, said explicitly
 _FORMATS = {".mp4": "mp4", ".m4v": "mp4", ".mov": "mov", ".mkv": "matroska"}
+_SPEED = {p: i for i, p in enumerate(PRESETS)}  # 0 = ultrafast .. 8 = veryslow
+
+
+def _x26x_options(opts: EncodeOptions) -> dict[str, str]:
+    return {"crf": str(int(opts.crf)), "preset": opts.preset}
+
+
+def _x265_options(opts: EncodeOptions) -> dict[str, str]:
+    return {**_x26x_options(opts), "x265-params": "log-level=error"}  # x265 prints a banner and stats otherwise
+
+
+def _vpx_options(opts: EncodeOptions) -> dict[str, str]:
+    """libvpx-vp9 in constant quality mode (crf with b=0); cpu-used 8 (ultrafast) .. 0 (veryslow)."""
+    cpu = max(0, 8 - _SPEED[opts.preset])
+    return {"crf": str(int(opts.crf)), "b": "0", "deadline": "good", "cpu-used": str(cpu), "row-mt": "1"}
+
+
+def _svt_options(opts: EncodeOptions) -> dict[str, str]:
+    """SVT-AV1: preset 12 (ultrafast) .. 4 (veryslow)."""
+    return {"crf": str(int(opts.crf)), "preset": str(12 - _SPEED[opts.preset])}
+
+
+def _aom_options(opts: EncodeOptions) -> dict[str, str]:
+    """libaom-av1 in constant quality mode: cpu-used 8 (ultrafast) .. 0 (veryslow)."""
+    return {"crf": str(int(opts.crf)), "b": "0", "cpu-used": str(max(0, 8 - _SPEED[opts.preset]))}
+
+
+@dataclass(frozen=True)
+class Codec:
+    """One output codec: encoders (PyAV names, first available wins) with the function turning EncodeOptions into
+    each one's options; containers: the formats (ffmpeg names) that hold it; suffix: the default file extension;
+    tag: the codec tag written in MP4 / MOV (None = the muxer's default)."""
+
+    name: str
+    encoders: tuple[tuple[str, Callable[[EncodeOptions], dict[str, str]]], ...]
+    containers: frozenset[str]
+    suffix: str = ".mp4"
+    tag: str | None = None
+
+
+CODECS: dict[str, Codec] = {
+    c.name: c
+    for c in (
+        Codec("h264", (("libx264", _x26x_options),), frozenset({"mp4", "mov", "matroska"})),
+        Codec("h265", (("libx265", _x265_options),), frozenset({"mp4", "mov", "matroska"}), tag="hvc1"),
+        Codec("vp9", (("libvpx-vp9", _vpx_options),), frozenset({"mp4", "matroska"})),
+        Codec("av1", (("libsvtav1", _svt_options), ("libaom-av1", _aom_options)), frozenset({"mp4", "matroska"})),
+    )
+}
+"""The output codecs (see module doc); h264 is the default (PyAV's wheels always ship libx264)."""
+
+
+def _has_encoder(name: str) -> bool:
+    import av
+
+    try:
+        av.codec.Codec(name, "w")
+    except Exception:  # UnknownCodecError, or a build without that encoder
+        return False
+    return True
+
+
+def encoder_of(codec: str) -> tuple[str, Callable[[EncodeOptions], dict[str, str]]]:
+    """(PyAV encoder name, options function) of `codec`, the first its entry lists that this PyAV has; raises
+    VideoWriteError naming the codecs it can write otherwise."""
+    entry = CODECS.get(codec)
+    if entry is None:
+        raise VideoWriteError(f"video codec '{codec}' unknown: use one of {sorted(CODECS)}")
+    for name, options in entry.encoders:
+        if _has_encoder(name):
+            return name, options
+    names = "/".join(n for n, _ in entry.encoders)
+    raise VideoWriteError(
+        f"video codec '{codec}' needs the {names} encoder, which this PyAV build lacks: use one of {available_codecs()}"
+    )
+
+
+def available_codecs() -> list[str]:
+    """The codec names this PyAV can write (h264 first)."""
+    return [c.name for c in CODECS.values() if any(_has_encoder(n) for n, _ in c.encoders)]
+
+
+def output_suffix(codec: str = "h264") -> str:
+    """The default file extension of an output in `codec` (".mp4" for every codec today)."""
+    entry = CODECS.get(codec)
+    return entry.suffix if entry is not None else ".mp4"
+
+
 # Subtitle codecs each output container takes as they are (ffmpeg's mp4/mov muxer takes mov_text only).
 _SUBTITLE_CODECS = {
     "mp4": {"mov_text"},
@@ -72,10 +166,14 @@ class VideoWriteError(RuntimeError):
 
 @dataclass(frozen=True)
 class EncodeOptions:
-    """crf: x264 quality (0 lossless .. 51; 18 ~ visually lossless, 23 default); preset: speed vs size."""
+    """crf: quality (x264/x265: 0 lossless .. 51, 18 ~ visually lossless, 23 default; VP9/AV1: 0 .. 63);
+    preset: speed vs size in x264's vocabulary (mapped for the other codecs, see CODECS); codec: a CODECS name;
+    threads: encoder threads (0 = the encoder decides)."""
 
     crf: int = 19
     preset: Preset = "medium"
+    codec: str = "h264"
+    threads: int = 0
 
 
 def even_size(width: int, height: int) -> tuple[int, int]:
@@ -105,7 +203,7 @@ def mux_options(fmt: str, metadata: dict[str, str] | None = None) -> dict[str, s
 
 
 class VideoWriter:
-    """Write RGB frames as H.264 plus copied audio packets to `path` (.mp4/.m4v/.mov/.mkv).
+    """Write RGB frames as H.264 (or options.codec) plus copied audio packets to `path` (.mp4/.m4v/.mov/.mkv).
 
     width/height: the frames' size (odd sizes padded, see module doc). rate: nominal frame rate (x264 rate
     control); time_base: the input video stream's, pts of written frames are in it. audio_streams: input
@@ -131,6 +229,7 @@ class VideoWriter:
         sar: Fraction | None = None,
     ) -> None:
         import av
+        from av.video.stream import VideoStream
 
         self.path = Path(path)
         fmt = _FORMATS.get(self.path.suffix.lower())
@@ -138,6 +237,11 @@ class VideoWriter:
             raise VideoWriteError(f"output {self.path}: use one of {sorted(_FORMATS)} as the file extension")
         if options.preset not in PRESETS:
             raise VideoWriteError(f"x264 preset '{options.preset}' unknown: use one of {PRESETS}")
+        encoder, encoder_options = encoder_of(options.codec)
+        codec = CODECS[options.codec]
+        if fmt not in codec.containers:
+            fits = sorted(k for k, v in _FORMATS.items() if v in codec.containers)
+            raise VideoWriteError(f"output {self.path}: a {fmt} file cannot hold {options.codec}: use one of {fits}")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = temp_path(self.path)
         self.size = (width, height)
@@ -161,12 +265,15 @@ class VideoWriter:
             for key, value in (metadata or {}).items():
                 self.container.metadata[key] = value
             ew, eh = even_size(width, height)
-            self.stream = self.container.add_stream("libx264", rate=self.rate)
+            self.stream = cast(VideoStream, self.container.add_stream(encoder, rate=self.rate))
             self.stream.width, self.stream.height = ew, eh
             self.stream.pix_fmt = "yuv420p"
             self.stream.time_base = self.time_base
             self.stream.codec_context.time_base = self.time_base
-            self.stream.options = {"crf": str(int(options.crf)), "preset": options.preset}
+            threads = {"threads": str(options.threads)} if options.threads > 0 else {}
+            self.stream.options = {**encoder_options(options), **threads}
+            if codec.tag is not None and fmt in ("mp4", "mov"):
+                self.stream.codec_context.codec_tag = codec.tag
             cc = self.stream.codec_context  # the RGB -> YUV matrix `write` uses, said in the stream (players follow it)
             cc.colorspace, cc.color_range, cc.color_primaries, cc.color_trc = BT709, LIMITED, BT709, BT709
             if sar is not None and sar > 0 and sar != 1:

@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -24,10 +25,13 @@ from ..faces.align import template, warp_face
 from ..faces.masks import crop_mask
 from ..faces.paste import BlendOptions, paste_frame
 from ..faces.types import Face
+from .clock import NULL_CLOCK, StageClock
 from .decode import Source, VideoReader, no_frames_error, probe
 from .encode import EncodeOptions, VideoWriter, remux_copy
 from .flow import FlowOptions, KeyChange, grey, propagate
 from .keyframes import REASON_NONE, KeyframeOptions, choose_keyframes
+from .pipe import Prefetch, WriterThread, frames_and_audio
+from .progress import FrameProgress, takes_tick
 from .smooth import scale_affine
 from .track_pass import FaceTracks, Progress
 from .tracks import seed_offsets
@@ -35,9 +39,11 @@ from .types import Frame
 
 log = logging.getLogger(__name__)
 
-Refine = Callable[[np.ndarray, list[int]], np.ndarray]
+Refine = Callable[..., np.ndarray]
 """refine(crops [N, S, S, 3] float32 0..1, seeds [N]) -> refined crops, same shape. One call = one diffusion run;
-the seeds are one per track (the same noise for a whole track)."""
+the seeds are one per track (the same noise for a whole track). A refine that takes the keyword `tick` (a parameter
+of that name or **kwargs) is called with tick=<callable>: call it per sampler step, so the run's progress moves
+while the batch diffuses (video/progress.py); it may raise to cancel."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,8 @@ class FuseOptions:
     different frames); seed: track i gets seed + i (a person's later tracks get their first track's: seed_offsets);
     max_buffer_frames: frames held before a partial batch is forced and the longest gap between a track's key frames
     (the memory bound: frames wait for their next key frame);
-    chunk_frames: frames per progress update; feather: mask edge as a crop fraction."""
+    chunk_frames: frames per progress update of the track pass's callers (the fusion pass reports every frame
+    written, video/progress.py); feather: mask edge as a crop fraction."""
 
     crop_size: int = 512
     faces_per_batch: int = 2
@@ -138,11 +145,23 @@ class _Fuser:
     from, and are refined but never written. None: every frame fed is written."""
 
     def __init__(
-        self, tracks: FaceTracks, refine: Refine, opts: FuseOptions, writer: VideoWriter, window: range | None = None
+        self,
+        tracks: FaceTracks,
+        refine: Refine,
+        opts: FuseOptions,
+        writer: VideoWriter | WriterThread,
+        window: range | None = None,
+        clock: StageClock = NULL_CLOCK,
+        progress: FrameProgress | None = None,
     ) -> None:
         self.ft, self.refine, self.opts, self.writer, self.window = tracks, refine, opts, writer, window
+        self.clock = clock
+        self.progress = progress if progress is not None else FrameProgress(None, 0)
+        self._refine_kw = {"tick": self.progress.tick} if takes_tick(refine) else {}
+        self._read = 0
         s = opts.crop_size
         self.mask = crop_mask(template(s, tracks.crop_factor), s, opts.feather)
+        self.support = _support_corners(self.mask)
         self.reasons = [
             choose_keyframes(tr, tracks.fps, opts.keyframes, opts.max_buffer_frames) for tr in tracks.tracks
         ]
@@ -157,6 +176,9 @@ class _Fuser:
     # ---------------------------------------------------------------------------------------------- reading
     def add(self, frame: Frame) -> None:
         pending = _Pending(frame, context=self.window is not None and frame.index not in self.window)
+        if not pending.context:
+            self._read += 1
+            self.progress.read(self._read)
         for j, tr in enumerate(self.ft.tracks):
             if not tr.covers(frame.index):
                 continue
@@ -166,7 +188,8 @@ class _Fuser:
                 continue
             assert tr.affines is not None
             affine = scale_affine(tr.affines[p], self.opts.crop_size)
-            crop = warp_face(frame.rgb, affine, self.opts.crop_size)
+            with self.clock.stage("crop"):
+                crop = warp_face(frame.rgb, affine, self.opts.crop_size)
             item = _Item(j, frame.index, affine, crop, key=key)
             pending.items.append(item)
             if item.key:
@@ -190,7 +213,8 @@ class _Fuser:
         batch, self.queue = self.queue[: self.opts.faces_per_batch], self.queue[self.opts.faces_per_batch :]
         crops = np.stack([it.crop for it in batch]).astype(np.float32) / 255.0
         seeds = [(self.opts.seed + self.seed_of[it.j]) % 2**64 for it in batch]  # as fusion.crops.face_seed
-        out = np.asarray(self.refine(crops, seeds), dtype=np.float32)
+        with self.clock.stage("diffusion"):
+            out = np.asarray(self.refine(crops, seeds, **self._refine_kw), dtype=np.float32)
         if out.shape != crops.shape:
             raise ValueError(f"refine returned {out.shape} for crops of shape {crops.shape}")
         if not np.isfinite(out).all():
@@ -200,7 +224,9 @@ class _Fuser:
         for it, src, ref in zip(batch, crops, np.clip(out, 0.0, 1.0), strict=True):
             it.change = ref - src
             if it.key:
-                self.done[it.j][it.t] = KeyChange(it.t, grey(it.crop, self.opts.flow.work_size), it.change, src)
+                with self.clock.stage("crop"):
+                    key_grey = grey(it.crop, self.opts.flow.work_size)
+                self.done[it.j][it.t] = KeyChange(it.t, key_grey, it.change, src)
 
     def flush(self) -> None:
         """Refine everything queued (a partial last batch included) and write what is ready."""
@@ -219,9 +245,10 @@ class _Fuser:
         done = self.done[item.j]
         if k1 not in done:
             return False
-        target = grey(item.crop, self.opts.flow.work_size)
-        crop = item.crop.astype(np.float32) / 255.0
-        change, _ = propagate(target, item.t, [done[k0], done[k1]], self.mask, self.opts.flow, crop)
+        with self.clock.stage("crop"):
+            target = grey(item.crop, self.opts.flow.work_size)
+            crop = item.crop.astype(np.float32) / 255.0
+        change, _ = propagate(target, item.t, [done[k0], done[k1]], self.mask, self.opts.flow, crop, clock=self.clock)
         if change is None:
             item.own = True
             self.stats.flow_failures += 1
@@ -257,40 +284,47 @@ class _Fuser:
             return
         frame = pending.frame
         if pending.items:
-            rgb = frame.rgb.copy()
-            x0, y0, x1, y1 = self._footprint(pending.items, rgb.shape[0], rgb.shape[1])
-            if x1 > x0 and y1 > y0:
-                # Only the faces' footprint goes through float and paste-back: a 4k frame costs what its faces do.
-                shift = np.array([x0, y0], np.float64)
-                faces = []
-                for it in self._paste_order(pending.items):
-                    tr = self.ft.tracks[it.j]
-                    p = it.t - tr.start
-                    assert it.change is not None
-                    crop = np.clip(it.crop.astype(np.float32) / 255.0 + it.change, 0.0, 1.0)
-                    affine = it.affine.copy()
-                    affine[:, 2] += affine[:, :2] @ shift  # frame -> crop becomes ROI -> crop
-                    inverse = cv2.invertAffineTransform(affine)
-                    box = tr.bboxes[p] - np.tile(shift, 2)
-                    faces.append(
-                        Face(
-                            bbox=(float(box[0]), float(box[1]), float(box[2]), float(box[3])),
-                            score=float(tr.scores[p]),
-                            landmarks=tr.landmarks[p] - shift.astype(np.float32),
-                            affine=affine,
-                            inverse=inverse,
-                            crop_size=self.opts.crop_size,
-                            mask=self.mask,
-                            crop=crop,
-                        )
-                    )
-                roi = rgb[y0:y1, x0:x1].astype(np.float32) / 255.0
-                out = paste_frame(roi, tuple(faces), self.opts.blend)
-                rgb[y0:y1, x0:x1] = (np.clip(out, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
-            frame = Frame(frame.index, rgb, frame.pts, frame.time_base)
+            with self.clock.stage("paste"):
+                frame = self._pasted(pending)
             self.stats.faces += len(pending.items)
-        self.writer.write(frame)
+        self.writer.write(frame)  # timed where it runs (video/pipe.py WriterThread: the encoder's thread)
         self.stats.frames += 1
+        self.progress.written(self.stats.frames)
+
+    def _pasted(self, pending: _Pending) -> Frame:
+        """The buffered frame with its faces' refined crops pasted back (a new frame; the input is not touched)."""
+        frame = pending.frame
+        rgb = frame.rgb.copy()
+        x0, y0, x1, y1 = self._footprint(pending.items, rgb.shape[0], rgb.shape[1])
+        if x1 > x0 and y1 > y0:
+            # Only the faces' footprint goes through float and paste-back: a 4k frame costs what its faces do.
+            shift = np.array([x0, y0], np.float64)
+            faces = []
+            for it in self._paste_order(pending.items):
+                tr = self.ft.tracks[it.j]
+                p = it.t - tr.start
+                assert it.change is not None
+                crop = np.clip(it.crop.astype(np.float32) / 255.0 + it.change, 0.0, 1.0)
+                affine = it.affine.copy()
+                affine[:, 2] += affine[:, :2] @ shift  # frame -> crop becomes ROI -> crop
+                inverse = cv2.invertAffineTransform(affine)
+                box = tr.bboxes[p] - np.tile(shift, 2)
+                faces.append(
+                    Face(
+                        bbox=(float(box[0]), float(box[1]), float(box[2]), float(box[3])),
+                        score=float(tr.scores[p]),
+                        landmarks=tr.landmarks[p] - shift.astype(np.float32),
+                        affine=affine,
+                        inverse=inverse,
+                        crop_size=self.opts.crop_size,
+                        mask=self.mask,
+                        crop=crop,
+                    )
+                )
+            roi = rgb[y0:y1, x0:x1].astype(np.float32) / 255.0
+            out = paste_frame(roi, tuple(faces), self.opts.blend)
+            rgb[y0:y1, x0:x1] = (np.clip(out, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+        return Frame(frame.index, rgb, frame.pts, frame.time_base)
 
     def _paste_order(self, items: list[_Item]) -> list[_Item]:
         """The faces in paste order (later over earlier): faces interpolated through a detection gap first, those the
@@ -300,13 +334,29 @@ class _Fuser:
         return sorted(items, key=lambda it: bool(self.ft.tracks[it.j].detected[it.t - self.ft.tracks[it.j].start]))
 
     def _footprint(self, items: list[_Item], h: int, w: int) -> tuple[int, int, int, int]:
-        """(x0, y0, x1, y1): the frame rectangle covering every face's aligned crop (clipped to the frame)."""
-        s = self.opts.crop_size
-        corners = np.array([[0, 0], [s, 0], [0, s], [s, s]], np.float64)
+        """(x0, y0, x1, y1): the frame rectangle covering every face's pasted pixels (where its warped mask is > 0),
+        clipped to the frame. Paste-back leaves every other pixel as it is, so only this rectangle goes through
+        float (about half of the crop's footprint: the mask leaves the crop's corners out)."""
+        corners = self.support
         pts = np.concatenate([corners @ inv[:, :2].T + inv[:, 2] for inv in (_inverse(it.affine) for it in items)])
         x0, y0 = np.floor(pts.min(0)).astype(int) - 2
         x1, y1 = np.ceil(pts.max(0)).astype(int) + 2
         return max(int(x0), 0), max(int(y0), 0), min(int(x1), w), min(int(y1), h)
+
+
+def _support_corners(mask: np.ndarray, margin: int = 2) -> np.ndarray:
+    """[4, 2] crop coordinates of the corners of the mask's nonzero box, grown by `margin` px (a frame pixel's
+    bilinear sample of the mask reaches one crop pixel further, plus fixed-point rounding); the whole crop when the
+    mask is empty."""
+    s = mask.shape[0]
+    ys, xs = np.nonzero(mask > 0)
+    if xs.size == 0:
+        x0 = y0 = 0
+        x1 = y1 = s
+    else:
+        x0, y0 = max(int(xs.min()) - margin, 0), max(int(ys.min()) - margin, 0)
+        x1, y1 = min(int(xs.max()) + 1 + margin, s), min(int(ys.max()) + 1 + margin, s)
+    return np.array([[x0, y0], [x1, y0], [x0, y1], [x1, y1]], np.float64)
 
 
 def _inverse(affine: np.ndarray) -> np.ndarray:
@@ -320,11 +370,16 @@ def fuse_video(
     refine: Refine,
     opts: FuseOptions = FuseOptions(),
     progress: Progress | None = None,
+    *,
+    clock: StageClock = NULL_CLOCK,
 ) -> VideoStats:
     """Pass 2 (see module doc): write the fused video to out_path (.mp4/.mov/.mkv) and return what was done.
 
-    The output exists only when the run finished: an exception (a cancel from `progress`, a refine error, a
-    corrupt frame) leaves nothing at out_path.
+    clock: gets each stage's time (video/clock.py STAGES: decode, crop, diffusion, flow, propagation, paste, encode).
+
+    progress(frames written, total) is called for every frame written and for every `tick` a refine that takes one
+    calls (video/progress.py). The output exists only when the run finished: an exception (a cancel from
+    `progress`, a refine error, a corrupt frame) leaves nothing at out_path.
     """
     t0 = time.perf_counter()
     out_path = Path(out_path)
@@ -353,30 +408,34 @@ def fuse_video(
     sar = probe(source).sar
     with VideoReader(source, keep_audio=True) as reader:
         rate = reader.video.average_rate
-        with VideoWriter(
-            out_path,
-            tracks.width,
-            tracks.height,
-            rate,
-            reader.time_base,
-            reader.audio,
-            opts.encode,
-            reader.subtitles,
-            sar=sar,
-        ) as writer:
-            fuser = _Fuser(tracks, refine, opts, writer)
-            last = 0
-            for frame in reader:
-                fuser.add(frame)
-                writer.mux_audio(reader.pop_audio())
-                if progress is not None and fuser.stats.frames - last >= opts.chunk_frames:
-                    last = fuser.stats.frames
-                    progress(last, total)
+        with (
+            VideoWriter(
+                out_path,
+                tracks.width,
+                tracks.height,
+                rate,
+                reader.time_base,
+                reader.audio,
+                opts.encode,
+                reader.subtitles,
+                sar=sar,
+            ) as video_writer,
+            WriterThread(video_writer, clock=clock) as writer,
+        ):
+            fuser = _Fuser(tracks, refine, opts, writer, clock=clock, progress=FrameProgress(progress, total))
+            rest: list[Any] = []  # the packets demuxed after the last frame: muxed after the last frame is written
+            with Prefetch(frames_and_audio(reader), clock=clock) as items:
+                for frame, audio in items:
+                    if frame is None:
+                        rest = audio
+                        continue
+                    fuser.add(frame)
+                    writer.mux_audio(audio)
             fuser.flush()
             fuser.drain()
             if fuser.buffer:
                 raise RuntimeError(f"{len(fuser.buffer)} frames of {tracks.name} were never resolved (internal error)")
-            writer.mux_audio(reader.pop_audio())
+            writer.mux_audio(rest)
             if progress is not None:
                 progress(fuser.stats.frames, total)
             writer.finish()

