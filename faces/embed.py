@@ -72,7 +72,9 @@ class ArcFaceEmbedder:
         inp = self.session.get_inputs()[0]
         self.input_name = inp.name
         if list(inp.shape[1:]) != [3, ARCFACE_SIZE, ARCFACE_SIZE]:
-            raise self.error(f"{self.path} is not an ArcFace recognition model (input {inp.shape}, want Nx3x112x112).")
+            raise self.error(
+                f"{self.path.name} is not an ArcFace recognition model (input {inp.shape}, want Nx3x112x112)."
+            )
 
     def embed_crop112(self, crop112: np.ndarray) -> np.ndarray:
         """crop112: [112, 112, 3] ArcFace-aligned RGB, uint8 or float 0..1. Returns [D] float32, unit length."""
