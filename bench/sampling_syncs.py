@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     from tokenfuse.devkit.patch_replay import count_syncs, face_plan
     from tokenfuse.nodes.glue import patcher, sampling
     from tokenfuse.nodes.model_patching import schedule_model
-    from tokenfuse.nodes.scheduler_node import schedule_from_widgets
+    from tokenfuse.scheduling.widgets import schedule_from_widgets
 
     dtype = torch.float16 if cuda else torch.float32
     tiny = a.width < 320

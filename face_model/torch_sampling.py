@@ -187,10 +187,10 @@ def sample(
 
 def scheduled(model: TorchFaceModel, preset: str, strategy: str = "preset", ratio: float = 0.0) -> TorchFaceModel:
     """The model with TokenSchedulerController's sd15 schedule for these widgets attached (scheduling/patches.py)."""
-    from ..nodes.scheduler_node import schedule_from_widgets
     from ..scheduling.keys import PRESET_KEY
     from ..scheduling.patches import build_unet_patches
     from ..scheduling.telemetry import RunTelemetry
+    from ..scheduling.widgets import schedule_from_widgets
 
     schedule = schedule_from_widgets(preset, strategy, ratio, "sd15")
     if schedule.is_off:

@@ -124,7 +124,7 @@ export function applyScheduleText(schedule, textValue) {
 
 /**
  * The schedule the chart shows, from the node's widget values ({name: value}; any key may be missing).
- * Mirrors nodes/scheduler_node.py schedule_from_widgets: the preset for the family, then the strategy widget
+ * Mirrors scheduling/widgets.py schedule_from_widgets: the preset for the family, then the strategy widget
  * ("preset" keeps the preset's), then ratio (> 0 replaces the ratio at every level the preset reduces; preset "off"
  * stays identity), then schedule_text (whose widget names, e.g. {"ratio": 0.5}, replace the widgets' values first;
  * `widgetValues` holds the values in effect when the text is accepted).

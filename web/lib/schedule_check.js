@@ -17,7 +17,7 @@ const LEVELS = Object.freeze([8, 16, 32, 64]);
 /** get_args(Preset) (scheduling/vocabulary.py), in its order: the 'preset' message lists them so. */
 export const PRESETS = Object.freeze(["off", "balanced", "lowvram_4gb", "lowvram_6gb", "lowvram_8gb"]);
 /**
- * TokenSchedulerController's widgets a schedule_text may also set by name (nodes/scheduler_node.py WIDGET_KEYS):
+ * TokenSchedulerController's widgets a schedule_text may also set by name (scheduling/widgets.py WIDGET_KEYS):
  * preset and ratio always, strategy only with its widget-only value "preset" (any other value is the Schedule field).
  */
 export const WIDGET_KEYS = Object.freeze(["preset", "strategy", "ratio"]);
@@ -262,7 +262,7 @@ const isMapping = (v) => v !== null && typeof v === "object" && !Array.isArray(v
 const isWidgetKey = (data, key) => (key === "strategy" ? data.strategy === "preset" : key === "preset" || key === "ratio");
 
 /**
- * The widget values a schedule_text sets by name, checked as nodes/scheduler_node.py _widgets_from_text checks them
+ * The widget values a schedule_text sets by name, checked as scheduling/widgets.py widgets_from_text checks them
  * (preset, then ratio; the first failing one names the error). Text the server refuses before reading it (too long,
  * too deep), text that is not JSON and text that is not a mapping set nothing here: checkScheduleText reports them.
  *

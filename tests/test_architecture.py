@@ -1,0 +1,114 @@
+"""The layer rules of docs/architecture.md, checked over every package of the pack.
+
+Arrows only point down: cores -> nodes -> runner -> service. Both spellings of an import count: relative
+(`from ..runner import x`) and absolute (`from tokenfuse.runner import x`, which service/ uses so Ray can pickle by
+name). devkit/ serves tests, benches and tools only: nothing the pack runs imports it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+NOT_PACK = {"tests", "bench", "tools", "web", "workflows", "docs", "build", "dist"}
+
+# package -> the packages it may import (itself always). "" is the root package (__init__.py: node mappings).
+ALLOWED: dict[str, set[str]] = {
+    "scheduling": set(),
+    "faces": {"scheduling"},
+    "fusion": {"faces", "scheduling"},
+    "video": {"faces", "scheduling", "fusion"},
+    "face_model": {"faces", "fusion", "scheduling"},
+    "nodes": {"scheduling", "faces", "fusion", "video", "face_model"},
+    "runner": {"", "scheduling", "faces", "fusion", "video", "face_model", "nodes"},
+    "service": {"scheduling", "faces", "fusion", "video", "face_model", "nodes", "runner"},
+    "devkit": {"", "scheduling", "faces", "fusion", "video", "face_model", "nodes", "runner", "service"},
+}
+
+
+def _packages() -> list[str]:
+    return sorted(
+        p.name
+        for p in REPO.iterdir()
+        if p.is_dir() and (p / "__init__.py").is_file() and p.name not in NOT_PACK and not p.name.startswith(".")
+    )
+
+
+def _targets(path: Path) -> list[tuple[str, int]]:
+    """(top-level pack package imported, line) for every relative or `tokenfuse.*` import in the file."""
+    rel = path.relative_to(REPO).with_suffix("").parts
+    here = list(rel[:-1]) if rel[-1] != "__init__" else list(rel[:-1])
+    out: list[tuple[str, int]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = here[: len(here) - (node.level - 1)] if node.level > 1 else here
+            full = base + (node.module.split(".") if node.module else [])
+            names.append(full[0] if full else "")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "tokenfuse":
+            parts = (node.module or "").split(".")
+            names.append(parts[1] if len(parts) > 1 else "")
+        elif isinstance(node, ast.Import):
+            names += [a.name.split(".")[1] for a in node.names if a.name.startswith("tokenfuse.")]
+        out += [(n, node.lineno) for n in names]
+    return out
+
+
+def test_every_package_has_a_rule() -> None:
+    missing = [p for p in _packages() if p not in ALLOWED]
+    assert not missing, f"add {missing} to ALLOWED (and to docs/architecture.md's picture)"
+
+
+@pytest.mark.parametrize("package", _packages())
+def test_imports_point_down(package: str) -> None:
+    allowed = ALLOWED.get(package, set()) | {package}
+    bad = []
+    for path in sorted((REPO / package).rglob("*.py")):
+        for target, line in _targets(path):
+            if target not in allowed:
+                bad.append(f"{path.relative_to(REPO)}:{line} imports {target or 'the root package'}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_root_package_imports_only_nodes() -> None:
+    targets = {t for t, _ in _targets(REPO / "__init__.py")}
+    assert targets <= {"nodes"}, targets
+
+
+def _node_classes() -> dict[str, Path]:
+    """Every class named in a NODE_CLASS_MAPPINGS literal of the pack -> its file."""
+    found: dict[str, Path] = {}
+    for package in _packages():
+        for path in (REPO / package).rglob("*.py"):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            for node in ast.walk(tree):
+                if (
+                    isinstance(node, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == "NODE_CLASS_MAPPINGS" for t in node.targets)
+                    and isinstance(node.value, ast.Dict)
+                ):
+                    found.update({v.id: path for v in node.value.values if isinstance(v, ast.Name)})
+    return found
+
+
+def test_no_node_class_is_used_outside_its_own_module() -> None:
+    """Nodes compose cores: a node class is never imported by another node module, the runner or the service (the
+    package's __init__ files only collect NODE_CLASS_MAPPINGS)."""
+    classes = _node_classes()
+    assert len(classes) >= 8
+    bad = []
+    for package in _packages():
+        if package == "devkit":
+            continue
+        for path in sorted((REPO / package).rglob("*.py")):
+            if path.name == "__init__.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom):
+                    for alias in node.names:
+                        if alias.name in classes and classes[alias.name] != path:
+                            bad.append(f"{path.relative_to(REPO)}:{node.lineno} imports node class {alias.name}")
+    assert not bad, "\n".join(bad)
