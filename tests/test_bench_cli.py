@@ -594,3 +594,21 @@ def test_step_cache_bench_bar_is_the_gate_modules(monkeypatch: pytest.MonkeyPatc
 
     bench = _load_bench(monkeypatch, "step_cache.py")
     assert (bench.GATE_PSNR, bench.GATE_SSIM) == (gate.GATE_PSNR, gate.GATE_SSIM)
+
+
+def test_gpu_script_takes_its_paths_as_arguments() -> None:
+    """bench/gpu_issue11.sh reads ComfyUI's checkout and the results folder from its arguments (no machine's paths in
+    it, no environment defaults): without them it prints its usage and exits 2 before running anything."""
+    script = REPO / "bench" / "gpu_issue11.sh"
+    env = {k: v for k, v in os.environ.items() if k not in ("OUT", "COMFYUI", "QUICK")}
+    proc = subprocess.run(["bash", str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "usage: bash bench/gpu_issue11.sh COMFYUI OUT" in proc.stderr, proc
+
+
+def test_step_cache_quality_part_needs_faces_given() -> None:
+    """bench/step_cache.py's quality part reads held-out photos from --faces, which has no default (it pointed into
+    one machine's data folder): asking for that part without it is a usage error before ComfyUI is touched."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    cmd = [sys.executable, "bench/step_cache.py", "--comfyui", "no-such-comfyui", "--part", "quality"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "the quality part needs --faces DIR" in proc.stderr, proc.stderr[-2000:]
