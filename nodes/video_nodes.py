@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 VideoMode = Literal["keyframes", "per_frame"]
 PREVIEW_FRAMES = 6
-ANCHOR_DEFAULT: AnchorMode = "off"  # see docs/notes/video_a.md for the measurement behind the default
+ANCHOR_DEFAULT: AnchorMode = "off"  # see docs/video.md for the measurement behind the default
 
 
 def _float(default: float, lo: float, hi: float, step: float, tip: str) -> tuple[str, dict[str, Any]]:

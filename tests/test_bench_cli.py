@@ -6,7 +6,7 @@ here instead of the next time someone runs the bench.
 process keeps the benches' sys.path edits and pack loading away from the test session.
 bench/attention_block.py --quick (pure torch, no ComfyUI) also runs for real, so one bench's measuring code is
 exercised end to end in CI; the other benches need ComfyUI, the trained face model's data or Ray (see
-docs/notes/bench_quick.md for their quick invocations).
+docs/performance.md for their quick invocations).
 """
 
 from __future__ import annotations
@@ -355,15 +355,15 @@ def test_gpu_script_pins_every_wheel_it_stages() -> None:
 
 
 def test_fusion_and_video_take_comfyui_from_comfyui_path(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
-    """bench/fusion.py required --comfyui and ignored COMFYUI_PATH (the README's fusion commands, which leave the
+    """bench/fusion.py required --comfyui and ignored COMFYUI_PATH (the documented fusion commands, which leave the
     flag out like every other bench command there, stopped at argparse); bench/video.py's --refine sd15/face did the
     same. Both now default to COMFYUI_PATH, and with neither they stop with a message naming both."""
     fusion = _load_bench(monkeypatch, "fusion.py")
     monkeypatch.setenv("COMFYUI_PATH", "/some/ComfyUI")
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    quoted = re.findall(r"`bench/fusion\.py ([^`]*)`", readme.replace("\n", " "))
-    assert quoted, "the README quotes no bench/fusion.py command"
-    for cmd in quoted:  # each README command parses as written, the checkout from COMFYUI_PATH
+    doc = (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
+    quoted = re.findall(r"`bench/fusion\.py ([^`]*)`", doc.replace("\n", " "))
+    assert quoted, "docs/performance.md quotes no bench/fusion.py command"
+    for cmd in quoted:  # each documented command parses as written, the checkout from COMFYUI_PATH
         assert fusion.parse_args(cmd.split()).comfyui == "/some/ComfyUI", cmd
     assert fusion.parse_args(["--comfyui", "/other"]).comfyui == "/other"
     monkeypatch.delenv("COMFYUI_PATH")
