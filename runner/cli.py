@@ -73,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="built-in demo graph and photo (runner/demo.py); tune it with --set (fuse.steps=8, fuse.seed=1, "
         "schedule.preset=off, detect.backend=mtcnn), not with the core engine's options",
     )
+    r.add_argument(
+        "--checkpoint",
+        metavar="NAME",
+        help="with --demo: one of your SD1.5 checkpoints in ComfyUI's models/checkpoints instead of the small test "
+        "model (the file name, as the checkpoint loader lists it)",
+    )
     r.add_argument("--quiet", action="store_true", help="no progress line")
     r.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     add_core_arguments(r)
@@ -275,13 +281,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise WorkflowError("--demo runs embedded (its model loader exists only in the runner): drop --server")
     if not args.demo and not args.workflow:
         raise WorkflowError("give a workflow .json (or --demo)")
+    if args.checkpoint and not args.demo:
+        raise WorkflowError("--checkpoint picks the demo's model: use it with --demo (a workflow names its own)")
     engine = _make_engine(args, {demo.DEMO_LOADER: demo.DemoModels} if args.demo else None)
     scratch = tempfile.TemporaryDirectory(prefix="tokenfuse_demo_")
     try:
         defs = engine.node_defs()
         if args.demo:
-            log.info("TokenFuse demo: %s", demo.DEMO_WEIGHTS)
-            prompt = demo.fill_defaults(demo.demo_prompt(), defs)
+            if args.checkpoint:
+                demo.check_checkpoint(args.checkpoint, defs)
+            log.info("TokenFuse demo: %s", demo.model_label(args.checkpoint))
+            prompt = demo.fill_defaults(demo.demo_prompt(checkpoint=args.checkpoint, plan_image=True), defs)
             sources = ([args.workflow] if args.workflow else []) + list(args.items)
         else:
             prompt = load_prompt(Path(args.workflow), defs)
@@ -336,6 +346,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # run_items logs the summary line; the failures are listed once more at the end, where a user looks
     for failure in summary.failures:
         log.error("failed: %s", failure)
+    if args.demo:
+        demo.finish(Path(args.output), {i.key for i in items}, args.checkpoint, defs)
     return summary.exit_code
 
 
