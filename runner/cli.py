@@ -340,14 +340,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
         else:
             summary = run_items(engine, prompt, slot, constants, items, Path(args.output), args.resume, not args.quiet)
+        if args.demo:  # before the scratch folder (the sample photo, the sheet's first panel) goes
+            demo.write_demo_sheets(Path(args.output), {i.key for i in items}, args.checkpoint)
     finally:
         engine.close()
         scratch.cleanup()
     # run_items logs the summary line; the failures are listed once more at the end, where a user looks
     for failure in summary.failures:
         log.error("failed: %s", failure)
-    if args.demo:
-        demo.finish(Path(args.output), {i.key for i in items}, args.checkpoint, defs)
+    if args.demo:  # the last line: how to run the demo with one of the user's checkpoints
+        demo.log_checkpoint_hint(args.checkpoint, defs)
     return summary.exit_code
 
 

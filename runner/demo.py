@@ -197,12 +197,16 @@ def fill_defaults(prompt: dict[str, dict[str, Any]], defs: dict[str, dict[str, A
     return prompt
 
 
-def finish(output: Path, keys: set[str], checkpoint: str | None, defs: dict[str, dict[str, Any]]) -> None:
-    """After a demo run: a contact sheet beside each photo's output (its path logged), then, when the test model ran
-    and ComfyUI has checkpoints, a last line saying how to run the demo with one."""
+def write_demo_sheets(output: Path, keys: set[str], checkpoint: str | None) -> None:
+    """After a demo run: a contact sheet beside each photo's output (its path logged). Call it while the items'
+    files exist (the sample photo lives in the run's scratch folder)."""
     from .demo_sheet import write_sheets
 
     write_sheets(output / "report.jsonl", keys, model_label(checkpoint), checkpoint is None, PLAN_PREFIX)
+
+
+def log_checkpoint_hint(checkpoint: str | None, defs: dict[str, dict[str, Any]]) -> None:
+    """The demo's last line when the test model ran and ComfyUI has checkpoints: how to run it with one."""
     hint = checkpoint_hint(defs) if checkpoint is None else None
     if hint:
         log.info("%s", hint)
