@@ -24,7 +24,8 @@ DEMO_LOADER = "TokenFuseRunnerDemoModels"
 CHECKPOINT_LOADER = "CheckpointLoaderSimple"
 PLAN_PREFIX = "tokenfuse_demo_plan"  # the token plan preview's SaveImage (the contact sheet's middle panel)
 # What a real SD1.5 checkpoint gets in the demo graph: refinement settings of the 4 GB workflow's kind.
-CHECKPOINT_SETTINGS = {"steps": 20, "cfg": 5.0, "guide_size": 512}
+CHECKPOINT_SETTINGS: dict[str, int] = {"steps": 20, "guide_size": 512}
+CHECKPOINT_CFG = 5.0
 POSITIVE = "a detailed photo of a face, natural skin texture, sharp focus"
 NEGATIVE = "blurry, deformed, cartoon, lowres"
 
@@ -114,7 +115,7 @@ def demo_prompt(
             "10": node("CLIPTextEncode", "positive", clip=["1", 1], text=POSITIVE),
             "11": node("CLIPTextEncode", "negative", clip=["1", 1], text=NEGATIVE),
         }
-        model, vae, positive, negative, cfg = ["1", 0], ["1", 2], ["10", 0], ["11", 0], CHECKPOINT_SETTINGS["cfg"]
+        model, vae, positive, negative, cfg = ["1", 0], ["1", 2], ["10", 0], ["11", 0], CHECKPOINT_CFG
     prompt = {
         **models,
         "2": node("LoadImage", "image", image="astronaut.png"),
