@@ -1,6 +1,6 @@
 """pytest only (ComfyUI never imports this file): collect the repository root as a plain folder, not a package.
 
-The checkout's folder name is arbitrary and often not a Python identifier (`ComfyUI-TokenFuse`, `wt-layout`), so
+The checkout's folder name is arbitrary and often not a Python identifier (`ComfyUI-TokenFuse`, `tokenfuse-2`), so
 pytest cannot import the root `__init__.py` as a package (it fails with "attempted relative import with no known
 parent package"); tests/conftest.py loads the pack as `tokenfuse` instead.
 """

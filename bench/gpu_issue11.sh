@@ -1,29 +1,29 @@
 #!/usr/bin/env bash
-# Issue 11's open GPU checks as ONE prepared run (docs/notes/speed.md "What still needs a GPU"), most important first,
-# each step capped so that the whole run ends inside BUDGET seconds and its results come back.
+# The GPU speed checks that are still open (docs/performance.md, "What still needs a GPU") as ONE prepared run, most
+# important first, each step capped so that the whole run ends inside BUDGET seconds and its results come back.
 #
-#   CPU smoke, here:     QUICK=1 COMFYUI=/work/comfyui OUT=/tmp/gpu11 python=/work/cvenv/bin/python \
-#                        bash bench/gpu_issue11.sh 900
-#   device (repo root):  COMFYUI=.comfy bash bench/gpu_issue11.sh 540     (OUT is set there)
+#   bash bench/gpu_issue11.sh COMFYUI OUT [BUDGET]      COMFYUI: a ComfyUI checkout; OUT: folder for the results;
+#                                                       BUDGET: seconds for the whole run (default 540)
+#   CPU smoke:  QUICK=1 python=/path/to/comfy-venv/bin/python bash bench/gpu_issue11.sh /path/to/ComfyUI out/gpu 900
+#   device:     bash bench/gpu_issue11.sh .comfy out 540     (from the repository root, ComfyUI staged as below)
 #
-# Staging for the device (nothing is fetched there; /.comfy/ and /.whl/ are ignored, never committed):
+# Staging for a device that cannot reach the network (/.comfy/ and /.whl/ are git-ignored, never committed):
 #   cd ComfyUI && git ls-files | grep -v -E '^(tests|tests-unit|api_server|alembic_db|script_examples|\.github|\.ci)/' \
-#     | while read f; do [[ $f == *.py ]] || (( $(stat -c %s "$f") < 200000 )) && echo "$f"; done >/tmp/files \
-#     && tar cf - -T /tmp/files | (mkdir -p REPO/.comfy && cd REPO/.comfy && tar xf -)    # ~6 MB: code, no tokenizers
+#     | while read f; do [[ $f == *.py ]] || (( $(stat -c %s "$f") < 200000 )) && echo "$f"; done >files.txt \
+#     && tar cf - -T files.txt | (mkdir -p REPO/.comfy && cd REPO/.comfy && tar xf -)    # ~6 MB: code, no tokenizers
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl torchsde==0.2.6 trampoline==0.1.2 av==18.1.0
-#   (the device image lacks ComfyUI's torchsde and av; av alone is 35 MB: repo 23 + .comfy 6 + .whl 35 < 64 MiB;
-#   av pinned to the version the tests run, inside requirements-test.txt's av>=18.0,<19)
-#   run: command "python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl &&
-#        export PYTHONPATH=/tmp/site && COMFYUI=.comfy bash bench/gpu_issue11.sh 540", carry [".comfy", ".whl"],
-#        timeout_s 600 (the script ends its steps inside the budget, then packs the results)
+#   (for an image without ComfyUI's torchsde and av; av pinned inside requirements-test.txt's av>=18.0,<19)
+#   then on the device: "python3 -m pip install -q --no-index --no-deps --no-compile --target site .whl/*.whl &&
+#   PYTHONPATH=$PWD/site bash bench/gpu_issue11.sh .comfy out 540", with carry [".comfy", ".whl"] when the device
+#   copies only tracked files (the script ends its steps inside the budget, then packs the results)
 #
 # QUICK=1: the same steps on the CPU with the benches' tiny models and sizes (the numbers mean nothing; it checks every
 # command line and the packaging; about 3 minutes on 2 cores). Writes $OUT/log.txt (every step's table, its command
 # and exit code, then bench/gpu_verdict.py's verdict per target and Markdown tables) and $OUT/results.tgz (the JSON
 # of every step).
 #
-# Steps (issue 11 targets in brackets):
+# Steps (targets in brackets):
 #  0 syncs        device syncs of the attention patches per model call, every strategy, with and without a face
 #                 plan (PyTorch's sync debug mode; the sigma-read control row must show 1)   [0 per model call]
 #  0b sampling_syncs  the same count over whole ComfyUI sampling runs (euler, 20 steps, SD1.5 512), unpatched vs
@@ -40,10 +40,13 @@
 #  7 compiled_cache  the step cache compiled on the 512 crop
 set -u
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-budget=${1:-540}
+if (($# < 2)); then
+  echo "usage: bash bench/gpu_issue11.sh COMFYUI OUT [BUDGET_SECONDS]" >&2
+  exit 2
+fi
+COMFYUI=$1 OUT=$2 budget=${3:-540}
 start=$SECONDS
 py=${python:-python3}
-: "${OUT:?set OUT to the folder for the results}" "${COMFYUI:?set COMFYUI to a ComfyUI checkout}"
 mkdir -p "$OUT/r"
 log="$OUT/log.txt"
 if [ -n "${QUICK:-}" ]; then

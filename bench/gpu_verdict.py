@@ -13,7 +13,7 @@ Reads the step JSONs (a results.tgz, or the folder holding them) and checks each
 and reports what has no target (the face-crop plan's kept levels, the compiled step cache). Each timed table's
 control row (the unpatched model timed again as if it were a variant) is printed beside it: how far two identical
 runs drift on that device, the noise every ratio carries. Then the unet_step rows as Markdown tables for
-docs/notes/speed.md. A run on the CPU (QUICK=1) decides nothing: its timed checks say "cpu smoke" (the numbers
+docs/performance.md. A run on the CPU (QUICK=1) decides nothing: its timed checks say "cpu smoke" (the numbers
 check the plumbing only).
 
     python bench/gpu_verdict.py RESULTS [--markdown] [--strict]

@@ -25,12 +25,12 @@ with PatchTokenize); --no-plan drops it.
                     PSNR / SSIM of each variant's face crop vs the unpatched crop (over the face mask, as
                     bench/quality.py), and the U-Net time ratio on that (small) model.
 
-    python bench/step_cache.py --comfyui /work/comfyui --part speed --json out/speed.json
+    python bench/step_cache.py --comfyui /path/to/ComfyUI --part speed --json out/speed.json
     python bench/step_cache.py --comfyui ... --part speed --device cuda --dtype fp16 --model sdxl \
         --guide 1024 --rounds 3
-    python bench/step_cache.py --comfyui /work/comfyui --part quality --faces /work/data/fm256/heldout --limit 8
+    python bench/step_cache.py --comfyui /path/to/ComfyUI --part quality --faces /path/to/heldout --limit 8
     python bench/step_cache.py ... --cache '{"cache_interval": 3}' --cache '{"cache_interval": 2}'   # several
-    python bench/step_cache.py --comfyui /work/comfyui --quick     # smoke run: calls + quality parts, tiny sizes
+    python bench/step_cache.py --comfyui /path/to/ComfyUI --quick  # smoke run: calls part (+ quality with --faces)
 Attention backend: PyTorch SDPA (printed). Steps 20, denoise 0.45, euler/normal, seed 0 unless told.
 """
 
@@ -430,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--guide", type=int, default=512)
     ap.add_argument("--frame", type=int, default=768, help="astronaut frame side for the speed part")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--faces", default="/work/data/fm256/heldout")
+    ap.add_argument("--faces", default="", help="folder of held-out face photos (the quality part needs it)")
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("--no-plan", action="store_true", help="run our variants without a token plan")
     ap.add_argument("--threads", type=int, default=1)
@@ -462,6 +462,13 @@ def main(argv: list[str] | None = None) -> int:
     if not a.comfyui:
         ap.error("needs ComfyUI: --comfyui PATH or COMFYUI_PATH")
     a.cache = a.cache or [DEFAULT_CACHE]
+    both = ("calls" if a.quick else "speed", "quality")
+    parts = both if a.part == "both" else (a.part,)
+    if not a.faces and "quality" in parts:
+        if a.part == "quality" or not a.quick:
+            ap.error("the quality part needs --faces DIR (held-out face photos), or choose --part speed / calls")
+        parts = both[:1]  # the smoke run without photos: its calls part only
+        print("# quality part skipped: no --faces DIR given", flush=True)
     torch.set_num_threads(a.threads)
     import comfy_models
     from pack_loader import load_pack
@@ -488,8 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         "quality": lambda: quality_part(pack, a, which),
         "calls": lambda: calls_part(pack, a, which),
     }
-    both = ("calls" if a.quick else "speed", "quality")
-    for part in both if a.part == "both" else (a.part,):
+    for part in parts:
         out[part] = run[part]()
         out["settings"]["calibration"] = calibration_origin()  # after the part: timed rounds included
         write_json(a.json, out, indent=2)  # after every part: a run stopped by a time cap keeps the finished tables

@@ -316,3 +316,35 @@ def build_vae(ch: int = 128, seed: int = 0, dtype: torch.dtype | None = None) ->
     sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
     config = None if ch == 128 else {"params": {"ddconfig": ddconfig, "embed_dim": 4}}
     return VAE(sd=sd, config=config, dtype=dtype)
+
+
+def write_sd15_checkpoint(path: str | Path, seed: int = 0) -> Path:
+    """A random-weight SD1.5 checkpoint file (U-Net, SD VAE, CLIP-L text encoder) that ComfyUI's
+    CheckpointLoaderSimple loads and detects as SD1.5, for tests of code that takes a user's checkpoint by name.
+
+    Full-size architectures (ComfyUI recognises SD1.5 by its 320-channel U-Net and 768-wide context): ~2.1 GB in
+    fp16, seconds to write. Random weights check that a graph runs, never image quality. Requires ComfyUI imported
+    (setup_comfy).
+    """
+    from comfy.ldm.models.autoencoder import AutoencoderKL
+    from comfy.sd1_clip import SDClipModel
+    from safetensors.torch import save_file
+
+    state: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        unet = build_model("sd15", seed=seed).model.diffusion_model
+        state.update({f"model.diffusion_model.{k}": v.half() for k, v in unet.state_dict().items()})
+        del unet
+        vae = AutoencoderKL(ddconfig=SD_VAE_DDCONFIG, embed_dim=4)
+        init_random_weights(vae, seed + 1)
+        state.update({f"first_stage_model.{k}": v.half() for k, v in vae.state_dict().items()})
+        del vae
+        clip = SDClipModel(device="cpu", dtype=torch.float32)
+        init_random_weights(clip.transformer, seed + 2)
+        text = {k: v for k, v in clip.state_dict().items() if k.startswith("transformer.text_model.")}
+        state.update({f"cond_stage_model.{k}": v.half() for k, v in text.items()})
+        del clip
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out))
+    return out

@@ -23,7 +23,7 @@ STRUCTURE_FLOOR = 0.81
 """The opt-in min_structure calibrated on the trained face model's outputs of 20 held-out photos (guide 512, 20
 steps): good outputs >= 0.898 at denoise 0.45 and >= 0.848 at 0.6; other people's faces pasted through the output's
 mask <= 0.772. NOT the default: on a low-resolution source (carphone, 176x144, refined at a 128 or 256 crop) the same
-model's good refines score 0.74-0.80, where pasted faces also lie (docs/notes/identity_check.md)."""
+model's good refines score 0.74-0.80, where pasted faces also lie (docs/quality.md)."""
 STRUCTURE_SIGMA = 1 / 64
 """Low-pass of structure_similarity, as a fraction of the crop side (8 px at 512): what a refine keeps."""
 
@@ -38,7 +38,7 @@ class ArtifactThresholds:
     on the L2 distance of dlib's 128-d descriptors, input face vs output: the worst of the trained face model's 20
     held-out good outputs (guide 512) is 0.731, so 0.76 keeps false positives at 0 (dlib's own "same person" cut,
     0.6, flags real outputs). It only catches far identities: other held-out people pasted into an output score
-    0.41-0.80 (docs/notes/identity_check.md). min_structure: floor on structure_similarity(sampled crop, output)
+    0.41-0.80 (docs/quality.md). min_structure: floor on structure_similarity(sampled crop, output)
     inside the face; None (default) = off: a refine of a blurry, low-resolution face legitimately redraws it as much
     as another face differs (STRUCTURE_FLOOR).
     """

@@ -130,7 +130,7 @@ def crop_plan(
     Without: importance = max(mask, floor), the whole face protected. Why features only: on an aligned crop the face
     is ~70 % of the tokens, so protecting all of it left the schedule almost nothing to reduce (crop + schedule 1.03x
     crop alone on CPU), while the trained face model's quality gate passes with no protection at all
-    (docs/notes/quality.md).
+    (docs/quality.md).
     budgets estimate kept tokens per level: protected tokens plus `background_keep` of the others (the scheduler
     decides the real reduction; budgets are for the report).
     """

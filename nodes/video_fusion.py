@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 VideoMode = Literal["keyframes", "per_frame"]
-ANCHOR_DEFAULT: AnchorMode = "off"  # see docs/notes/video_a.md for the measurement behind the default
+ANCHOR_DEFAULT: AnchorMode = "off"  # see docs/video.md for the measurement behind the default
 Window = tuple[Any, list[int | None]]  # (video.chunks.Chunk, every frame's pts): write only that chunk, video only
 
 

@@ -80,6 +80,12 @@ def build_parser(commands: Sequence[AddCommand] = ()) -> argparse.ArgumentParser
         help="built-in demo graph and photo (runner/demo.py); tune it with --set (fuse.steps=8, fuse.seed=1, "
         "schedule.preset=off, detect.backend=mtcnn), not with the core engine's options",
     )
+    r.add_argument(
+        "--checkpoint",
+        metavar="NAME",
+        help="with --demo: one of your SD1.5 checkpoints in ComfyUI's models/checkpoints instead of the small test "
+        "model (the file name, as the checkpoint loader lists it)",
+    )
     r.add_argument("--quiet", action="store_true", help="no progress line")
     r.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     add_core_arguments(r)
@@ -281,6 +287,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise WorkflowError("--demo runs embedded (its model loader exists only in the runner): drop --server")
     if not args.demo and not args.workflow:
         raise WorkflowError("give a workflow .json (or --demo)")
+    if args.checkpoint and not args.demo:
+        raise WorkflowError("--checkpoint picks the demo's model: use it with --demo (a workflow names its own)")
     refuse_non_folder(args.output)
     workflow = None if args.demo else read_workflow(Path(args.workflow))  # a broken file costs no engine start
     engine = _make_engine(args, {demo.DEMO_LOADER: demo.DemoModels} if args.demo else None)
@@ -288,8 +296,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         defs = engine.node_defs()
         if args.demo:
-            log.info("TokenFuse demo: %s", demo.DEMO_WEIGHTS)
-            prompt = demo.fill_defaults(demo.demo_prompt(), defs)
+            if args.checkpoint:
+                demo.check_checkpoint(args.checkpoint, defs)
+            log.info("TokenFuse demo: %s", demo.model_label(args.checkpoint))
+            prompt = demo.fill_defaults(demo.demo_prompt(checkpoint=args.checkpoint, plan_image=True), defs)
             sources = ([args.workflow] if args.workflow else []) + list(args.items)
         else:
             prompt = to_prompt(workflow or {}, defs, Path(args.workflow))
@@ -339,12 +349,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
         else:
             summary = run_items(engine, prompt, slot, constants, items, Path(args.output), args.resume, not args.quiet)
+        if args.demo:  # before the scratch folder (the sample photo, the sheet's first panel) goes
+            demo.write_demo_sheets(Path(args.output), {i.key for i in items}, args.checkpoint)
     finally:
         engine.close()
         scratch.cleanup()
     # run_items logs the summary line; the failures are listed once more at the end, where a user looks
     for failure in summary.failures:
         log.error("failed: %s", failure)
+    if args.demo:  # the last line: how to run the demo with one of the user's checkpoints
+        demo.log_checkpoint_hint(args.checkpoint, defs)
     return summary.exit_code
 
 

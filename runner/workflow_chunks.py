@@ -16,7 +16,7 @@ on one worker and its report row says why (`route`):
   ComfyUI's model folders or upstream nodes the driver does not have);
 - anchor_attention "off" (an anchor is a track's first key frame: a chunk without it would attend to another one).
 In chunked mode `faces_per_batch` is set to 1: batched sampling differs from per-crop sampling in the last float
-bits (measured 5e-7 on the trained face model, docs/notes/runner_c.md) and chunk boundaries change which crops
+bits (measured 5e-7 on the trained face model) and chunk boundaries change which crops
 share a batch, so only per-crop sampling makes the result independent of the chunk plan. A one-worker run with
 faces_per_batch 1 gives the same frames; with the workflow's faces_per_batch 2 they differ only by that rounding.
 """

@@ -4,7 +4,7 @@ the model-free structure rule catches another person's face.
 Issue 14: the check's identity floor (0.35) is an ArcFace cosine similarity; no ArcFace weights exist offline, and
 dlib's 128-d descriptors (face-recognition-models) live on another scale (L2 distance, lower = same person). So an
 IdentityScore carries its embedder and only meets that embedder's threshold. The dlib threshold was calibrated on the
-trained face model's real outputs of 20 held-out faces (bench/quality.py, docs/notes/identity_check.md): 0.76, above
+trained face model's real outputs of 20 held-out faces (bench/quality.py, docs/quality.md): 0.76, above
 the worst good output (0.731). Here it is checked on other real photos: the astronaut's real output (trained model,
 CI settings of tests/test_quality_gate.py; dlib distance 0.629) passes, and with t1.jpg's second and third faces
 pasted through its mask (0.786, 0.864) it fails. Known misses, as on the held-out faces (other people pasted there
@@ -16,7 +16,7 @@ What catches every one of them is model-free, and opt-in: the structure rule (th
 crop it was sampled from, fusion/artifacts.structure_similarity). Held-out calibration (guide 512, 20 steps): good
 outputs >= 0.898 at denoise 0.45 and >= 0.848 at 0.6, other people pasted <= 0.772, floor 0.81. Here: the
 astronaut's output 0.92 passes; all four donors, pasted or whole, fail (<= 0.36). It is off by default: the same
-model's good refines of a blurry 176x144 face score 0.74-0.80 (docs/notes/identity_check.md).
+model's good refines of a blurry 176x144 face score 0.74-0.80 (docs/quality.md).
 """
 
 from __future__ import annotations

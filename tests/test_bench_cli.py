@@ -6,7 +6,7 @@ here instead of the next time someone runs the bench.
 process keeps the benches' sys.path edits and pack loading away from the test session.
 bench/attention_block.py --quick (pure torch, no ComfyUI) also runs for real, so one bench's measuring code is
 exercised end to end in CI; the other benches need ComfyUI, the trained face model's data or Ray (see
-docs/notes/bench_quick.md for their quick invocations).
+docs/performance.md for their quick invocations).
 """
 
 from __future__ import annotations
@@ -355,15 +355,15 @@ def test_gpu_script_pins_every_wheel_it_stages() -> None:
 
 
 def test_fusion_and_video_take_comfyui_from_comfyui_path(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
-    """bench/fusion.py required --comfyui and ignored COMFYUI_PATH (the README's fusion commands, which leave the
+    """bench/fusion.py required --comfyui and ignored COMFYUI_PATH (the documented fusion commands, which leave the
     flag out like every other bench command there, stopped at argparse); bench/video.py's --refine sd15/face did the
     same. Both now default to COMFYUI_PATH, and with neither they stop with a message naming both."""
     fusion = _load_bench(monkeypatch, "fusion.py")
     monkeypatch.setenv("COMFYUI_PATH", "/some/ComfyUI")
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    quoted = re.findall(r"`bench/fusion\.py ([^`]*)`", readme.replace("\n", " "))
-    assert quoted, "the README quotes no bench/fusion.py command"
-    for cmd in quoted:  # each README command parses as written, the checkout from COMFYUI_PATH
+    doc = (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
+    quoted = re.findall(r"`bench/fusion\.py ([^`]*)`", doc.replace("\n", " "))
+    assert quoted, "docs/performance.md quotes no bench/fusion.py command"
+    for cmd in quoted:  # each documented command parses as written, the checkout from COMFYUI_PATH
         assert fusion.parse_args(cmd.split()).comfyui == "/some/ComfyUI", cmd
     assert fusion.parse_args(["--comfyui", "/other"]).comfyui == "/other"
     monkeypatch.delenv("COMFYUI_PATH")
@@ -595,3 +595,21 @@ def test_step_cache_bench_bar_is_the_gate_modules(monkeypatch: pytest.MonkeyPatc
 
     bench = _load_bench(monkeypatch, "step_cache.py")
     assert (bench.GATE_PSNR, bench.GATE_SSIM) == (gate.GATE_PSNR, gate.GATE_SSIM)
+
+
+def test_gpu_script_takes_its_paths_as_arguments() -> None:
+    """bench/gpu_issue11.sh reads ComfyUI's checkout and the results folder from its arguments (no machine's paths in
+    it, no environment defaults): without them it prints its usage and exits 2 before running anything."""
+    script = REPO / "bench" / "gpu_issue11.sh"
+    env = {k: v for k, v in os.environ.items() if k not in ("OUT", "COMFYUI", "QUICK")}
+    proc = subprocess.run(["bash", str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "usage: bash bench/gpu_issue11.sh COMFYUI OUT" in proc.stderr, proc
+
+
+def test_step_cache_quality_part_needs_faces_given() -> None:
+    """bench/step_cache.py's quality part reads held-out photos from --faces, which has no default (it pointed into
+    one machine's data folder): asking for that part without it is a usage error before ComfyUI is touched."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    cmd = [sys.executable, "bench/step_cache.py", "--comfyui", "no-such-comfyui", "--part", "quality"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "the quality part needs --faces DIR" in proc.stderr, proc.stderr[-2000:]

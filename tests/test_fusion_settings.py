@@ -55,7 +55,7 @@ def test_widgets_build_the_settings_the_node_always_built(guide: int) -> None:
             stronger_presets=("balanced", "lowvram_4gb"),
             incoming_preset="balanced",
             min_guide=max(64, min(256, int(w["guide_size"]) // 2)),
-            # since session 26: smaller_guide judges the sampled side (guide x crop_factor, capped at max_size)
+            # smaller_guide judges the sampled side (guide x crop_factor, capped at max_size)
             crop_factor=float(w["crop_factor"]),
             max_size=int(w["max_size"]),
         ),

@@ -14,7 +14,7 @@ damage on this model.
 
 That absolute gate is too forgiving here (no self-attention at all: 36.5 dB; V shuffled against K: 40.4 dB), so two
 relative checks sharpen it, each against references measured in the same run on the same input (devkit/face_model/
-gate.py, broken.py, attention_probe.py; thresholds and the held-out measurements in docs/notes/quality.md):
+gate.py, broken.py, attention_probe.py; thresholds and the held-out measurements in docs/quality.md):
 - image: each preset's face MSE vs unscheduled <= 0.7 x that of the model without self-attention;
 - attention: on the unscheduled trajectory, each preset's (and tome's, top-k's; with and without a TokenPlan)
   attention structure error <= 0.7 x that of V shuffled against K; and every deliberately broken patch (pooled K/V

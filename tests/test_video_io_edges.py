@@ -1,7 +1,7 @@
 """Video I/O edge cases of issue 9 through the whole path (FaceTrack's pass + VideoFaceFusion's pass, fake sampler):
 rotation, subtitle streams, streams that are not copied, odd sizes in the report, truncated and corrupt inputs.
 
-Decisions (docs/notes/video_b.md): a rotated input is processed and written upright without a rotation tag (what
+Decisions: a rotated input is processed and written upright without a rotation tag (what
 ffmpeg does by default; every player shows it the same), while the no-face copy keeps the packets and the tag;
 subtitles are copied when the output container can hold their codec; a truncated file is processed up to where it
 ends and the report says so; a file corrupt in the middle stops with an error naming it and the frame. The 1-frame

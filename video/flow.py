@@ -38,7 +38,7 @@ class FlowOptions:
     (smooths, sharpens, restores) makes a change that is minus the key crop's own detail plus its new detail;
     warped onto another frame it no longer cancels that frame's detail (sub-pixel flow error, noise, compression),
     so both frames' detail shows and moves against each other: measured on the trained face model, key-frame mode
-    added more flicker than diffusing every frame (bench/video_flicker.py, docs/notes/video_flicker.md).
+    added more flicker than diffusing every frame (bench/video_flicker.py, docs/video.md).
     detail_sigma: the coarse/fine split, a Gaussian sigma as a fraction of the crop side."""
 
     work_size: int = 128

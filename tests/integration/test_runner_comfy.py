@@ -189,8 +189,11 @@ def test_cli_demo_folder_bad_item_resume(comfyui_path: Path, photos: SimpleNames
     summary = json.loads(jsonl.read_text().splitlines()[-1])["summary"]
     assert summary["status"] == "complete" and summary["calls"] > 0, summary
     assert rows[0]["faces"] == 1 and rows[0]["fallbacks"] == [] and "LoadImage" in rows[1]["error"]
-    fused = sorted((out / "a_astronaut").glob("*.png"))
+    fused = sorted((out / "a_astronaut").glob("tokenfuse_demo_0*.png"))
     assert len(fused) == 1
+    # the contact sheet beside it (input | token plan | output), its path printed
+    sheet = out / "a_astronaut" / "tokenfuse_demo_sheet.jpg"
+    assert sheet.is_file() and str(sheet) in res.stderr, res.stderr[-2000:]
     from PIL import Image
 
     a = np.asarray(Image.open(fused[0]).convert("RGB")).astype(int)
@@ -204,6 +207,45 @@ def test_cli_demo_folder_bad_item_resume(comfyui_path: Path, photos: SimpleNames
     assert again.returncode == 1 and "0 ok, 1 failed, 1 skipped" in again.stderr, again.stderr[-2000:]
     rows = [json.loads(line) for line in (out / "report.jsonl").read_text().splitlines()]
     assert [r["status"] for r in rows] == ["ok", "failed", "failed"]
+
+
+def test_cli_demo_with_a_checkpoint(comfy: SimpleNamespace, photos: SimpleNamespace, tmp_path: Path, caplog) -> None:
+    """`run --demo --checkpoint NAME` runs the demo with a checkpoint from ComfyUI's checkpoints folder (a
+    random-weight SD1.5 file, loaded by CheckpointLoaderSimple) and writes the contact sheet naming it; without the
+    option, the demo's last line names the option and the file found."""
+    import logging
+
+    import folder_paths
+    from tokenfuse.devkit import comfy_models
+    from tokenfuse.runner.cli import main
+
+    ckpts = tmp_path / "checkpoints"
+    comfy_models.write_sd15_checkpoint(ckpts / "random_sd15.safetensors")
+    folder_paths.add_model_folder_path("checkpoints", str(ckpts))
+    saved = (folder_paths.get_input_directory(), folder_paths.get_output_directory(), folder_paths.get_temp_directory())
+    out, plain = tmp_path / "out", tmp_path / "plain"
+    common = [str(photos.astronaut), "--cpu", "--quiet", *SHRINK]
+    try:
+        with caplog.at_level(logging.INFO):
+            code = main(["run", "--demo", *common, "--checkpoint", "random_sd15.safetensors", "-o", str(out)])
+            with_checkpoint = caplog.text
+            caplog.clear()
+            assert main(["run", "--demo", *common, "-o", str(plain)]) == 0, caplog.text[-3000:]
+            records = [r for r in caplog.records if r.name.startswith("tokenfuse")]
+    finally:
+        folder_paths.folder_names_and_paths["checkpoints"][0].remove(str(ckpts))
+        folder_paths.set_input_directory(saved[0])
+        folder_paths.set_output_directory(saved[1])
+        folder_paths.set_temp_directory(saved[2])
+    assert code == 0, with_checkpoint[-3000:]
+    (row,) = [json.loads(line) for line in (out / "report.jsonl").read_text().splitlines()]
+    assert row["status"] == "ok" and row["faces"] == 1, row
+    sheet = out / "astronaut" / "tokenfuse_demo_sheet.jpg"
+    assert sheet.is_file() and str(sheet) in with_checkpoint
+    assert "TokenFuse demo: your checkpoint random_sd15.safetensors" in with_checkpoint
+    assert (plain / "astronaut" / "tokenfuse_demo_sheet.jpg").is_file()
+    last = records[-1].getMessage()
+    assert "run --demo --checkpoint random_sd15.safetensors" in last, last
 
 
 def test_cli_usage_errors(comfyui_path: Path, tmp_path: Path) -> None:
