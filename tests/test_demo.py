@@ -99,3 +99,43 @@ def test_a_sheet_is_written_beside_each_ok_item(tmp_path: Path, caplog: pytest.L
         200,
     ]
     assert sorted(p.name for p in (out / "astronaut").glob("*.png")) == sorted([fused.name, plan.name])
+
+
+def test_the_sample_photo_demo_gets_its_sheet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`run --demo` without a photo takes the sample from the run's scratch folder; the sheet was drawn after that
+    folder was removed ("contact sheet for astronaut not written"). ComfyUI is replaced by an engine that returns
+    the fused photo and the plan preview as the demo graph's SaveImage nodes would."""
+    pytest.importorskip("skimage")
+    import tokenfuse.runner.cli as cli
+    from tokenfuse.runner.engine import ExecResult, OutputFile
+
+    png = cv2.imencode(".png", np.full((64, 64, 3), 99, np.uint8))[1].tobytes()
+
+    class Engine:
+        def node_defs(self) -> dict:
+            return _defs("my_sd15.safetensors")
+
+        def stage(self, path: Path) -> str:
+            assert path.is_file()
+            return path.name
+
+        def execute(self, prompt: dict, step: object = None) -> ExecResult:
+            outputs = [
+                OutputFile(f"{prefix}_00001_.png", "", lambda: png) for prefix in ("tokenfuse_demo", demo.PLAN_PREFIX)
+            ]
+            return ExecResult(ok=True, outputs=outputs, texts={"6": "faces 1"})
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(cli, "_make_engine", lambda args, extra: Engine())
+    out = tmp_path / "out"
+    with caplog.at_level(logging.INFO, logger="tokenfuse.runner"):
+        assert cli.main(["run", "--demo", "-o", str(out), "--quiet"]) == 0
+    sheet = out / "astronaut" / demo_sheet.SHEET_NAME
+    assert sheet.is_file() and str(sheet) in caplog.text, caplog.text
+    assert "not written" not in caplog.text
+    last = [r.getMessage() for r in caplog.records if r.name == "tokenfuse.runner"][-1]
+    assert "run --demo --checkpoint my_sd15.safetensors" in last, last
