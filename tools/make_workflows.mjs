@@ -217,7 +217,8 @@ async function runOne(page, name, workflow, shot, timeoutMs, spec) {
 
 /**
  * The template browser's card picture, from what the run showed: the photo with the detected faces and PatchTokenize's
- * token plan with its saving, under the card's title (the frontend titles custom templates with their file name).
+ * token plan with its saving, under the card's title (the browser shows web/lib/templates.js's title and description
+ * below it).
  * Square: the template browser crops thumbnails to a square.
  */
 async function resultCard(page, card, file) {
