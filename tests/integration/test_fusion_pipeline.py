@@ -166,7 +166,7 @@ def test_scheduling_off_reaches_the_patches(stack: SimpleNamespace, monkeypatch:
     """An output the artifact check rejects is rerun with tokenfuse_disabled=True and without TokenFuse's own attn1
     patches (the recording patch, not ours, stays)."""
     from tokenfuse.fusion import artifacts
-    from tokenfuse.fusion import run as fusion_run
+    from tokenfuse.fusion import refine as fusion_refine
     from tokenfuse.nodes.model_patching import strip_tokenfuse
     from tokenfuse.nodes.scheduler_node import TokenSchedulerController
 
@@ -182,7 +182,7 @@ def test_scheduling_off_reaches_the_patches(stack: SimpleNamespace, monkeypatch:
         forced = next(verdicts, None)
         return artifacts.check_crop(*a, **kw) if forced is None else forced
 
-    monkeypatch.setattr(fusion_run, "check_crop", first_fails)
+    monkeypatch.setattr(fusion_refine, "check_crop", first_fails)
     seen: list[dict[str, Any]] = []
     crops, faces, report = _fuse(stack, _recording(scheduled, seen), fallback="auto")
     assert "scheduling_off" in report, report
