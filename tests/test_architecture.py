@@ -2,7 +2,8 @@
 
 Arrows only point down: cores -> nodes -> runner -> service. Both spellings of an import count: relative
 (`from ..runner import x`) and absolute (`from tokenfuse.runner import x`, which service/ uses so Ray can pickle by
-name). devkit/ serves tests, benches and tools only: nothing the pack runs imports it.
+name). devkit/ serves tests, benches and tools only: nothing the pack runs imports it. That no node class is used
+outside its own module, and that nothing the pack runs names devkit even by path, is checked in test_package.py.
 """
 
 from __future__ import annotations
@@ -76,39 +77,3 @@ def test_imports_point_down(package: str) -> None:
 def test_the_root_package_imports_only_nodes() -> None:
     targets = {t for t, _ in _targets(REPO / "__init__.py")}
     assert targets <= {"nodes"}, targets
-
-
-def _node_classes() -> dict[str, Path]:
-    """Every class named in a NODE_CLASS_MAPPINGS literal of the pack -> its file."""
-    found: dict[str, Path] = {}
-    for package in _packages():
-        for path in (REPO / package).rglob("*.py"):
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-            for node in ast.walk(tree):
-                if (
-                    isinstance(node, ast.Assign)
-                    and any(isinstance(t, ast.Name) and t.id == "NODE_CLASS_MAPPINGS" for t in node.targets)
-                    and isinstance(node.value, ast.Dict)
-                ):
-                    found.update({v.id: path for v in node.value.values if isinstance(v, ast.Name)})
-    return found
-
-
-def test_no_node_class_is_used_outside_its_own_module() -> None:
-    """Nodes compose cores: a node class is never imported by another node module, the runner or the service (the
-    package's __init__ files only collect NODE_CLASS_MAPPINGS)."""
-    classes = _node_classes()
-    assert len(classes) >= 8
-    bad = []
-    for package in _packages():
-        if package == "devkit":
-            continue
-        for path in sorted((REPO / package).rglob("*.py")):
-            if path.name == "__init__.py":
-                continue
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                if isinstance(node, ast.ImportFrom):
-                    for alias in node.names:
-                        if alias.name in classes and classes[alias.name] != path:
-                            bad.append(f"{path.relative_to(REPO)}:{node.lineno} imports node class {alias.name}")
-    assert not bad, "\n".join(bad)
