@@ -22,6 +22,30 @@ of pass 2 (VmHWM, reset per run), added flicker and crop jitter.
 --anchors       : anchor_attention settings to run key-frame (and per-frame) mode with, e.g. off,full,pooled
                   (ComfyUI samplers only; the stand-in sampler has no attention).
 
+Where the time goes (printed last, --refine fake only): milliseconds per frame per stage of the whole pipeline
+(FaceTrack pass + fusion pass; video/clock.py StageClock) beside a floor row measured in the same process on the same
+clip: PyAV decode -> to_ndarray("rgb24") -> from_ndarray -> libx264 with the run's preset and CRF, nothing else.
+total / floor is wall time; CPU / floor CPU counts every thread of the process (decoder, x264, OpenCV) and moves
+less with the load of a shared machine. Decode and encode run in their own threads, so the stages' sum exceeds the
+wall time ("other" goes negative). Measured on a shared 2-core CPU (load average 9-17, so wall ratios move),
+1280x720 30 fps, 300 frames, guide 512, 2 key frames/s, stand-in sampler, x264 CRF 19, x264 threads auto, OpenCV
+threads 2; flicker: added flicker over the first 60 frames; "before" is the code before the speed work, same bench:
+
+    python bench/video.py --frames 300 --modes keyframes --refine fake --threads 2 --stability-frames 60 \
+        --preset medium [--faces 3] [--height 1080]
+
+| run | decode | detect | crop | diffuse | flow | propagate | paste | encode | total | / floor | CPU ratio | flicker |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| floor, medium | 5.3 | | | | | | | 144.7 | 150.0 | 1.00x | 1.00x (37.4 ms) | |
+| medium, before | 36.0 | 108.7 | 10.3 | 6.4 | 51.7 | 818.6 | 94.2 | 139.9 | 1288.5 | 8.39x | 6.49x | 1.154 |
+| medium | 27.0 | 44.4 | 26.3 | 5.7 | 71.4 | 142.7 | 52.6 | 196.0 | 380.1 | 2.53x | 2.76x | 1.155 |
+| floor, veryfast | 7.2 | | | | | | | 38.9 | 46.1 | 1.00x | 1.00x (19.6 ms) | |
+| veryfast | 11.8 | 18.3 | 12.5 | 3.2 | 34.0 | 69.3 | 26.9 | 64.0 | 176.1 | 3.82x | 4.56x | 1.109 |
+| floor, medium | 6.0 | | | | | | | 57.5 | 63.5 | 1.00x | 1.00x (39.5 ms) | |
+| medium, 3 faces | 7.7 | 17.3 | 19.9 | 4.6 | 55.6 | 90.1 | 34.2 | 69.8 | 234.1 | 3.68x | 4.69x | 1.118 |
+
+(the "before" row ran after its own floor row, 153.6 ms; 1920x1080 medium, one face: 723.5 vs 379.1 ms, 1.91x.)
+
     python bench/video.py --frames 1000,4000 --refine fake
     python bench/video.py --quick [--refine sd15 --comfyui /path/to/ComfyUI]      # smoke run, under a minute on CPU
     python bench/video.py --comfyui /path/to/ComfyUI --refine sd15 --device cuda --dtype fp16 --guide 512 --steps 20

@@ -52,8 +52,8 @@ class FuseOptions:
     different frames); seed: track i gets seed + i (a person's later tracks get their first track's: seed_offsets);
     max_buffer_frames: frames held before a partial batch is forced and the longest gap between a track's key frames
     (the memory bound: frames wait for their next key frame);
-    chunk_frames: frames per progress update of the track pass's callers (the fusion pass reports every frame
-    written, video/progress.py); feather: mask edge as a crop fraction."""
+    chunk_frames: no longer read (the fusion pass reports every frame written, video/progress.py); kept so code that
+    sets it still runs; feather: mask edge as a crop fraction."""
 
     crop_size: int = 512
     faces_per_batch: int = 2
