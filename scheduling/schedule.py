@@ -318,6 +318,33 @@ def _nesting_depth(text: str) -> int:
     return deepest
 
 
+def _yaml_depth(text: str) -> int:
+    """The deepest nesting of YAML collections in text, from the scanner's tokens (the scanner is a loop, the
+    parser recurses per level: block YAML "- - - ... x" thousands deep must never reach it, or the interpreter's
+    recursion limit is hit and the half-built parser state is torn down with further RecursionErrors). Text the
+    scanner refuses reports 0: the parser then says what is wrong."""
+    import yaml
+
+    opening = (
+        yaml.BlockSequenceStartToken,
+        yaml.BlockMappingStartToken,
+        yaml.FlowSequenceStartToken,
+        yaml.FlowMappingStartToken,
+    )
+    closing = (yaml.BlockEndToken, yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken)
+    depth = deepest = 0
+    try:
+        for token in yaml.scan(text, Loader=yaml.SafeLoader):
+            if isinstance(token, opening):
+                depth += 1
+                deepest = max(deepest, depth)
+            elif isinstance(token, closing):
+                depth -= 1
+    except yaml.YAMLError:
+        return 0
+    return deepest
+
+
 def parse_schedule_mapping(text: str) -> dict[str, Any]:
     """The mapping a schedule text holds ({} for empty text or null): JSON first, else YAML (safe_load).
 
@@ -347,6 +374,8 @@ def parse_schedule_mapping(text: str) -> dict[str, Any]:
         import yaml  # only when the text is not JSON
 
         try:
+            if _yaml_depth(text) > SCHEDULE_TEXT_MAX_DEPTH:
+                raise RecursionError("block YAML nested too deep")  # refused before the recursive parser runs
             data = yaml.safe_load(text)
         except (yaml.YAMLError, RecursionError, ValueError, OverflowError) as yaml_exc:
             json_error = json_exc if isinstance(json_exc, json.JSONDecodeError) else None
