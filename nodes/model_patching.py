@@ -19,18 +19,17 @@ which every TokenFuse patch honours.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from ..scheduling.keys import DISABLED_KEY, OVERRIDE_KEY, PLAN_KEY, PRESET_KEY, STEP_KEY, WRAPPER_KEY
 from ..scheduling.schedule import Schedule
-from ..scheduling.step_state import SamplingSteps
 from .glue import env, patcher, paths, ui
+from .run_stats import STATS_EVENT, LiveStats, peak_memory_kind, peak_memory_start
 from .sampler_steps import make_sampler_step_wrapper
 
 if TYPE_CHECKING:
@@ -38,7 +37,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STATS_EVENT = "tokenfuse.stats"
 _MODEL_METHODS = ("clone", "set_model_attn1_patch", "set_model_attn1_output_patch", "add_wrapper_with_key")
 
 
@@ -153,122 +151,6 @@ def remove_scheduling(m: Any) -> bool:
     return True
 
 
-PeakKind = Literal["vram", "rss"]
-
-
-def _peak_memory_kind(device: Any) -> PeakKind | None:
-    """What _peak_memory_start measures on `device`: "vram" (CUDA's max_memory_allocated), "rss" (the process peak
-    RSS, on CPU), None (neither: CPU on Windows)."""
-    import torch
-
-    dev = torch.device(device) if device is not None else torch.device("cpu")
-    if dev.type == "cuda" and torch.cuda.is_available():
-        return "vram"
-    return "rss" if _process_peak_rss_mib() is not None else None
-
-
-def _process_peak_rss_mib() -> float | None:
-    """The process's peak resident set size in MiB (getrusage: KiB on Linux, bytes on macOS); None on Windows."""
-    try:
-        import resource
-    except ImportError:  # Windows
-        return None
-    peak = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
-
-
-def _peak_memory_start(device: Any) -> tuple[Callable[[], str], Callable[[], float | None]]:
-    """Start measuring peak memory on `device`: (format the peak since now, peak MiB: the device's on CUDA, the
-    process peak RSS on CPU, what the run summary says too; None where neither is known)."""
-    import torch
-
-    dev = torch.device(device) if device is not None else torch.device("cpu")
-    if dev.type == "cuda" and torch.cuda.is_available():
-        # Never reset the allocator's peak: callers (ScheduledFusion, benches) measure their own spans with it.
-        # A peak above the one held before the run was set by this run, so it is this run's peak exactly.
-        before = torch.cuda.max_memory_allocated(dev) / 2**20
-
-        def cuda_mib() -> float:
-            return torch.cuda.max_memory_allocated(dev) / 2**20
-
-        def cuda_text() -> str:
-            now = cuda_mib()
-            return f"peak VRAM {now:.0f} MiB" if now > before else f"peak VRAM <= {before:.0f} MiB (earlier peak)"
-
-        return cuda_text, cuda_mib
-    if _process_peak_rss_mib() is None:
-        return (lambda: "peak memory n/a on CPU"), lambda: None
-
-    def rss() -> str:
-        return f"peak RSS {_process_peak_rss_mib():.0f} MiB (process)"
-
-    return rss, _process_peak_rss_mib
-
-
-class _LiveStats:
-    """Per-run state of the `tokenfuse.stats` events (web/README.md has the payload); reset by the run wrapper."""
-
-    def __init__(self, node_id: str | None) -> None:
-        self.node_id = node_id
-        self.reset()
-
-    def reset(self) -> None:
-        self.step = 0
-        self.steps = 0
-        self.peak_mib: Callable[[], float | None] = lambda: None
-        self.peak_kind: PeakKind | None = None
-
-    def position(self, args: tuple, kwargs: dict) -> None:
-        """Step (1-based) and step count from predict_noise(x, timestep, model_options) and its sample_sigmas."""
-        self.step += 1
-        options = kwargs.get("model_options", args[2] if len(args) > 2 else None) or {}
-        steps = options.get("transformer_options", {}).get(STEP_KEY)
-        if isinstance(steps, SamplingSteps) and steps.steps >= 1:  # the run's host-side step: no device sync
-            self.steps = steps.steps
-            self.step = max(1, min(steps.step + 1, self.steps))
-            return
-        sample_sigmas = options.get("transformer_options", {}).get("sample_sigmas")
-        timestep = args[1] if len(args) > 1 else kwargs.get("timestep")
-        try:
-            values = [float(v) for v in sample_sigmas.reshape(-1).tolist()]
-            sigma = float(timestep.reshape(-1)[0])  # type: ignore[union-attr]  # None: caught below
-            self.steps = len(values) - 1
-            self.step = min(range(len(values)), key=lambda i: abs(values[i] - sigma)) + 1
-        except (AttributeError, TypeError, ValueError, IndexError):
-            self.steps = max(self.steps, self.step)
-        self.step = max(1, min(self.step, max(self.steps, 1)))
-
-    def payload(
-        self,
-        telemetry: Any,
-        step_time: float | None,
-        final: bool = False,
-        summary: str | None = None,
-        status: str | None = None,
-    ) -> dict[str, Any]:
-        """Per-level K/V tokens per image (means over the attention calls since the last event); status on the final
-        event: complete / cancelled / failed (a sampler without a per-step callback may end short of its steps)."""
-        window = telemetry.drain_window()  # level -> [calls, kv_in, kv_out] since the last event (per-step aggregate)
-        levels = [
-            {"level": lv, "tokens_in": a[1] // a[0], "tokens_out": a[2] // a[0]}
-            for lv, a in sorted(window.items())
-            if a[0]
-        ]
-        return {
-            "node": self.node_id,
-            "prompt_id": ui.running_prompt_id(),
-            "step": self.step,
-            "steps": max(self.steps, self.step, 1),
-            "step_time_s": step_time,
-            "peak_mem_mb": self.peak_mib(),
-            "peak_mem_kind": self.peak_kind,
-            "levels": levels,
-            "final": final,
-            "summary": summary,
-            "status": status,
-        }
-
-
 def _start_cache_run(cache: Any, schedule: Schedule, executor: Any) -> None:
     """Reset the step cache for a run; its sigma window from the sampled model's model_sampling (the guider's)."""
     window = None
@@ -281,7 +163,7 @@ def _start_cache_run(cache: Any, schedule: Schedule, executor: Any) -> None:
 
 
 def _make_run_wrapper(
-    telemetry: Any, schedule: Schedule, device: Any, label: str, live: _LiveStats, cache: Any = None
+    telemetry: Any, schedule: Schedule, device: Any, label: str, live: LiveStats, cache: Any = None
 ) -> Callable[..., Any]:
     """OUTER_SAMPLE wrapper: reset per-run state, run sampling, log one summary line (also on error/cancel).
 
@@ -294,8 +176,8 @@ def _make_run_wrapper(
         live.reset()
         if cache is not None:
             _start_cache_run(cache, schedule, executor)
-        peak, live.peak_mib = _peak_memory_start(device)
-        live.peak_kind = _peak_memory_kind(device)
+        peak, live.peak_mib = peak_memory_start(device)
+        live.peak_kind = peak_memory_kind(device)
         status: RunStatus = "failed"
         try:
             out = executor(*args, **kwargs)
@@ -318,7 +200,11 @@ def _make_run_wrapper(
             if no_calls and series is None:
                 _warn_no_calls(label, "this run")
             if live.step and ui.stats_listener_present():
-                ui.send_stats(STATS_EVENT, live.payload(telemetry, None, final=True, summary=line, status=status))
+                if series is None:
+                    ui.send_stats(STATS_EVENT, live.payload(telemetry, None, final=True, summary=line, status=status))
+                else:  # a key-frame batch of a video: the chart keeps running; the series sends the final event
+                    ui.send_stats(STATS_EVENT, live.payload(telemetry, None))
+                    _SERIES_LIVE[id(series)] = (live, telemetry)
             if series is not None:
                 jsonl = None
                 if schedule.telemetry_jsonl:
@@ -356,6 +242,11 @@ def in_sampling_series() -> bool:
     return _SERIES.get() is not None
 
 
+# series id -> (live stats, telemetry) of its last run that had a listener: the series' final chart event is sent from
+# it when the series ends (popped there, so nothing outlives the series)
+_SERIES_LIVE: dict[int, tuple[Any, Any]] = {}
+
+
 @contextmanager
 def sampling_series(label: str, device: Any = None) -> Iterator[RunSeries]:
     """Make the sampling runs inside the block one run (VideoFaceFusion: one diffusion run per key-frame batch).
@@ -369,7 +260,7 @@ def sampling_series(label: str, device: Any = None) -> Iterator[RunSeries]:
     from ..scheduling.telemetry import RunSeries
 
     series = RunSeries()
-    peak, _ = _peak_memory_start(device)
+    peak, _ = peak_memory_start(device)
     token = _SERIES.set(series)
     status: RunStatus = "failed"
     try:
@@ -384,11 +275,16 @@ def sampling_series(label: str, device: Any = None) -> Iterator[RunSeries]:
 
 
 def _end_series(series: RunSeries, status: RunStatus, label: str, peak: Callable[[], str]) -> None:
+    last = _SERIES_LIVE.pop(id(series), None)
     if not series.runs:
         series.discard()
         return
     labels = ", ".join(series.labels)
-    log.info("%s, %s [%s: %s]", series.summary_line(status), peak(), label, labels)
+    line = f"{series.summary_line(status)}, {peak()} [{label}: {labels}]"
+    log.info("%s", line)
+    if last is not None and ui.stats_listener_present():  # the chart's one "done" for the whole video
+        live, telemetry = last
+        ui.send_stats(STATS_EVENT, live.payload(telemetry, None, final=True, summary=line, status=status))
     if series.no_calls:
         _warn_no_calls(labels, f"{series.no_calls} of {series.runs} sampling runs of {label}")
     for path, written, error in series.close(status):
@@ -419,7 +315,7 @@ def _write_telemetry(telemetry: Any, name: str, status: RunStatus) -> None:
         log.info("TokenFuse: %s run's partial telemetry written to %s (%s is left as it was)", status, path, name)
 
 
-def _make_step_wrapper(telemetry: Any, live: _LiveStats) -> Callable[..., Any]:
+def _make_step_wrapper(telemetry: Any, live: LiveStats) -> Callable[..., Any]:
     """PREDICT_NOISE wrapper (once per model evaluation): live stats to the frontend, only when a server listens."""
 
     def tokenfuse_step_stats(executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -516,7 +412,7 @@ def schedule_model(
     if preset:
         patcher.set_transformer_option(m, PRESET_KEY, preset)  # lets ScheduledFusion's OOM fallback go stronger
     label = f"{family.name} ({family.family})"
-    live = _LiveStats(node_id)
+    live = LiveStats(node_id)
     device = getattr(m, "load_device", None)
     run_wrapper = _make_run_wrapper(telemetry, schedule, device, label, live, cache)
     patcher.add_outer_sample_wrapper(m, WRAPPER_KEY, run_wrapper)

@@ -29,7 +29,7 @@ from typing import Any
 
 from .engine import Progress
 
-# The run wrapper's summary line (nodes/model_patching.py, _peak_memory_start): "..., peak VRAM 812 MiB [...]",
+# The run wrapper's summary line (nodes/run_stats.py, peak_memory_start): "..., peak VRAM 812 MiB [...]",
 # "peak VRAM <= 812 MiB (earlier peak)" when an earlier run of the server process set the peak, or on CPU
 # "peak RSS 950 MiB (process)".
 _PEAK_VRAM = re.compile(r"peak VRAM (<= )?(\d+(?:\.\d+)?) MiB")

@@ -435,13 +435,13 @@ def test_rescheduling_drops_the_earlier_plan_and_preset() -> None:
 def test_cuda_peak_never_resets_the_allocator_peak(monkeypatch: pytest.MonkeyPatch) -> None:
     """ScheduledFusion and the benches measure their own spans with max_memory_allocated: the run line must not reset
     it, and still reports this run's peak when the run set a new one."""
-    from tokenfuse.nodes.model_patching import _peak_memory_start
+    from tokenfuse.nodes.run_stats import peak_memory_start
 
     peaks = iter([1024 * 2**20, 3072 * 2**20, 3072 * 2**20])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda dev=None: next(peaks))
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda dev=None: pytest.fail("peak was reset"))
-    text, mib = _peak_memory_start("cuda")
+    text, mib = peak_memory_start("cuda")
     assert text() == "peak VRAM 3072 MiB" and mib() == 3072
 
 
@@ -661,3 +661,31 @@ def test_a_token_plan_on_a_dit_model_is_mapped_on_flux_and_reported_unused_elsew
     patched, report = NODE.apply(FakeModelPatcher(WAN21()), "balanced", "preset", 0.0, token_plan=plan)
     names = [getattr(w, "__name__", "") for ws in patched.wrappers.values() for w in ws.get("tokenfuse", [])]
     assert "tokenfuse_dit_plan" not in names and "token plan: not used on WAN21" in report, report
+
+
+def test_the_chart_reads_done_once_per_video_not_between_key_frame_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """VideoFaceFusion samples once per key-frame batch inside sampling_series: each batch's last event was final, so
+    the editor's chart read "done" between batches while the video went on. Now the batches' events stay live and the
+    series sends one final event with its summary when the video ends."""
+    from tokenfuse.nodes.model_patching import sampling_series
+
+    server = FakePromptServer()
+    monkeypatch.setitem(sys.modules, "server", SimpleNamespace(PromptServer=SimpleNamespace(instance=server)))
+    patched, _ = NODE.apply(sd15_model(), "balanced", "preset", 0.0, unique_id="7")
+    (run,) = patched.wrappers["outer_sample"]["tokenfuse"]
+    (step,) = patched.wrappers["predict_noise"]["tokenfuse"]
+    sigmas = torch.tensor([14.6, 7.0, 0.0])
+    n = torch.randn(2, 256, 32)
+
+    def sampling() -> None:
+        for sigma in sigmas[:-1]:
+            step(lambda x, *a, **k: x, n, sigma.reshape(1), {"transformer_options": {"sample_sigmas": sigmas}})
+
+    with sampling_series("VideoFaceFusion"):
+        for _ in range(3):
+            run(sampling)
+        during = [data for event, data in server.events if event == "tokenfuse.stats"]
+        assert during and not any(p["final"] for p in during)
+    payloads = [data for event, data in server.events if event == "tokenfuse.stats"]
+    assert [p["final"] for p in payloads].count(True) == 1 and payloads[-1]["final"]
+    assert payloads[-1]["status"] == "complete" and "3 sampling runs" in payloads[-1]["summary"]

@@ -1,0 +1,131 @@
+"""What a sampling run reports about itself while it runs: the live `tokenfuse.stats` events the editor's chart draws
+(web/README.md has the payload) and the peak memory its summary line names (CUDA's allocator peak, the process peak
+RSS on CPU)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any, Literal
+
+from ..scheduling.keys import STEP_KEY
+from ..scheduling.step_state import SamplingSteps
+from .glue import ui
+
+STATS_EVENT = "tokenfuse.stats"
+
+
+PeakKind = Literal["vram", "rss"]
+
+
+def peak_memory_kind(device: Any) -> PeakKind | None:
+    """What _peak_memory_start measures on `device`: "vram" (CUDA's max_memory_allocated), "rss" (the process peak
+    RSS, on CPU), None (neither: CPU on Windows)."""
+    import torch
+
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda" and torch.cuda.is_available():
+        return "vram"
+    return "rss" if process_peak_rss_mib() is not None else None
+
+
+def process_peak_rss_mib() -> float | None:
+    """The process's peak resident set size in MiB (getrusage: KiB on Linux, bytes on macOS); None on Windows."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+def peak_memory_start(device: Any) -> tuple[Callable[[], str], Callable[[], float | None]]:
+    """Start measuring peak memory on `device`: (format the peak since now, peak MiB: the device's on CUDA, the
+    process peak RSS on CPU, what the run summary says too; None where neither is known)."""
+    import torch
+
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda" and torch.cuda.is_available():
+        # Never reset the allocator's peak: callers (ScheduledFusion, benches) measure their own spans with it.
+        # A peak above the one held before the run was set by this run, so it is this run's peak exactly.
+        before = torch.cuda.max_memory_allocated(dev) / 2**20
+
+        def cuda_mib() -> float:
+            return torch.cuda.max_memory_allocated(dev) / 2**20
+
+        def cuda_text() -> str:
+            now = cuda_mib()
+            return f"peak VRAM {now:.0f} MiB" if now > before else f"peak VRAM <= {before:.0f} MiB (earlier peak)"
+
+        return cuda_text, cuda_mib
+    if process_peak_rss_mib() is None:
+        return (lambda: "peak memory n/a on CPU"), lambda: None
+
+    def rss() -> str:
+        return f"peak RSS {process_peak_rss_mib():.0f} MiB (process)"
+
+    return rss, process_peak_rss_mib
+
+
+class LiveStats:
+    """Per-run state of the `tokenfuse.stats` events (web/README.md has the payload); reset by the run wrapper."""
+
+    def __init__(self, node_id: str | None) -> None:
+        self.node_id = node_id
+        self.reset()
+
+    def reset(self) -> None:
+        self.step = 0
+        self.steps = 0
+        self.peak_mib: Callable[[], float | None] = lambda: None
+        self.peak_kind: PeakKind | None = None
+
+    def position(self, args: tuple, kwargs: dict) -> None:
+        """Step (1-based) and step count from predict_noise(x, timestep, model_options) and its sample_sigmas."""
+        self.step += 1
+        options = kwargs.get("model_options", args[2] if len(args) > 2 else None) or {}
+        steps = options.get("transformer_options", {}).get(STEP_KEY)
+        if isinstance(steps, SamplingSteps) and steps.steps >= 1:  # the run's host-side step: no device sync
+            self.steps = steps.steps
+            self.step = max(1, min(steps.step + 1, self.steps))
+            return
+        sample_sigmas = options.get("transformer_options", {}).get("sample_sigmas")
+        timestep = args[1] if len(args) > 1 else kwargs.get("timestep")
+        try:
+            values = [float(v) for v in sample_sigmas.reshape(-1).tolist()]
+            sigma = float(timestep.reshape(-1)[0])  # type: ignore[union-attr]  # None: caught below
+            self.steps = len(values) - 1
+            self.step = min(range(len(values)), key=lambda i: abs(values[i] - sigma)) + 1
+        except (AttributeError, TypeError, ValueError, IndexError):
+            self.steps = max(self.steps, self.step)
+        self.step = max(1, min(self.step, max(self.steps, 1)))
+
+    def payload(
+        self,
+        telemetry: Any,
+        step_time: float | None,
+        final: bool = False,
+        summary: str | None = None,
+        status: str | None = None,
+    ) -> dict[str, Any]:
+        """Per-level K/V tokens per image (means over the attention calls since the last event); status on the final
+        event: complete / cancelled / failed (a sampler without a per-step callback may end short of its steps)."""
+        window = telemetry.drain_window()  # level -> [calls, kv_in, kv_out] since the last event (per-step aggregate)
+        levels = [
+            {"level": lv, "tokens_in": a[1] // a[0], "tokens_out": a[2] // a[0]}
+            for lv, a in sorted(window.items())
+            if a[0]
+        ]
+        return {
+            "node": self.node_id,
+            "prompt_id": ui.running_prompt_id(),
+            "step": self.step,
+            "steps": max(self.steps, self.step, 1),
+            "step_time_s": step_time,
+            "peak_mem_mb": self.peak_mib(),
+            "peak_mem_kind": self.peak_kind,
+            "levels": levels,
+            "final": final,
+            "summary": summary,
+            "status": status,
+        }
