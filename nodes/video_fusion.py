@@ -10,6 +10,7 @@ anchor_attention.py). The path of a frame stays in video/ + fusion/ + the backen
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -230,14 +231,35 @@ def with_anchors(backend: FusionBackend, anchors: Any) -> FusionBackend:
     return replace(backend, sample=sample)
 
 
-def crop_refine(settings: Any, backend: FusionBackend, crop_factor: float, notes: list[str]) -> Refine:
+class StepRelay:
+    """The sampler's per-step callback for the video path: forwards each step to the `tick` the fuse pass handed the
+    refine call now running (video/progress.py), so the frame bar moves while a key-frame batch diffuses."""
+
+    def __init__(self) -> None:
+        self.tick: Callable[[], None] | None = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.tick is not None:
+            self.tick()
+
+
+def crop_refine(
+    settings: Any, backend: FusionBackend, crop_factor: float, notes: list[str], relay: StepRelay | None = None
+) -> Refine:
     """video.fuse_pass.Refine over fusion.refine.refine_crops: the N crops of a call are one sampler batch; the
-    report lines of crops that passed through or warned are added to `notes`."""
+    report lines of crops that passed through or warned are added to `notes`. relay: the backend's per-step
+    callback, pointed at the call's `tick` while it runs."""
     from ..fusion.refine import refine_crops
 
-    def refine(crops: Any, seeds: list[int]) -> Any:
+    def refine(crops: Any, seeds: list[int], *, tick: Callable[[], None] | None = None) -> Any:
         batch = replace(settings, faces_per_batch=max(1, int(crops.shape[0])))
-        out, reports = refine_crops(crops, [int(s) for s in seeds], batch, backend, crop_factor)
+        if relay is not None:
+            relay.tick = tick
+        try:
+            out, reports = refine_crops(crops, [int(s) for s in seeds], batch, backend, crop_factor)
+        finally:
+            if relay is not None:
+                relay.tick = None
         lines = (r.line().strip() for r in reports)
         notes.extend(line for line in lines if "passthrough" in line or "warn" in line)
         return out
@@ -264,7 +286,12 @@ def _check_same_video(tracks: Any, source: Any) -> None:
 
 
 def _fusion_backend(
-    links: VideoLinks, widgets: VideoWidgets, swap: tuple[str, str], backend: FusionBackend | None, anchors: Any
+    links: VideoLinks,
+    widgets: VideoWidgets,
+    swap: tuple[str, str],
+    backend: FusionBackend | None,
+    anchors: Any,
+    relay: StepRelay,
 ) -> tuple[Any, FusionBackend]:
     """(crop-loop settings, the backend the crops sample through): ComfyUI's unless one is given, with the anchor
     patch (when anchors), the denoise-0 shortcut (no sampling, no VAE) and the identity hooks, in that order."""
@@ -275,10 +302,18 @@ def _fusion_backend(
 
     fw = widgets.fusion_widgets()
     settings = fw.settings_for(links.model)
-    if backend is None:  # no bar of its own: the frame bar is the visible one
+    if backend is None:  # no bar of its own: the frame bar is the visible one, moved per step through `relay`
         m = links.model
         backend = comfy_backend(
-            m, links.vae, links.positive, links.negative, fw.sampler_args(), 1, attempt_models(m), step_bar=False
+            m,
+            links.vae,
+            links.positive,
+            links.negative,
+            fw.sampler_args(),
+            1,
+            attempt_models(m),
+            step_bar=False,
+            on_step=relay,
         )
     if anchors is not None:
         backend = with_anchors(backend, anchors)
@@ -321,8 +356,9 @@ def fuse_video_run(
             from ..scheduling.anchor_attention import AnchorStore
 
             anchors = AnchorStore(pool=pool_for(widgets.anchor_attention))
-        settings, fused_backend = _fusion_backend(links, widgets, swap, backend, anchors)
-        refine = crop_refine(settings, fused_backend, tracks.crop_factor, notes)
+        relay = StepRelay()
+        settings, fused_backend = _fusion_backend(links, widgets, swap, backend, anchors, relay)
+        refine = crop_refine(settings, fused_backend, tracks.crop_factor, notes, relay)
     opts = widgets.fuse_options()
     bar = env.progress_bar(max(tracks.frame_count, 1))
     shown = lambda done, total: bar.update_absolute(done, total or None)  # noqa: E731

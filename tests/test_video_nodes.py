@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -221,3 +222,50 @@ def test_a_video_run_logs_one_scheduler_line_and_one_telemetry_file(
     )
     rows = [json.loads(x) for x in (tmp_path / "v.jsonl").read_text().splitlines()]
     assert len([r for r in rows if "run_summary" in r]) == batches and rows[-1]["summary"]["runs"] == batches
+
+
+def test_the_frame_bar_moves_while_key_frame_batches_diffuse(tracked, tmp_path: Path, monkeypatch) -> None:
+    """Issue 32: VideoFaceFusion's bar stood still from 9 s to 49 s of a 61 s run while key-frame batches diffused.
+    ComfyUI's sampler callback now reaches the fuse pass's tick through nodes/video_fusion.StepRelay: every sampler
+    step moves the bar, it never goes back, and it ends at frames written of frames total."""
+    from tokenfuse.nodes.glue import env, fusion_backend
+
+    video, tracks, _, _ = tracked
+    stack = FakeStack()
+    steps_per_run = 4
+    given: list = []
+
+    def comfy_backend(*args, **kwargs):  # ComfyUI's sampler as the fake stack, stepping through its callback
+        given.append(kwargs)
+        inner = stack.backend()
+
+        def sample(*a, **k):
+            for i in range(steps_per_run):
+                kwargs["on_step"](i + 1, steps_per_run)
+            return inner.sample(*a, **k)
+
+        return replace(inner, sample=sample)
+
+    class Bar:
+        def __init__(self, total: int) -> None:
+            self.values: list[int] = []
+
+        def update_absolute(self, value: int, total: int | None = None) -> None:
+            self.values.append(int(value))
+
+    bars: list[Bar] = []
+    monkeypatch.setattr(fusion_backend, "comfy_backend", comfy_backend)
+    monkeypatch.setattr(env, "progress_bar", lambda total: bars.append(Bar(total)) or bars[-1])
+    node = VideoFaceFusion(out_path=str(tmp_path / "out.mp4"))
+    node.fuse(
+        video=video, face_tracks=tracks, model="model", vae=None, positive=None, negative=None, seed=7, steps=4,
+        cfg=5.0, sampler_name="euler", scheduler="normal", denoise=0.4, guide_size=128, faces_per_batch=2,
+        mode="keyframes", keyframes_per_second=2.0, pose_threshold=0.0, strength=1.0, crf=18, preset="ultrafast",
+        fallback="off",
+    )  # fmt: skip
+    assert given and given[0]["step_bar"] is False
+    runs = [c for c in stack.calls if c["op"] == "sample"]
+    (bar,) = bars
+    assert bar.values == sorted(bar.values) and bar.values[-1] == tracks.frame_count
+    # one update per frame written, plus the sampler steps' ticks (each a frame further into the frames read)
+    assert len(bar.values) >= tracks.frame_count + (steps_per_run - 1) * len(runs)

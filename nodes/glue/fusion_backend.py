@@ -38,13 +38,15 @@ def comfy_backend(
     model_for: Callable[[Attempt], tuple[Any, str]],
     *,
     step_bar: bool = True,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> FusionBackend:
     """ComfyUI's sampler and VAE as a FusionBackend for `total` faces.
 
     model_for(attempt) -> (model, note): the MODEL for each fallback attempt (nodes/model_patching.attempt_models:
     scheduling off / stronger preset clones). step_bar: a bar of faces x steps moved from the sampler callback at every
     step (env.StepProgress; ScheduledFusion). False (the video path, whose bar counts frames): no bar; the sampler
-    callback and progress() are cancel points only.
+    callback and progress() are cancel points only, and `on_step(steps done, steps)` is called after every step
+    (the video path's frame bar: nodes/video_fusion.StepRelay).
     """
     from ...fusion.backend import FusionBackend
 
@@ -66,7 +68,7 @@ def comfy_backend(
             positive=positive,
             negative=negative,
             denoise=sampler.denoise,
-            on_step=None if bar is None else bar.on_step(len(seeds)),
+            on_step=on_step if bar is None else bar.on_step(len(seeds)),
         )
 
     return FusionBackend(
