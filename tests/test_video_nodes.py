@@ -265,7 +265,10 @@ def test_the_frame_bar_moves_while_key_frame_batches_diffuse(tracked, tmp_path: 
     )  # fmt: skip
     assert given and given[0]["step_bar"] is False
     runs = [c for c in stack.calls if c["op"] == "sample"]
+    assert len(runs) >= 5, "every key-frame batch sampled (none passed through)"
     (bar,) = bars
     assert bar.values == sorted(bar.values) and bar.values[-1] == tracks.frame_count
     # one update per frame written, plus the sampler steps' ticks (each a frame further into the frames read)
     assert len(bar.values) >= tracks.frame_count + (steps_per_run - 1) * len(runs)
+    # ... and some of those ticks moved the bar while frames waited on a batch (values between written frames)
+    assert len(set(bar.values)) > len(bar.values) // 2
