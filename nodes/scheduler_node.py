@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any, Literal, cast, get_args
+from typing import Any, cast, get_args
 
 from ..scheduling.schedule import Preset, Schedule, Strategy, parse_schedule_text, preset_schedule
 from .checks import checked_inputs
@@ -19,7 +19,8 @@ from .model_patching import _check_model, schedule_model
 
 log = logging.getLogger(__name__)
 
-StrategyChoice = Literal["preset", "tome", "todo", "topk"]  # "preset" + scheduling.schedule.Strategy (tested)
+# the strategy widget: "preset" (keep the preset's) + the vocabulary's strategies
+STRATEGY_CHOICES: tuple[str, ...] = ("preset", *get_args(Strategy))
 
 
 def schedule_from_widgets(preset: str, strategy: str, ratio: float, family: str, schedule_text: str = "") -> Schedule:
@@ -105,7 +106,7 @@ class TokenSchedulerController:
                     },
                 ),
                 "strategy": (
-                    list(get_args(StrategyChoice)),
+                    list(STRATEGY_CHOICES),
                     {
                         "default": "preset",
                         "tooltip": "preset: keep the preset's strategy. todo: pool K/V (cheapest, best under SDPA). "

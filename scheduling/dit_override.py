@@ -18,16 +18,16 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .keys import DISABLED_KEY, DIT_PLAN_KEY, PLAN_KEY, TRACE_KEY
-from .patches import (
+from .compile_wrapper import (
     LEARN,
-    StepTracker,
     eager_under_compile,
     traced_call_wrapper,
     transformer_options_of,
     with_transformer_options,
 )
+from .keys import DISABLED_KEY, DIT_PLAN_KEY, PLAN_KEY, TRACE_KEY
 from .schedule import Schedule
+from .step_tracker import StepTracker
 from .telemetry import RunTelemetry
 from .topk import gather_tokens, keep_count, topk_indices
 from .transfer import to_device

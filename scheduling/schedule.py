@@ -24,8 +24,8 @@ from typing import Any, Literal, get_args
 
 from .vocabulary import LEVELS as LEVELS  # re-exported: the schedule speaks in these levels and presets
 from .vocabulary import Preset as Preset
+from .vocabulary import Strategy as Strategy
 
-Strategy = Literal["tome", "todo", "topk"]
 Family = Literal["sd15", "sdxl", "dit"]
 PoolMode = Literal["avg", "nearest"]
 

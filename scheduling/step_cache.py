@@ -30,8 +30,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .compile_wrapper import eager_under_compile
 from .keys import SHALLOW_KEY
-from .patches import eager_under_compile
 from .step_state import run_steps
 from .transfer import to_device
 

@@ -25,6 +25,9 @@ Preset = Literal["off", "balanced", "lowvram_4gb", "lowvram_6gb", "lowvram_8gb"]
 # The same presets ordered weakest -> strongest: ScheduledFusion's OOM fallback steps to the next one in this order.
 PRESET_ORDER: tuple[Preset, ...] = ("off", "balanced", "lowvram_8gb", "lowvram_6gb", "lowvram_4gb")
 
+# Token-reduction strategies (scheduling/strategies/ holds one module each, registered in STRATEGIES there).
+Strategy = Literal["tome", "todo", "topk"]
+
 # Where the ONNX face models (detectors, embedders) run: cpu, or auto (CUDA when onnxruntime has it, else cpu).
 Device = Literal["cpu", "auto"]
 
