@@ -1,8 +1,9 @@
 """The token-reduction strategies, one module each, found through one registry (`STRATEGIES`).
 
 A strategy is the set of small functions the attention patches call (`StrategyParts`); the patches never branch on
-a strategy's name. Adding one: a module here with those functions, one entry in `STRATEGIES`, and its name in
-scheduling/vocabulary.py (`Strategy`).
+a strategy's name. Adding one: a module here with those functions, one entry in `STRATEGIES`, and its name and label
+in scheduling/vocabulary.py (`Strategy`, `STRATEGY_LABELS`; then regenerate web/lib/vocabulary.js, which the web
+chart reads, with tools/gen_vocabulary_js.py).
 """
 
 from __future__ import annotations

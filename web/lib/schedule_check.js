@@ -8,12 +8,11 @@
 // such as "16" and "8" first), so the first bad `ratios` entry is the one Python names. One known difference:
 // Python's int() also takes non-ASCII digits ("８"), which the chart refuses.
 
-export const MAX_RATIO = 0.9;
+import { LEVELS, MAX_RATIO, POOL_MODES, STRATEGIES } from "./vocabulary.js";
+
+export { MAX_RATIO, POOL_MODES, STRATEGIES };
 export const SCHEDULE_TEXT_MAX_CHARS = 16_384;
 export const SCHEDULE_TEXT_MAX_DEPTH = 8;
-export const STRATEGIES = Object.freeze(["tome", "todo", "topk"]);
-export const POOL_MODES = Object.freeze(["avg", "nearest"]);
-const LEVELS = Object.freeze([8, 16, 32, 64]);
 const SEED_MAX = 2n ** 63n - 1n;
 const TELEMETRY_NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}\.jsonl$/;
 
