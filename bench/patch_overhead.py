@@ -52,6 +52,7 @@ from tokenfuse.scheduling.downsample import kv_downsample_functions  # noqa: E40
 from tokenfuse.scheduling.merge import random_partition  # noqa: E402
 from tokenfuse.scheduling.patches import build_unet_patches  # noqa: E402
 from tokenfuse.scheduling.schedule import Schedule, preset_schedule  # noqa: E402
+from tokenfuse.scheduling.strategies import tome as tome_strategy  # noqa: E402
 from tokenfuse.scheduling.telemetry import RunTelemetry  # noqa: E402
 
 TensorOps = list[tuple[Callable[..., Any], tuple[Any, ...]]]
@@ -77,7 +78,7 @@ def tensor_work(patches_of: Any, opts: list[dict[str, Any]], xs: dict[int, torch
     stat, pool_fn, matching = (
         adaptive.complexity_stat,
         reducers.ReduceState.pool_fn,
-        reducers.bipartite_soft_matching_2d,
+        tome_strategy.bipartite_soft_matching_2d,
     )
 
     def logged_pool_fn(self: Any, h: int, w: int, ratio: float) -> Any:
@@ -86,11 +87,11 @@ def tensor_work(patches_of: Any, opts: list[dict[str, Any]], xs: dict[int, torch
     def logged_matching(*args: Any) -> Any:
         log.append((matching, args))
         merge, unmerge = matching(*args)
-        return (merge, unmerge) if merge is reducers.do_nothing else (logged(merge), logged(unmerge))
+        return (merge, unmerge) if merge is tome_strategy.do_nothing else (logged(merge), logged(unmerge))
 
     adaptive.complexity_stat = logged(stat)  # type: ignore[assignment]
     reducers.ReduceState.pool_fn = logged_pool_fn  # type: ignore[method-assign]
-    reducers.bipartite_soft_matching_2d = logged_matching  # type: ignore[assignment]
+    tome_strategy.bipartite_soft_matching_2d = logged_matching  # type: ignore[assignment]
     try:
         patches = patches_of()
         replay(patches, opts[:1], xs)
@@ -99,7 +100,7 @@ def tensor_work(patches_of: Any, opts: list[dict[str, Any]], xs: dict[int, torch
     finally:
         adaptive.complexity_stat = stat  # type: ignore[assignment]
         reducers.ReduceState.pool_fn = pool_fn  # type: ignore[method-assign]
-        reducers.bipartite_soft_matching_2d = matching  # type: ignore[assignment]
+        tome_strategy.bipartite_soft_matching_2d = matching  # type: ignore[assignment]
     return log, calls
 
 

@@ -11,13 +11,16 @@ from __future__ import annotations
 import logging
 from typing import Any, get_args
 
-from ..scheduling.schedule import Preset, Schedule, parse_schedule_mapping
-from ..scheduling.widgets import StrategyChoice, schedule_from_widgets, widgets_from_text
+from ..scheduling.schedule import Preset, Schedule, Strategy, parse_schedule_mapping
+from ..scheduling.widgets import schedule_from_widgets, widgets_from_text
 from .checks import checked_inputs
 from .glue import patcher
 from .model_patching import _check_model, schedule_model
 
 log = logging.getLogger(__name__)
+
+# the strategy widget: "preset" (keep the preset's) + the vocabulary's strategies
+STRATEGY_CHOICES: tuple[str, ...] = ("preset", *get_args(Strategy))
 
 
 def describe_schedule(schedule: Schedule, route: str = "unet") -> str:
@@ -86,7 +89,7 @@ class TokenSchedulerController:
                     },
                 ),
                 "strategy": (
-                    list(get_args(StrategyChoice)),
+                    list(STRATEGY_CHOICES),
                     {
                         "default": "preset",
                         "tooltip": "preset: keep the preset's strategy. todo: pool K/V (cheapest, best under SDPA). "

@@ -159,6 +159,25 @@ def _sigma(options: dict[str, Any]) -> float | None:
     return float(sig)
 
 
+def _anchor_row(store: AnchorStore, batch: AnchorBatch, own: torch.Tensor, row: int, i: int, key: Any) -> torch.Tensor:
+    """The anchor tokens [M, C] joined to row `row` (item i of the batch) at this (site, sigma, cond kind) key: the
+    store's (an earlier call's anchors), else captured in this call, else the row's own pooled tokens (no track, or
+    none recorded: counted missing). Capturing items record their own tokens first."""
+    track = batch.tracks[i]
+    if batch.capture[i]:
+        batch.captured.setdefault(track, {})[key] = own[row].detach().clone()
+    tok = None
+    if track is not None:
+        tok = store.tokens.get(track, {}).get(key)
+        if tok is None:
+            tok = batch.captured.get(track, {}).get(key)
+        if tok is None:
+            batch.missing += 1
+    if tok is None or tok.shape != own.shape[1:]:
+        tok = own[row]
+    return tok
+
+
 def build_anchor_patch(store: AnchorStore) -> AttnPatch:
     """attn1_patch closure: f(n, ctx, val, extra_options) -> (n, ctx', val') with the anchors' tokens joined to K/V.
 
@@ -196,23 +215,11 @@ def build_anchor_patch(store: AnchorStore) -> AttnPatch:
         site = _site(extra_options, n.shape[1])
         grid = grid_of(n.shape[1], extra_options.get("original_shape"))
         own = pool_tokens(n, grid, store.pool)  # [R*B, M, C] (n itself when pool 1)
-        parts = []
-        for r, kind in enumerate(rows):
-            key = (site, sigma, int(kind))
-            for i, track in enumerate(batch.tracks):
-                row = r * b + i
-                if batch.capture[i]:
-                    batch.captured.setdefault(track, {})[key] = own[row].detach().clone()
-                tok = None
-                if track is not None:
-                    tok = store.tokens.get(track, {}).get(key)
-                    if tok is None:
-                        tok = batch.captured.get(track, {}).get(key)
-                    if tok is None:
-                        batch.missing += 1
-                if tok is None or tok.shape != own.shape[1:]:
-                    tok = own[row]
-                parts.append(tok.to(device=n.device, dtype=n.dtype))
+        parts = [
+            _anchor_row(store, batch, own, r * b + i, i, (site, sigma, int(kind))).to(device=n.device, dtype=n.dtype)
+            for r, kind in enumerate(rows)
+            for i in range(b)
+        ]
         extra = torch.stack(parts)
         batch.joined += 1
         new_ctx = torch.cat([ctx, extra], dim=1)

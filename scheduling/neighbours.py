@@ -35,9 +35,10 @@ def neighbours_of(options: dict[str, Any], ours: Callable[..., Any]) -> Neighbou
     return Neighbours(frozenset(replaced), followed)
 
 
-def stands_aside(nb: Neighbours, options: dict[str, Any], strategy: str) -> bool:
-    """Whether this attention call must keep the block's own K/V (see Neighbours)."""
-    if nb.followed and strategy == "topk":
+def stands_aside(nb: Neighbours, options: dict[str, Any], keeps_grid: bool) -> bool:
+    """Whether this attention call must keep the block's own K/V (see Neighbours); keeps_grid: the strategy's reduced
+    K/V are still a token grid (strategies.StrategyParts)."""
+    if nb.followed and not keeps_grid:
         return True
     block = options.get("block")
     if not nb.replaced or block is None:

@@ -1,6 +1,7 @@
-"""One token reducer per `Strategy`, plus the small state object that holds their caches.
+"""The small state object that holds the token reducers' caches, and what the reducers share.
 
-`build_unet_patches` (patches.py) looks a call up in its table, then hands the tokens to `REDUCERS[strategy]`:
+The reducers are the strategies' `reduce` functions (scheduling/strategies/, one registry): the U-Net patches look a
+call up in their table, then hand the tokens to `STRATEGIES[strategy].reduce`:
 
     reducer(state, n, ctx, val, options, level, h, w, ratio, step) -> (n, ctx, val)
 
@@ -10,7 +11,7 @@
   `options[UNMERGE_KEY]`; todo and topk shrink only ctx/val (K/V may have fewer tokens than Q under SDPA).
 - Every reducer returns its inputs unchanged when it cannot reduce (identity is always a valid outcome).
 
-The caches are per patched model (one `ReduceState` per build_unet_patches call): partitions per grid and step seed,
+The caches are per patched model (one `ReduceState` per build_unet_hooks call): partitions per grid and step seed,
 ROI tensors per plan/grid/batch/device, and the plan-free K/V pooling closures, which are pure functions of
 (grid, kernel) and are shared with the hot path's table rows.
 """
@@ -24,13 +25,9 @@ from typing import Any, Protocol
 import torch
 
 from .downsample import kernel_for_ratio, kv_downsample_functions, protected_cell_tokens
-from .keys import PLAN_KEY, UNMERGE_KEY
-from .merge import bipartite_soft_matching_2d, do_nothing, max_merge_count, random_partition
-from .schedule import Schedule, Strategy
-from .topk import topk_kv_functions
+from .schedule import Schedule
 from .transfer import to_device
 
-TOME_MAX_RATIO = 0.75  # a 2x2 stride leaves 3/4 of tokens as src: more cannot be merged
 # ToMe partitions kept per patched model: one per step and tome level of a run (src/dst indices, 8 bytes per token,
 # on the host and the device: 64 KiB each at SD1.5 512 /8), so the next run of the same model (a video's next frame,
 # the next queue item) draws and copies none
@@ -150,7 +147,7 @@ def kv_targets(
 ) -> tuple[Any, Any]:
     """Apply a token reduction to ctx/val that still hold n's tokens [B, N, C] (another pack's attn1 patch may have
     replaced them), once when they are one object; n itself becomes n_out when given. No id(): the traced attn1 patch
-    (patches.py, under torch.compile) uses it too."""
+    (strategies/*.py `traced`, under torch.compile) uses it too."""
 
     def apply(t: Any) -> Any:
         if t is n and n_out is not None:
@@ -177,96 +174,3 @@ class Reducer(Protocol):
         ratio: float,
         step: int,
     ) -> tuple[torch.Tensor, Any, Any]: ...
-
-
-def _partition(h: int, w: int, sx: int, sy: int, seed: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    src, dst = random_partition(h, w, sx, sy, seed)
-    return src, dst, to_device(src, device), to_device(dst, device)
-
-
-def tome_parts(
-    state: ReduceState, n: torch.Tensor, plan: Any, h: int, w: int, ratio: float, step: int
-) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None]:
-    """(src indices, dst indices, merge count r, protected [B, N] bool or None) of a tome call, all on n's device.
-
-    The src/dst partition is re-drawn every step (seeded by it); r is capped on the host so that a protected plan
-    token is never merged (no device sync)."""
-    schedule, batch, dev = state.schedule, n.shape[0], n.device
-    sx, sy = schedule.sx, schedule.sy
-    seed = (schedule.seed * 1_000_003 + max(step, 0)) & 0x7FFF_FFFF
-    src_cpu, dst_cpu, src_dev, dst_dev = state.partitions.get_or(
-        (h, w, sx, sy, seed, dev), lambda: _partition(h, w, sx, sy, seed, dev)
-    )
-    prot_cpu = prot_dev = None
-    if plan is not None:
-        prot_cpu = state.roi(plan, h, w, batch)[1]
-        prot_dev = state.on_device(plan, ("prot", h, w, batch), lambda: state.roi(plan, h, w, batch)[1], dev)
-    r = min(int(n.shape[1] * min(ratio, TOME_MAX_RATIO)), max_merge_count(prot_cpu, src_cpu, dst_cpu))
-    return src_dev, dst_dev, r, prot_dev
-
-
-def reduce_tome(
-    state: ReduceState,
-    n: torch.Tensor,
-    ctx: Any,
-    val: Any,
-    options: dict[str, Any],
-    level: int,
-    h: int,
-    w: int,
-    ratio: float,
-    step: int,
-) -> tuple[torch.Tensor, Any, Any]:
-    """Merge the most similar src tokens into dst tokens (protected plan tokens never merge); q, k and v shrink."""
-    merge, unmerge = bipartite_soft_matching_2d(n, *tome_parts(state, n, options.get(PLAN_KEY), h, w, ratio, step))
-    if merge is do_nothing:
-        return n, ctx, val
-    merged = merge(n)
-    new_ctx, new_val = kv_targets(n, ctx, val, merge, merged)
-    options[UNMERGE_KEY] = (unmerge, merged.shape[1])
-    return merged, new_ctx, new_val
-
-
-def reduce_todo(
-    state: ReduceState,
-    n: torch.Tensor,
-    ctx: Any,
-    val: Any,
-    options: dict[str, Any],
-    level: int,
-    h: int,
-    w: int,
-    ratio: float,
-    step: int,
-) -> tuple[torch.Tensor, Any, Any]:
-    """Pool K/V spatially (kernel snapped from the ratio); cells holding protected plan tokens keep full resolution."""
-    plan = options.get(PLAN_KEY)
-    if plan is None:
-        fn = state.pool_fn(h, w, ratio)
-    else:
-        fn = state.plan_pool_fn(plan, h, w, n.shape[0], ratio, n.device)
-    new_ctx, new_val = kv_targets(n, ctx, val, fn)
-    return n, new_ctx, new_val
-
-
-def reduce_topk(
-    state: ReduceState,
-    n: torch.Tensor,
-    ctx: Any,
-    val: Any,
-    options: dict[str, Any],
-    level: int,
-    h: int,
-    w: int,
-    ratio: float,
-    step: int,
-) -> tuple[torch.Tensor, Any, Any]:
-    """Keep the most salient K/V tokens (plan importance adds a bonus; protected tokens are always kept)."""
-    plan = options.get(PLAN_KEY)
-    bonus, min_keep = (None, 0) if plan is None else state.topk_bonus(plan, h, w, n.shape[0], n.device)
-    fn = topk_kv_functions(n, ratio, bonus, min_keep)
-    new_ctx, new_val = kv_targets(n, ctx, val, fn)
-    return n, new_ctx, new_val
-
-
-REDUCERS: dict[Strategy, Reducer] = {"tome": reduce_tome, "todo": reduce_todo, "topk": reduce_topk}

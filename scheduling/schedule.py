@@ -24,8 +24,8 @@ from typing import Any, Literal, get_args
 
 from .vocabulary import LEVELS as LEVELS  # re-exported: the schedule speaks in these levels and presets
 from .vocabulary import Preset as Preset
+from .vocabulary import Strategy as Strategy
 
-Strategy = Literal["tome", "todo", "topk"]
 Family = Literal["sd15", "sdxl", "dit"]
 PoolMode = Literal["avg", "nearest"]
 
@@ -66,6 +66,23 @@ def _check_range(name: str, value: Any, lo: float, hi: float, integer: bool = Fa
     infinite = isinstance(value, float) and not math.isfinite(value)
     if isinstance(value, bool) or not ok_type or infinite or not lo <= value <= hi:
         raise ScheduleError(f"Schedule field '{name}' must be {kind} in [{lo}, {hi}], got {echo(value)}")
+
+
+def _clean_ratios(ratios: Any) -> dict[int, float]:
+    """Schedule.ratios checked ({level factor: ratio in [0, MAX_RATIO]}) with int keys and float values, by level."""
+    if not isinstance(ratios, dict):
+        raise ScheduleError(f"Schedule field 'ratios' must be a mapping {{level: ratio}}, got {echo(ratios)}")
+    clean: dict[int, float] = {}
+    for key, value in ratios.items():
+        try:
+            level = int(key)
+        except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite float key
+            level = -1
+        if level not in LEVELS:
+            raise ScheduleError(f"Schedule field 'ratios' keys must be level factors {LEVELS}, got {echo(key)}")
+        _check_range(f"ratios[{level}]", value, 0.0, MAX_RATIO)
+        clean[level] = float(value)
+    return dict(sorted(clean.items()))
 
 
 @dataclass(frozen=True)
@@ -135,19 +152,7 @@ class Schedule:
             )
         if self.pool not in get_args(PoolMode):
             raise ScheduleError(f"Schedule field 'pool' must be one of {get_args(PoolMode)}, got {echo(self.pool)}")
-        if not isinstance(self.ratios, dict):
-            raise ScheduleError(f"Schedule field 'ratios' must be a mapping {{level: ratio}}, got {echo(self.ratios)}")
-        clean: dict[int, float] = {}
-        for key, value in self.ratios.items():
-            try:
-                level = int(key)
-            except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite float key
-                level = -1
-            if level not in LEVELS:
-                raise ScheduleError(f"Schedule field 'ratios' keys must be level factors {LEVELS}, got {echo(key)}")
-            _check_range(f"ratios[{level}]", value, 0.0, MAX_RATIO)
-            clean[level] = float(value)
-        object.__setattr__(self, "ratios", dict(sorted(clean.items())))
+        object.__setattr__(self, "ratios", _clean_ratios(self.ratios))
         _check_range("protect_blocks", self.protect_blocks, 0, 64, integer=True)
         _check_range("ramp_start", self.ramp_start, 0, 64, integer=True)
         _check_range("ramp_step", self.ramp_step, 0.0, 0.5)

@@ -30,8 +30,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .compile_wrapper import eager_under_compile
 from .keys import SHALLOW_KEY
-from .patches import eager_under_compile
 from .step_state import run_steps
 from .transfer import to_device
 
@@ -221,6 +221,118 @@ class StepCacheHooks:
     output_block_patch: Callable[..., Any]
 
 
+@dataclass
+class _Cache:
+    """What the step cache's hooks share for one model clone: the run's state and the settings the node layer passes
+    (see `build_step_cache`), and the reasons already logged."""
+
+    state: StepCacheState
+    embed: EmbedFn
+    plan_key: str
+    disabled_key: str
+    step_key: str | None
+    warned: set[str] = field(default_factory=set)
+
+
+def _stand_aside(cache: _Cache, reason: str) -> None:
+    cache.state.fallback = reason
+    if reason not in cache.warned:
+        cache.warned.add(reason)
+        log.info("TokenFuse step cache: every U-Net call full from here on in this run (%s)", reason)
+
+
+def _is_full_step(cache: _Cache, i: int, x: torch.Tensor, key: CacheKey, plan: Any, n_steps: int, sigma: float) -> bool:
+    """Whether step i runs the whole U-Net (decided once per step; the threshold can promote a cached step)."""
+    state = cache.state
+    if i not in state.decided:
+        full = (
+            i == 0
+            or i >= n_steps - 1
+            or not _in_window(state, sigma)
+            or state.last_full < 0
+            or i - state.last_full >= state.interval
+        )
+        entry = state.entries.get(key)
+        if not full and state.threshold > 0 and entry is not None and entry.x is not None:
+            if face_drift(x, entry.x, _face_weights(plan, x)) > state.threshold:
+                full = True
+                state.refreshed += 1
+        state.decided[i] = full
+        if full:
+            state.last_full = i
+    return state.decided[i]
+
+
+def _unsupported(cache: _Cache, unet: Any, opts: dict[str, Any], control: Any, kwargs: dict[str, Any]) -> str:
+    """Why the cache stands aside for this call ("" when it does not)."""
+    n_blocks, depth = len(getattr(unet, "output_blocks", ())), cache.state.depth
+    if n_blocks == 0 or len(getattr(unet, "input_blocks", ())) != n_blocks:
+        return "not a U-Net with matching input/output blocks"
+    if depth >= n_blocks:
+        return f"cache_depth {depth} >= the model's {n_blocks} blocks"
+    if control is not None:
+        return "a ControlNet feeds the U-Net"
+    if getattr(unet, "predict_codebook_ids", False) or set(kwargs) & {"num_video_frames", "time_context"}:
+        return "video/codebook U-Net"
+    if opts.get("sample_sigmas") is None or opts.get("sigmas") is None:
+        return "no sample_sigmas in transformer_options"
+    # sticky for the run: e.g. a ControlNet on the cond only (the uncond has none) or one whose window ends: the log
+    # and the summary say the run was full from there
+    return cache.state.fallback
+
+
+def _step_of(cache: _Cache, opts: dict[str, Any]) -> tuple[int, int, float]:
+    """(step, steps, sigma) of a model call."""
+    state = cache.state
+    steps = run_steps(opts, cache.step_key)
+    if steps is not None:
+        # The sampler's step from the run's host-side step state: no device sync (scheduling/step_state.py).
+        state.sample_sigmas = steps.sigmas
+        i = min(steps.step, steps.steps - 1)
+        return i, steps.steps, steps.sigmas[i]
+    if state.sample_sigmas is None:  # once per run (one host sync), not per call
+        state.sample_sigmas = [float(s) for s in opts["sample_sigmas"].reshape(-1).tolist()]
+    sigma = float(opts["sigmas"].reshape(-1)[0])  # once per model call: a device sync on a GPU
+    return step_index(sigma, state.sample_sigmas), max(1, len(state.sample_sigmas) - 1), sigma
+
+
+def _plan_call(cache: _Cache, unet: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _CallPlan | None:
+    """The host side of one U-Net call: None = run it untouched (cache off or standing aside); else full (deep None:
+    run it and keep its deep feature) or cached (the deep feature to reuse)."""
+    state = cache.state
+    state.captured = None
+    opts = args[5] if len(args) > 5 else kwargs.get("transformer_options")
+    if not isinstance(opts, dict) or opts.get(cache.disabled_key):
+        return None
+    opts.pop(SHALLOW_KEY, None)
+    x = args[0]
+    reason = _unsupported(cache, unet, opts, args[4] if len(args) > 4 else kwargs.get("control"), kwargs)
+    if reason:
+        _stand_aside(cache, reason)
+        state.full_calls += 1
+        return None
+    n_blocks = len(unet.output_blocks)
+    i, n_steps, sigma = _step_of(cache, opts)
+    key = (tuple(opts.get("uuids", ()) or ()), tuple(opts.get("cond_or_uncond", ()) or ()), tuple(x.shape))
+    entry = state.entries.get(key)
+    full = _is_full_step(cache, i, x, key, opts.get(cache.plan_key), n_steps, sigma)
+    if not full and entry is not None and entry.deep is not None:
+        state.cached_calls += 1
+        opts[SHALLOW_KEY] = (state.depth, n_blocks)  # the blocks this call runs (the attention telemetry's replay)
+        return _CallPlan(key, entry.deep, entry.transformer_index)
+    state.full_calls += 1
+    state.capture_block = n_blocks - state.depth
+    return _CallPlan(key, None, 0)
+
+
+def _keep_full(cache: _Cache, key: CacheKey, x: torch.Tensor) -> None:
+    """After a full call: the deep feature its output patch captured becomes the entry for `key`."""
+    state = cache.state
+    entry = state.entries.setdefault(key, _Entry())
+    entry.deep, entry.transformer_index, state.captured = state.captured, state.captured_index, None
+    entry.x = x if state.threshold > 0 else None
+
+
 def build_step_cache(
     interval: int,
     depth: int,
@@ -240,13 +352,7 @@ def build_step_cache(
     options) the step comes from the call's sigma (`step_index`: one host read per model call).
     """
     state = StepCacheState(interval=interval, depth=depth, threshold=threshold)
-    warned: set[str] = set()
-
-    def stand_aside(reason: str) -> None:
-        state.fallback = reason
-        if reason not in warned:
-            warned.add(reason)
-            log.info("TokenFuse step cache: every U-Net call full from here on in this run (%s)", reason)
+    cache = _Cache(state, embed, plan_key, disabled_key, step_key)
 
     def step_cache_output_patch(
         h: torch.Tensor, hsp: torch.Tensor, transformer_options: dict[str, Any]
@@ -259,90 +365,11 @@ def build_step_cache(
             state.captured_index = int(transformer_options.get("transformer_index", 0) or 0)
         return h, hsp
 
-    def is_full_step(i: int, x: torch.Tensor, key: CacheKey, plan: Any, n_steps: int, sigma: float) -> bool:
-        if i not in state.decided:
-            full = (
-                i == 0
-                or i >= n_steps - 1
-                or not _in_window(state, sigma)
-                or state.last_full < 0
-                or i - state.last_full >= interval
-            )
-            entry = state.entries.get(key)
-            if not full and threshold > 0 and entry is not None and entry.x is not None:
-                if face_drift(x, entry.x, _face_weights(plan, x)) > threshold:
-                    full = True
-                    state.refreshed += 1
-            state.decided[i] = full
-            if full:
-                state.last_full = i
-        return state.decided[i]
-
-    def plan_call(unet: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _CallPlan | None:
-        """The host side of one U-Net call: None = run it untouched (cache off or standing aside); else full
-        (deep None: run it and keep its deep feature) or cached (the deep feature to reuse)."""
-        state.captured = None
-        opts = args[5] if len(args) > 5 else kwargs.get("transformer_options")
-        if not isinstance(opts, dict) or opts.get(disabled_key):
-            return None
-        opts.pop(SHALLOW_KEY, None)
-        x = args[0]
-        control = args[4] if len(args) > 4 else kwargs.get("control")
-        n_blocks = len(getattr(unet, "output_blocks", ()))
-        reason = ""
-        if n_blocks == 0 or len(getattr(unet, "input_blocks", ())) != n_blocks:
-            reason = "not a U-Net with matching input/output blocks"
-        elif depth >= n_blocks:
-            reason = f"cache_depth {depth} >= the model's {n_blocks} blocks"
-        elif control is not None:
-            reason = "a ControlNet feeds the U-Net"
-        elif getattr(unet, "predict_codebook_ids", False) or set(kwargs) & {"num_video_frames", "time_context"}:
-            reason = "video/codebook U-Net"
-        elif opts.get("sample_sigmas") is None or opts.get("sigmas") is None:
-            reason = "no sample_sigmas in transformer_options"
-        elif state.fallback:  # sticky for the run: e.g. a ControlNet on the cond only (the uncond has none) or one
-            reason = state.fallback  # whose window ends: the log and the summary say the run was full from there
-        if reason:
-            stand_aside(reason)
-            state.full_calls += 1
-            return None
-        steps = run_steps(opts, step_key)
-        if steps is not None:
-            # The sampler's step from the run's host-side step state: no device sync (scheduling/step_state.py).
-            state.sample_sigmas = steps.sigmas
-            n_steps = steps.steps
-            i = min(steps.step, n_steps - 1)
-            sigma = steps.sigmas[i]
-        else:
-            if state.sample_sigmas is None:  # once per run (one host sync), not per call
-                state.sample_sigmas = [float(s) for s in opts["sample_sigmas"].reshape(-1).tolist()]
-            sigma = float(opts["sigmas"].reshape(-1)[0])  # once per model call: a device sync on a GPU
-            n_steps = max(1, len(state.sample_sigmas) - 1)
-            i = step_index(sigma, state.sample_sigmas)
-        key = (tuple(opts.get("uuids", ()) or ()), tuple(opts.get("cond_or_uncond", ()) or ()), tuple(x.shape))
-        entry = state.entries.get(key)
-        if (
-            not is_full_step(i, x, key, opts.get(plan_key), n_steps, sigma)
-            and entry is not None
-            and entry.deep is not None
-        ):
-            state.cached_calls += 1
-            opts[SHALLOW_KEY] = (depth, n_blocks)  # the blocks this call runs (the attention telemetry's replay)
-            return _CallPlan(key, entry.deep, entry.transformer_index)
-        state.full_calls += 1
-        state.capture_block = n_blocks - depth
-        return _CallPlan(key, None, 0)
-
-    def keep_full(key: CacheKey, x: torch.Tensor) -> None:
-        """After a full call: the deep feature its output patch captured becomes the entry for `key`."""
-        entry = state.entries.setdefault(key, _Entry())
-        entry.deep, entry.transformer_index, state.captured = state.captured, state.captured_index, None
-        entry.x = x if threshold > 0 else None
-
     # The host logic runs eagerly under torch.compile (ComfyUI's TorchCompileModel compiles the whole U-Net,
     # this wrapper included): one graph break before the call and one after a full call. Traced, dynamo guarded on
     # the per-step state (`decided`, counters) and recompiled every step until its recompile limit.
-    plan_call_eager, keep_full_eager = eager_under_compile(plan_call), eager_under_compile(keep_full)
+    plan_call_eager = eager_under_compile(lambda unet, args, kwargs: _plan_call(cache, unet, args, kwargs))
+    keep_full_eager = eager_under_compile(lambda key, x: _keep_full(cache, key, x))
 
     def step_cache_diffusion_model(executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         # UNetModel.forward's executor: (x, timesteps, context, y, control, transformer_options, **kwargs)

@@ -7,8 +7,8 @@ extensions, the identity closure). Both are torch-free so ComfyUI's start-up imp
 scheduling/ is the bottom layer (faces/, fusion/, video/ and nodes/ may all import it), so the vocabulary lives here.
 
 UI choices are derived from the Literal types with `typing.get_args`, so the widget list, the type checker and
-validation cannot disagree. The browser extension's mirror (web/lib/*.js) is checked against this module by
-tests/test_vocabulary.py.
+validation cannot disagree. The browser extension reads the same words from web/lib/vocabulary.js, generated from this
+module by tools/gen_vocabulary_js.py (tests/test_vocabulary.py checks it is up to date).
 """
 
 from __future__ import annotations
@@ -24,6 +24,15 @@ LEVELS: tuple[int, ...] = get_args(Level)
 Preset = Literal["off", "balanced", "lowvram_4gb", "lowvram_6gb", "lowvram_8gb"]
 # The same presets ordered weakest -> strongest: ScheduledFusion's OOM fallback steps to the next one in this order.
 PRESET_ORDER: tuple[Preset, ...] = ("off", "balanced", "lowvram_8gb", "lowvram_6gb", "lowvram_4gb")
+
+# Token-reduction strategies (scheduling/strategies/ holds one module each, registered in STRATEGIES there), with
+# the names the web chart gives them.
+Strategy = Literal["tome", "todo", "topk"]
+STRATEGY_LABELS: dict[Strategy, str] = {
+    "todo": "ToDo K/V pooling",
+    "tome": "ToMe token merging",
+    "topk": "top-K keys",
+}
 
 # Where the ONNX face models (detectors, embedders) run: cpu, or auto (CUDA when onnxruntime has it, else cpu).
 Device = Literal["cpu", "auto"]

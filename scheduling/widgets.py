@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any, Literal, cast, get_args
+from typing import Any, cast, get_args
 
 from .schedule import (
     MAX_RATIO,
@@ -18,9 +18,6 @@ from .schedule import (
     parse_schedule_mapping,
     preset_schedule,
 )
-
-StrategyChoice = Literal["preset", "tome", "todo", "topk"]  # "preset" + scheduling.schedule.Strategy (tested)
-
 
 # The widgets a schedule_text may also set by name ({"ratio": 0.5} is the ratio widget at 0.5); "strategy" is also a
 # Schedule field: its widget-only value "preset" (keep the preset's strategy) is read as the widget.

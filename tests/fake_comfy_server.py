@@ -293,9 +293,7 @@ def _stats(node: str, step: int, steps: int) -> dict[str, Any]:
     from tokenfuse.nodes.run_stats import peak_memory_start
 
     final = step == steps
-    summary = (
-        f"TokenFuse: 24.5% q+k/v tokens saved, {peak_memory_start('cpu')[0]()} [sd15 balanced]" if final else None
-    )
+    summary = f"TokenFuse: 24.5% q+k/v tokens saved, {peak_memory_start('cpu')[0]()} [sd15 balanced]" if final else None
     return {
         "node": node,
         "step": step,

@@ -20,6 +20,7 @@ from tokenfuse.devkit.patch_replay import with_step_state as stepped
 from tokenfuse.scheduling import reducers
 from tokenfuse.scheduling.patches import build_unet_patches
 from tokenfuse.scheduling.schedule import Schedule
+from tokenfuse.scheduling.strategies import tome as tome_strategy
 from tokenfuse.scheduling.telemetry import RunTelemetry
 from tokenfuse.scheduling.transfer import to_device
 
@@ -79,7 +80,8 @@ def test_tome_partitions_and_plan_tensors_reach_the_device_through_to_device(mon
         moved.append((t.dtype, tuple(t.shape)))
         return to_device(t, device)
 
-    monkeypatch.setattr(reducers, "to_device", spy)
+    monkeypatch.setattr(reducers, "to_device", spy)  # the plan's tensors (ReduceState)
+    monkeypatch.setattr(tome_strategy, "to_device", spy)  # the partition
     steps = 3
     opts = with_plan(stepped(model_call_options(128, steps)), 128)
     patches = build_unet_patches(Schedule(strategy="tome", ratios={8: 0.5}, protect_blocks=0), RunTelemetry())
@@ -120,13 +122,13 @@ def test_a_later_run_of_the_same_patched_model_draws_no_tome_partition(monkeypat
     """ToMe re-draws its src/dst partition every step; the patched model keeps a run's worth (reducers
     .PARTITIONS_KEPT), so a video's next frame or the next queue item draws and copies none, with the same merges."""
     drawn: list[int] = []
-    real = reducers.random_partition
+    real = tome_strategy.random_partition
 
     def counting(h: int, w: int, sx: int, sy: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         drawn.append(seed)
         return real(h, w, sx, sy, seed)
 
-    monkeypatch.setattr(reducers, "random_partition", counting)
+    monkeypatch.setattr(tome_strategy, "random_partition", counting)
     steps = 25  # more steps than the 8 partitions kept before
     opts = stepped(model_call_options(128, steps))
     tome = Schedule(strategy="tome", ratios={8: 0.5, 16: 0.5}, protect_blocks=0)

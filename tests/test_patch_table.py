@@ -9,7 +9,7 @@ another patch already replaced still takes the general path.
 from __future__ import annotations
 
 import pytest
-import tokenfuse.scheduling.patches as patches
+import tokenfuse.scheduling.unet_eager as unet_eager
 import torch
 from tokenfuse.scheduling.downsample import pool_tokens
 from tokenfuse.scheduling.patches import build_unet_patches
@@ -48,13 +48,13 @@ def model_call(
 def grid_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts infer_grid calls (the per-call host work the table replaces)."""
     calls: list[int] = []
-    real = patches.infer_grid
+    real = unet_eager.infer_grid
 
     def counting(n_tokens, original_shape):
         calls.append(n_tokens)
         return real(n_tokens, original_shape)
 
-    monkeypatch.setattr(patches, "infer_grid", counting)
+    monkeypatch.setattr(unet_eager, "infer_grid", counting)
     return calls
 
 

@@ -8,14 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from tokenfuse.scheduling.dit_override import build_attention_override
-from tokenfuse.scheduling.patches import (
-    UNMERGE_KEY,
-    build_unet_patches,
-    infer_grid,
-)
+from tokenfuse.scheduling.keys import UNMERGE_KEY
+from tokenfuse.scheduling.patches import build_unet_patches
 from tokenfuse.scheduling.plan import TokenPlan
 from tokenfuse.scheduling.schedule import Schedule, preset_schedule
 from tokenfuse.scheduling.telemetry import RunTelemetry
+from tokenfuse.scheduling.unet_table import infer_grid
 
 SAMPLE_SIGMAS = torch.linspace(14.6, 0.0, 11)
 

@@ -380,10 +380,11 @@ def test_family_detection_by_comfyui_class_names() -> None:
 
 
 def test_strategy_choices_follow_the_core_literal() -> None:
-    from tokenfuse.nodes.scheduler_node import StrategyChoice
+    from tokenfuse.nodes.scheduler_node import STRATEGY_CHOICES, TokenSchedulerController
     from tokenfuse.scheduling.schedule import Strategy
 
-    assert get_args(StrategyChoice) == ("preset", *get_args(Strategy))
+    assert STRATEGY_CHOICES == ("preset", *get_args(Strategy))
+    assert TokenSchedulerController.INPUT_TYPES()["required"]["strategy"][0] == list(STRATEGY_CHOICES)
 
 
 def test_scheduling_twice_replaces_the_first_and_keeps_other_patches() -> None:

@@ -1,7 +1,8 @@
 """One vocabulary (scheduling/vocabulary.py): declared once in Python, derived by the UI, mirrored by the browser code.
 
-The JS mirror in web/lib/*.js cannot import Python, so its copies of the vocabulary are read here with Node and
-compared with the Python declarations; a word added or changed on one side only fails this test.
+The browser code cannot import Python: it imports web/lib/vocabulary.js, generated from the Python declarations by
+tools/gen_vocabulary_js.py (checked up to date here), and declares none of those words itself. What it still mirrors
+(the schedule defaults, the chart's per-family tables) is read here with Node and compared with Python.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import get_args
 
@@ -19,7 +21,15 @@ import pytest
 import tokenfuse
 from tokenfuse.scheduling import downsample, merge, topk, vocabulary
 from tokenfuse.scheduling.schedule import FAMILY_LEVELS, MAX_RATIO, Family, Schedule, Strategy
-from tokenfuse.scheduling.vocabulary import LEVELS, MODEL_EXTENSIONS, PRESET_ORDER, Device, Level, Preset
+from tokenfuse.scheduling.vocabulary import (
+    LEVELS,
+    MODEL_EXTENSIONS,
+    PRESET_ORDER,
+    STRATEGY_LABELS,
+    Device,
+    Level,
+    Preset,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 WEB = REPO / "web"
@@ -147,3 +157,45 @@ def test_js_mirror_matches_the_python_vocabulary() -> None:
     camel = {re.sub(r"_(\w)", lambda m: m.group(1).upper(), k): v for k, v in defaults.items()}
     for key, value in js["defaults"].items():
         assert camel[key] == pytest.approx(value), key
+
+
+def test_generated_vocabulary_js_is_up_to_date() -> None:
+    """web/lib/vocabulary.js is what tools/gen_vocabulary_js.py writes from the Python vocabulary today."""
+    out = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "gen_vocabulary_js.py"), "--check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert list(STRATEGY_LABELS) == sorted(STRATEGY_LABELS)
+    assert set(STRATEGY_LABELS) == set(get_args(Strategy))
+
+
+def _js_copies(text: str, name: str) -> list[str]:
+    """Literal lists / objects in browser code that spell out a vocabulary: every strategy, every preset, or the
+    levels."""
+    words_of = {
+        "strategies": set(get_args(Strategy)),
+        "presets": set(get_args(Preset)),
+    }
+    found = []
+    for group in re.findall(r"[\[{][^\[\]{}]*[\]}]", text):
+        words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", group))
+        found += [f"{name}: {what}" for what, vocab in words_of.items() if vocab <= words]
+        if re.findall(r"\d+", group) == [str(lv) for lv in LEVELS]:
+            found.append(f"{name}: levels")
+    return found
+
+
+def test_browser_code_declares_no_vocabulary_of_its_own() -> None:
+    files = sorted([*WEB.glob("*.js"), *(WEB / "lib").glob("*.js")])
+    offenders = [
+        hit for p in files if p.name != "vocabulary.js" for hit in _js_copies(p.read_text(encoding="utf-8"), p.name)
+    ]
+    assert not offenders, offenders
+    copy = 'const S = Object.freeze(["tome", "todo", "topk"]);\nconst L = { todo: "a", tome: "b", topk: "c" };\n'
+    copy += "const LEVELS = [8, 16, 32, 64];\n"
+    assert _js_copies(copy, "copy.js") == ["copy.js: strategies", "copy.js: strategies", "copy.js: levels"]

@@ -108,7 +108,7 @@ def test_no_host_read_of_device_tensors_on_the_hot_path(comfy, model, monkeypatc
     assert dict(reads.by_module) == {"tokenfuse.nodes.sampler_steps": 1}  # the run's sigmas, once
     reads.by_module.clear()
     ksample(comfy, scheduled(model, schedule, wrapper=False)[0], "euler")  # the fallback: a read per model call
-    assert reads.by_module["tokenfuse.scheduling.patches"] >= STEPS
+    assert reads.by_module["tokenfuse.scheduling.step_tracker"] >= STEPS
     assert (reads.by_module["tokenfuse.scheduling.step_cache"] >= STEPS) is cache
 
 

@@ -3,12 +3,10 @@
 // One unit everywhere: the share of a level's tokens REMOVED from self-attention, in percent ("−40 %"), on the bars,
 // in the header and in the live rows.
 
-/** Plain names for the strategies (scheduling/schedule.py Strategy); "todo" is ToDo (token downsampling). */
-export const STRATEGY_LABELS = Object.freeze({
-  todo: "ToDo K/V pooling",
-  tome: "ToMe token merging",
-  topk: "top-K keys",
-});
+import { LEVELS, STRATEGY_LABELS } from "./vocabulary.js";
+
+/** Plain names for the strategies (scheduling/vocabulary.py STRATEGY_LABELS); "todo" is ToDo (token downsampling). */
+export { STRATEGY_LABELS };
 
 /** Display name of a model family for the chart header. */
 export const FAMILY_LABELS = Object.freeze({ sd15: "SD1.5", sdxl: "SDXL", dit: "DiT" });
@@ -57,7 +55,7 @@ export const DIT_LEGEND = "DiT: one bar for every attention call (no U-Net level
  * default width (400 px, 10 px font: about 46 characters; the longer text was cut off there).
  */
 export function legendText(levels) {
-  const finest = (levels?.length ? Math.min(...levels) : 8);
+  const finest = Math.min(...(levels?.length ? levels : LEVELS));
   return `colour = U-Net level, latent = image / N (/${finest} finest)`;
 }
 

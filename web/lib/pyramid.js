@@ -3,12 +3,12 @@
 // Mirrors scheduling/schedule.py: ratioFor() is Schedule.ratio_for, presetSchedule() is preset_schedule(),
 // SCHEDULE_DEFAULTS are the Schedule dataclass defaults. Keep them line-by-line comparable when either side changes.
 
-import { checkScheduleText, MAX_RATIO, SCHEDULE_FIELD_DEFAULTS, widgetsFromText } from "./schedule_check.js";
+import { checkScheduleText, SCHEDULE_FIELD_DEFAULTS, widgetsFromText } from "./schedule_check.js";
+import { FAMILY_LEVELS, LEVELS, MAX_RATIO } from "./vocabulary.js";
 
-// LEVELS, MAX_RATIO, FAMILY_LEVELS, BLOCK_LEVELS and the preset names are checked against scheduling/vocabulary.py and
-// scheduling/schedule.py by tests/test_vocabulary.py.
-export const LEVELS = Object.freeze([8, 16, 32, 64]);
-export { MAX_RATIO };
+// LEVELS, MAX_RATIO and FAMILY_LEVELS come from the generated vocabulary.js; BLOCK_LEVELS and the preset tables are
+// checked against scheduling/schedule.py by tests/test_vocabulary.py and tests/test_web_js.py.
+export { FAMILY_LEVELS, LEVELS, MAX_RATIO };
 
 /** Schedule defaults (scheduling/schedule.py, dataclass Schedule). */
 export const SCHEDULE_DEFAULTS = Object.freeze({
@@ -21,9 +21,6 @@ export const SCHEDULE_DEFAULTS = Object.freeze({
   startPercent: 0.0,
   endPercent: 1.0,
 });
-
-/** Levels with self-attention per family (FAMILY_LEVELS). */
-export const FAMILY_LEVELS = Object.freeze({ sd15: [8, 16, 32, 64], sdxl: [16, 32], dit: [] });
 
 /**
  * Level of each attention site in ComfyUI's transformer_index order (one index per SpatialTransformer).

@@ -8,14 +8,11 @@
 // such as "16" and "8" first), so the first bad `ratios` entry is the one Python names. One known difference:
 // Python's int() also takes non-ASCII digits ("８"), which the chart refuses.
 
-export const MAX_RATIO = 0.9;
+import { LEVELS, MAX_RATIO, POOL_MODES, PRESETS, STRATEGIES } from "./vocabulary.js";
+
+export { MAX_RATIO, POOL_MODES, PRESETS, STRATEGIES };
 export const SCHEDULE_TEXT_MAX_CHARS = 16_384;
 export const SCHEDULE_TEXT_MAX_DEPTH = 8;
-export const STRATEGIES = Object.freeze(["tome", "todo", "topk"]);
-export const POOL_MODES = Object.freeze(["avg", "nearest"]);
-const LEVELS = Object.freeze([8, 16, 32, 64]);
-/** get_args(Preset) (scheduling/vocabulary.py), in its order: the 'preset' message lists them so. */
-export const PRESETS = Object.freeze(["off", "balanced", "lowvram_4gb", "lowvram_6gb", "lowvram_8gb"]);
 /**
  * TokenSchedulerController's widgets a schedule_text may also set by name (scheduling/widgets.py WIDGET_KEYS):
  * preset and ratio always, strategy only with its widget-only value "preset" (any other value is the Schedule field).
