@@ -27,7 +27,7 @@ Where the time goes (printed last, --refine fake only): milliseconds per frame p
 clip: PyAV decode -> to_ndarray("rgb24") -> from_ndarray -> libx264 with the run's preset and CRF, nothing else.
 total / floor is wall time; CPU / floor CPU counts every thread of the process (decoder, x264, OpenCV) and moves
 less with the load of a shared machine. Decode and encode run in their own threads, so the stages' sum exceeds the
-wall time ("other" goes negative). Measured on a shared 2-core CPU (load average 9-17, so wall ratios move),
+wall time ("other" goes negative). Measured on a shared 2-core CPU (load average 5-17, so wall ratios move),
 1280x720 30 fps, 300 frames, guide 512, 2 key frames/s, stand-in sampler, x264 CRF 19, x264 threads auto, OpenCV
 threads 2; flicker: added flicker over the first 60 frames; "before" is the code before the speed work, same bench:
 
@@ -38,13 +38,15 @@ threads 2; flicker: added flicker over the first 60 frames; "before" is the code
 |---|---|---|---|---|---|---|---|---|---|---|---|---|
 | floor, medium | 5.3 | | | | | | | 144.7 | 150.0 | 1.00x | 1.00x (37.4 ms) | |
 | medium, before | 36.0 | 108.7 | 10.3 | 6.4 | 51.7 | 818.6 | 94.2 | 139.9 | 1288.5 | 8.39x | 6.49x | 1.154 |
-| medium | 27.0 | 44.4 | 26.3 | 5.7 | 71.4 | 142.7 | 52.6 | 196.0 | 380.1 | 2.53x | 2.76x | 1.155 |
-| floor, veryfast | 7.2 | | | | | | | 38.9 | 46.1 | 1.00x | 1.00x (19.6 ms) | |
-| veryfast | 11.8 | 18.3 | 12.5 | 3.2 | 34.0 | 69.3 | 26.9 | 64.0 | 176.1 | 3.82x | 4.56x | 1.109 |
-| floor, medium | 6.0 | | | | | | | 57.5 | 63.5 | 1.00x | 1.00x (39.5 ms) | |
-| medium, 3 faces | 7.7 | 17.3 | 19.9 | 4.6 | 55.6 | 90.1 | 34.2 | 69.8 | 234.1 | 3.68x | 4.69x | 1.118 |
+| floor, medium | 3.7 | | | | | | | 56.5 | 60.2 | 1.00x | 1.00x (37.6 ms) | |
+| medium | 12.2 | 20.5 | 10.4 | 2.8 | 34.1 | 44.5 | 28.5 | 94.8 | 156.2 | 2.59x | 2.66x | 1.156 |
+| floor, veryfast | 5.8 | | | | | | | 26.5 | 32.3 | 1.00x | 1.00x (21.4 ms) | |
+| veryfast | 10.5 | 18.4 | 7.5 | 1.9 | 19.0 | 20.5 | 14.2 | 35.2 | 86.2 | 2.66x | 3.98x | 1.112 |
+| floor, medium | 5.8 | | | | | | | 53.4 | 59.2 | 1.00x | 1.00x (39.7 ms) | |
+| medium, 3 faces | 11.6 | 14.7 | 15.8 | 3.6 | 40.2 | 49.0 | 27.0 | 51.7 | 160.8 | 2.72x | 4.55x | 1.119 |
 
-(the "before" row ran after its own floor row, 153.6 ms; 1920x1080 medium, one face: 723.5 vs 379.1 ms, 1.91x.)
+(the "before" row ran after its own floor row, 153.6 ms, at load 9-17; the other rows at load 5-8. 1920x1080 medium,
+one face, before the mask-box propagation: 723.5 vs 379.1 ms, 1.91x.)
 
     python bench/video.py --frames 1000,4000 --refine fake
     python bench/video.py --quick [--refine sd15 --comfyui /path/to/ComfyUI]      # smoke run, under a minute on CPU
