@@ -22,8 +22,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .convert import WorkflowError, is_api_prompt, ui_to_api
-from .core_cli import add_core_arguments, cmd_run_core, refuse_core_options
+from .comfy.convert import is_api_prompt, ui_to_api
+from .core.cli import add_core_arguments, cmd_run_core, refuse_core_options
+from .errors import WorkflowError
 from .items import Item, expand, item_slot, resolve
 from .output_folder import refuse_non_folder
 from .report import item_names
@@ -262,15 +263,15 @@ def load_prompt(path: Path, defs: dict[str, dict[str, Any]]) -> dict[str, dict[s
 
 def _make_engine(args: argparse.Namespace, extra_nodes: dict[str, type] | None) -> Any:
     if args.ray:
-        from .ray_pool import RayPool, WorkerSpec
+        from .ray.pool import RayPool, WorkerSpec
 
         spec = WorkerSpec(comfyui=args.comfyui, cpu=args.cpu, sdpa=args.sdpa, demo=args.demo)
         return RayPool(args.ray, args.workers, spec)
     if args.server:
-        from .client import ServerComfy
+        from .comfy.client import ServerComfy
 
         return ServerComfy(args.server)
-    from .embedded import EmbeddedComfy
+    from .comfy.embedded import EmbeddedComfy
 
     return EmbeddedComfy(args.comfyui, cpu=args.cpu, sdpa=args.sdpa, extra_nodes=extra_nodes)
 
@@ -335,14 +336,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"{len(wrong)} item(s) are {wrong[0].kind}s but node {slot} ({prompt[slot]['class_type']}) takes "
                 f"{kind}s: use a workflow with a {'LoadVideo' if wrong[0].kind == 'video' else 'LoadImage'} node"
             )
-        if args.ray and kind == "video":  # each video in time chunks over the workers (workflow_video.py)
-            from .workflow_video import run_workflow_videos_ray
+        if args.ray and kind == "video":  # each video in time chunks over the workers (ray/workflow_video.py)
+            from .ray.workflow_video import run_workflow_videos_ray
 
             summary = run_workflow_videos_ray(
                 engine, prompt, slot, constants, items, Path(args.output), args.chunks, args.resume, not args.quiet
             )
         elif args.ray:
-            from .ray_pool import run_items_ray
+            from .ray.pool import run_items_ray
 
             summary = run_items_ray(
                 engine, prompt, slot, constants, items, Path(args.output), args.resume, not args.quiet

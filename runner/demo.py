@@ -138,7 +138,7 @@ def checkpoint_names(defs: dict[str, dict[str, Any]]) -> list[str]:
 
 def check_checkpoint(name: str, defs: dict[str, dict[str, Any]]) -> None:
     """WorkflowError (exit 2) when `name` is not a file of ComfyUI's checkpoints folder; the message lists them."""
-    from .convert import WorkflowError
+    from .errors import WorkflowError
 
     names = checkpoint_names(defs)
     if name not in names:

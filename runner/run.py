@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, TextIO
 
-from .engine import Engine, EngineUnavailable, OutputFile
+from .comfy.protocol import Engine, EngineUnavailable, OutputFile
 from .items import Item, loaders
 from .output_folder import check_entry, make_folders, output_root, remove_entry, write_new
 from .report import ReportWriter, done_keys, summarize_texts

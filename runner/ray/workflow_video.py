@@ -1,10 +1,10 @@
 """`run workflow.json clip.mp4 --ray ... --workers N` for a video workflow: each video split into time chunks fused
 on different RunnerWorkers (a warm embedded ComfyUI each), joined in order with the audio copied once; the frames
-equal a one-worker run's (runner/workflow_chunks.py says when chunking applies and why faces_per_batch is 1).
+equal a one-worker run's (runner/ray/workflow_chunks.py says when chunking applies and why faces_per_batch is 1).
 
 Per item: the driver runs FaceTrack's track pass (no ComfyUI), plans chunks, and dispatches one job per chunk
-(ray_pool.dispatch: a worker lost mid-chunk is replaced and the chunk sent again elsewhere); when every chunk is
-back it joins them (core_video._join: chunk order, the input's audio, packets copied). An item that cannot be
+(ray.dispatch.dispatch: a worker lost mid-chunk is replaced and the chunk sent again elsewhere); when every chunk is
+back it joins them (core.video._join: chunk order, the input's audio, packets copied). An item that cannot be
 chunked (the workflow, one worker, no face tracks, too short for two chunks) runs whole on one worker like
 `run_items_ray`. Every report row says how the item ran: `route` ("chunks: 3 on 2 workers" or "whole: <why>"),
 and for chunks the chunk list with each chunk's worker, attempts and lost attempts.
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .core_video import _join, _record, _Video
-from .items import Item
-from .ray_pool import Outcome, RayPool, dispatch
-from .run import RunLog, Summary
+from ..core.video import _join, _record, _Video
+from ..items import Item
+from ..run import RunLog, Summary
+from .pool import Outcome, RayPool, dispatch
 from .workflow_chunks import (
     VideoGraph,
     chunk_prompt,
@@ -69,7 +69,7 @@ def _prepare(
 ) -> _WorkflowVideo | _Whole:
     """Track pass and chunk plan on the driver; a _Whole when this item runs whole; a failed _WorkflowVideo
     (files == []) on a bad input."""
-    from ..video.chunks import plan_chunks
+    from ...video.chunks import plan_chunks
 
     row = {"item": item.key, "name": item.name, "kind": item.kind}
     v = _WorkflowVideo(index, item, row, time.perf_counter(), name=output_name(prompt, graph, item.name))

@@ -1,6 +1,6 @@
 """The runner against a running ComfyUI server (`--server URL`): GET /object_info for the node definitions,
 POST /upload/image to hand over each input, POST /prompt, follow the prompt on the server's websocket (per-step
-progress, node errors, the pack's stats: runner/server_ws.py), GET /history/<id> for its outcome and UI outputs,
+progress, node errors, the pack's stats: runner/comfy/server_ws.py), GET /history/<id> for its outcome and UI outputs,
 GET /view for the saved files; Ctrl-C deletes the prompt from the queue and interrupts it (POST /queue, /interrupt
 with its prompt_id, so other clients' prompts are left alone).
 
@@ -26,7 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from .embedded import REPORT_SLOTS, _error_message, _validation_message, staged_name
-from .engine import PARTIAL_INVALID, EngineUnavailable, ExecResult, OutputFile, Progress, missing_saves, output_entries
+from .protocol import (
+    PARTIAL_INVALID,
+    EngineUnavailable,
+    ExecResult,
+    OutputFile,
+    Progress,
+    missing_saves,
+    output_entries,
+)
 from .server_ws import PromptEvents, WebsocketUnavailable, watch_prompt, websocket_available
 
 log = logging.getLogger("tokenfuse.runner")

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import WorkflowError
+
 WIDGET_TYPES = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"})
 UPLOAD_FLAGS = ("image_upload", "video_upload", "audio_upload", "animated_image_upload")
 FRONTEND_ONLY = frozenset({"Note", "MarkdownNote"})
@@ -21,10 +23,6 @@ MODE_MUTED, MODE_BYPASS = 2, 4
 
 NodeDefs = dict[str, dict[str, Any]]
 """class_type -> node info as /object_info gives it (at least `input`; `input_order` when present)."""
-
-
-class WorkflowError(ValueError):
-    """The workflow cannot be converted or bound; the message says what to change."""
 
 
 def is_api_prompt(data: dict[str, Any]) -> bool:

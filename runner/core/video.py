@@ -6,13 +6,13 @@ into time chunks (video/chunks.py: at scene cuts, faceless gaps or key frames), 
 different workers given the whole-video tracks; the driver joins the chunk files in order (packet copy) and
 copies the input's audio once. The fused frames equal a one-worker run's (see video/chunks.py); each chunk is
 encoded on its own, so the file equals a one-worker file frame for frame only at crf 0 (lossless). A worker lost
-mid-chunk is replaced and the chunk run again elsewhere (ray_pool.dispatch); the item's report row
+mid-chunk is replaced and the chunk run again elsewhere (ray.dispatch.dispatch); the item's report row
 lists every chunk with the worker that fused it and its lost attempts.
 
-The sampler (runner/core_refine.py): "demo", the small trained face model in plain torch through the pack's
+The sampler (runner/core/refine.py): "demo", the small trained face model in plain torch through the pack's
 fusion loop (`run --engine core`), or "standin", a seeded stand-in (what the Ray CI tests and the scale-out's own
 cost measurements use). ComfyUI video workflows under `run --ray` are chunked the same way on RunnerWorkers
-(runner/workflow_video.py).
+(runner/ray/workflow_video.py).
 """
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from .core_refine import RefineName, make_refine
-from .items import Item
+from ..items import Item
+from .refine import RefineName, make_refine
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from ..video.chunks import Chunk
-    from ..video.fuse_pass import FuseOptions, Refine
-    from ..video.track_pass import FaceTracks, Progress
-    from .ray_pool import Outcome, RayPool
-    from .run import Summary
+    from ...video.chunks import Chunk
+    from ...video.fuse_pass import FuseOptions, Refine
+    from ...video.track_pass import FaceTracks, Progress
+    from ..ray.pool import Outcome, RayPool
+    from ..run import Summary
 
 log = logging.getLogger("tokenfuse.runner")
 
@@ -43,7 +43,7 @@ log = logging.getLogger("tokenfuse.runner")
 @dataclass(frozen=True)
 class CoreSpec:
     """What the core engine runs. detector/detect_size: the track pass (driver); refine: the sampler (workers;
-    runner/core_refine.py), steps/denoise/schedule: the demo model's sampling and TokenFuse scheduling preset;
+    runner/core/refine.py), steps/denoise/schedule: the demo model's sampling and TokenFuse scheduling preset;
     crop_size .. preset: the fuse pass (video/fuse_pass.FuseOptions; preset is x264's); chunks: chunks per video
     (0 = one per worker); min_chunk_s: videos shorter than two of these are not split."""
 
@@ -65,9 +65,9 @@ class CoreSpec:
     num_gpus: float = 0.0
 
     def fuse_options(self) -> FuseOptions:
-        from ..video.encode import EncodeOptions
-        from ..video.fuse_pass import FuseOptions
-        from ..video.keyframes import KeyframeOptions
+        from ...video.encode import EncodeOptions
+        from ...video.fuse_pass import FuseOptions
+        from ...video.keyframes import KeyframeOptions
 
         return FuseOptions(
             crop_size=self.crop_size,
@@ -85,9 +85,9 @@ class CoreSpec:
 
 def analyse(path: Path, spec: CoreSpec) -> tuple[FaceTracks, list[int | None]]:
     """The track pass over the whole video, once: its tracks and every frame's pts (for the chunks' seeks)."""
-    from ..faces.analyse import load_backend
-    from ..video.track_pass import track_video
-    from ..video.tracks import make_detect
+    from ...faces.analyse import load_backend
+    from ...video.track_pass import track_video
+    from ...video.tracks import make_detect
 
     detector, _ = load_backend(spec.detector, [], device="cpu")  # type: ignore[arg-type]
     pts: list[int | None] = []
@@ -101,7 +101,7 @@ def fuse_file(
     """One video, one process: track pass then fuse pass (the single-worker path; the service's video endpoint;
     `run --engine core` without --ray). progress(frames done, total) during the fuse pass. Returns the report
     fields (frames, faces, key frames, diffusion runs, ..., time_s). Raises on a bad input."""
-    from ..video.fuse_pass import fuse_video
+    from ...video.fuse_pass import fuse_video
 
     t0 = time.perf_counter()
     tracks, _ = analyse(path, spec)
@@ -120,7 +120,7 @@ class VideoWorker:
     """Ray actor body: fuses chunks of videos given their whole-video tracks."""
 
     def __init__(self, spec: CoreSpec, scratch: str | None = None) -> None:
-        from .ray_pool import worker_folder
+        from ..ray.pool import worker_folder
 
         self.spec = spec
         self.refine = spec.make_refine(threads=max(1, int(spec.num_cpus)))
@@ -143,7 +143,7 @@ class VideoWorker:
         self, key: str, data: bytes, tracks: FaceTracks, chunk: Chunk, pts: list[int | None]
     ) -> tuple[bytes, dict[str, Any], int]:
         """The chunk's MP4 (video only) as bytes, its stats and this worker's pid."""
-        from ..video.chunks import fuse_chunk
+        from ...video.chunks import fuse_chunk
 
         path = self._videos.get(key)
         if path is None:  # a video's bytes are written once per worker, whatever number of its chunks run here
@@ -196,8 +196,8 @@ class _Video:
 
 def _prepare(pool: RayPool, index: int, item: Item, spec: CoreSpec) -> _Video:
     """Analyse a video on the driver and plan its chunks (or finish it: a bad input, a video without faces)."""
-    from ..video.chunks import plan_chunks
-    from ..video.fuse_pass import fuse_video
+    from ...video.chunks import plan_chunks
+    from ...video.fuse_pass import fuse_video
 
     v = _Video(index, item, {"item": item.key, "name": item.name, "kind": item.kind}, time.perf_counter())
     if item.kind != "video":
@@ -268,7 +268,7 @@ def _record(v: _Video, out: Outcome) -> None:
 def _join(v: _Video, metadata: dict[str, str] | None = None) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
     """Every chunk is back: the report row and the joined file (chunk order, the input's audio copied once;
     metadata: its container tags)."""
-    from ..video.chunks import join_chunks
+    from ...video.chunks import join_chunks
 
     row = v.row
     row["chunks"] = [v.chunks[i] for i in sorted(v.chunks)]
@@ -315,8 +315,8 @@ def run_videos_ray(
     stream of jobs: while the workers fuse one item's chunks, the driver analyses the next item, so several short
     videos (one chunk each) also run side by side. Same report, resume and summary as run.run_items;
     on_dispatch(chunk, actor, attempt): test hook (tests kill a worker there)."""
-    from .ray_pool import dispatch
-    from .run import RunLog
+    from ..ray.pool import dispatch
+    from ..run import RunLog
 
     run = RunLog(output, len(items), resume, progress)
 
@@ -354,7 +354,7 @@ def run_videos_local(
     """Every video item in this process, one after the other (`run --engine core` without --ray): same outputs
     (`<output>/<name>/<name>_fused.mp4`), report rows, resume and summary as run_videos_ray. A bad input fails its
     item only; Ctrl-C (KeyboardInterrupt) ends the run after writing the report of the items done."""
-    from .run import RunLog
+    from ..run import RunLog
 
     run = RunLog(output, len(items), resume, progress)
     refine = spec.make_refine()  # built once: the demo model stays loaded between videos

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .items import Item
-from .run import RunLog, Summary
+from ..items import Item
+from ..run import RunLog, Summary
 
 log = logging.getLogger("tokenfuse.runner")
 
@@ -104,15 +104,15 @@ class RunnerWorker:
 
         import torch
 
+        from ..comfy.embedded import EmbeddedComfy
         from .chunk_node import CHUNK_NODE, RunnerVideoChunk
-        from .embedded import EmbeddedComfy
 
         # float results differ in the last bits between thread counts: pinned to this worker's CPU share, any number
         # of workers (and the driver's track pass, workflow_chunks.driver_tracks) compute alike
         torch.set_num_threads(max(1, int(spec.num_cpus)))
         extra: dict[str, type] = {CHUNK_NODE: RunnerVideoChunk}
         if spec.demo:
-            from .demo import DEMO_LOADER, DemoModels
+            from ..demo import DEMO_LOADER, DemoModels
 
             extra[DEMO_LOADER] = DemoModels
         self._root = worker_folder("tokenfuse_worker_", scratch)
@@ -142,7 +142,7 @@ class RunnerWorker:
         item: Item,
         data: bytes,
     ) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
-        from .run import process_item
+        from ..run import process_item
 
         fixed = {nid: self._inputs.stage(constant_key(n, b), n, b) for nid, (n, b) in constants.items()}
         self._jobs += 1
@@ -169,11 +169,11 @@ class RunnerWorker:
         chunk: Any,
         pts: list[int | None],
     ) -> tuple[bytes | None, dict[str, Any], int]:
-        """One time chunk of a video workflow (runner/workflow_chunks.py): prompt is the chunk prompt, key names the
+        """One time chunk of a video workflow (runner/ray/workflow_chunks.py): prompt is the chunk prompt, key names the
         video (its bytes are staged once per worker, whatever number of its chunks run here). Returns the chunk's
         MP4 (video only; None when the prompt failed), its stats (or {"error": ...}) and this worker's pid."""
+        from ..run import bind, output_name
         from .chunk_node import JOBS, ChunkJob
-        from .run import bind, output_name
 
         names = {
             nid: self._inputs.stage(constant_key(n, b), n, b) for nid, (n, b) in constants.items() if nid in prompt
@@ -189,7 +189,7 @@ class RunnerWorker:
             result = self.engine.execute(staged)
             if not result.ok:
                 return None, {"error": result.error}, self.pid
-            # the telemetry JSONL the chunk's nodes wrote, read by core_video.chunk_files
+            # the telemetry JSONL the chunk's nodes wrote, read by core.video.chunk_files
             written = [(output_name(f), f.read()) for f in result.written]
             return out.read_bytes(), {**JOBS[job].stats.counts(), "written": written}, self.pid
         finally:
@@ -269,13 +269,13 @@ def connect(address: str, num_cpus: int | None = None) -> Any:
         raise ImportError('--ray needs Ray: pip install -r requirements-scale.txt (or pip install "ray[serve]")') from e
     from ray import cloudpickle
 
-    from . import ray_boot
+    from . import boot
 
-    cloudpickle.register_pickle_by_value(ray_boot)
-    env_vars = {"TOKENFUSE_PACK_DIR": str(Path(__file__).absolute().parents[1])}
+    cloudpickle.register_pickle_by_value(boot)
+    env_vars = {"TOKENFUSE_PACK_DIR": str(Path(__file__).absolute().parents[2])}
     if address == "local":  # the same machine: the same stored balanced decisions as this process, whatever its env
         env_vars.update(calibration_env())
-    env = {"worker_process_setup_hook": ray_boot.setup, "env_vars": env_vars}
+    env = {"worker_process_setup_hook": boot.setup, "env_vars": env_vars}
     # Ray waits a fixed 30 s for a new local node to register; a loaded machine can miss that: two retries.
     for attempt in (1, 2, 3) if address == "local" else (3,):
         if ray.is_initialized():
@@ -298,7 +298,7 @@ def connect(address: str, num_cpus: int | None = None) -> Any:
 
 def calibration_env() -> dict[str, str]:
     """TOKENFUSE_CALIBRATION_DIR as this process resolves it (empty when it has no store folder)."""
-    from ..scheduling import calibration_store
+    from ...scheduling import calibration_store
 
     try:
         return {calibration_store.ENV: str(calibration_store.folder().absolute())}
@@ -343,7 +343,7 @@ def _end_processes(pids: set[int], grace_s: float = 5.0) -> None:
 
 
 class RayPool:
-    """`workers` actors of `worker_cls` (RunnerWorker: a warm embedded ComfyUI; core_video.VideoWorker: the
+    """`workers` actors of `worker_cls` (RunnerWorker: a warm embedded ComfyUI; core.video.VideoWorker: the
     ComfyUI-free video engine), each built from `spec`, on the cluster at `address` (module docstring).
 
     close() kills them and waits until their processes are gone (and shuts down a local cluster this pool
