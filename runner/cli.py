@@ -263,7 +263,8 @@ def load_prompt(path: Path, defs: dict[str, dict[str, Any]]) -> dict[str, dict[s
 
 def _make_engine(args: argparse.Namespace, extra_nodes: dict[str, type] | None) -> Any:
     if args.ray:
-        from .ray.pool import RayPool, WorkerSpec
+        from .ray.pool import RayPool
+        from .ray.worker import WorkerSpec
 
         spec = WorkerSpec(comfyui=args.comfyui, cpu=args.cpu, sdpa=args.sdpa, demo=args.demo)
         return RayPool(args.ray, args.workers, spec)
@@ -343,7 +344,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 engine, prompt, slot, constants, items, Path(args.output), args.chunks, args.resume, not args.quiet
             )
         elif args.ray:
-            from .ray.pool import run_items_ray
+            from .ray.dispatch import run_items_ray
 
             summary = run_items_ray(
                 engine, prompt, slot, constants, items, Path(args.output), args.resume, not args.quiet

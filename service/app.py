@@ -15,7 +15,7 @@ token (--token or TOKENFUSE_SERVE_TOKEN); with a token, every request needs `Aut
 otherwise), on loopback too. GET /health stays open for liveness probes but answers only {"status": "ok"} without the
 token; its counters need it. The replica checks the token (not Serve's proxy), so a request reaching it by another
 path (Serve's inter-deployment gRPC) is checked as well. A local Ray cluster listens on 127.0.0.1 only
-(runner/ray/pool.connect; the replicas' gRPC servers too: replica_grpc_on_loopback).
+(runner/ray/cluster.connect; the replicas' gRPC servers too: replica_grpc_on_loopback).
 """
 
 from __future__ import annotations

@@ -29,11 +29,8 @@ if importlib.util.find_spec("retinaface") is None:
 
 from tokenfuse.runner.core.video import CoreSpec, VideoWorker, fuse_file, run_videos_ray  # noqa: E402
 from tokenfuse.runner.items import expand  # noqa: E402
-from tokenfuse.runner.ray.pool import (  # noqa: E402
-    RayPool,  # noqa: E402
-    _alive,
-    connect,
-)
+from tokenfuse.runner.ray.cluster import _alive, connect  # noqa: E402
+from tokenfuse.runner.ray.pool import RayPool  # noqa: E402
 from video_clips import audio_packets, cut_clip, read_frames, trim_copy, video_pts  # noqa: E402
 
 # Lossless x264 (crf 0): "frame for frame equal" is an exact pixel comparison after decoding.

@@ -1,4 +1,4 @@
-"""runner/ray/pool.py on a stand-in pool (no cluster): which Ray errors lose a worker (replace it, send the job
+"""runner/ray/dispatch.py on a stand-in pool (no cluster): which Ray errors lose a worker (replace it, send the job
 again) and which fail one job alone. Ray's memory monitor kills a worker with OutOfMemoryError, which is not a
 RayActorError: it once escaped dispatch and ended the whole run in a traceback."""
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 exceptions = pytest.importorskip("ray.exceptions", reason="Ray not installed (pip install -r requirements-scale.txt)")
-from tokenfuse.runner.ray.pool import dispatch  # noqa: E402
+from tokenfuse.runner.ray.dispatch import dispatch  # noqa: E402
 
 
 class FakeRay:
@@ -86,7 +86,7 @@ def test_a_local_cluster_is_started_on_loopback_only(monkeypatch: pytest.MonkeyP
     import os
 
     from ray._private import ray_constants
-    from tokenfuse.runner.ray import pool as cluster
+    from tokenfuse.runner.ray import cluster
 
     seen: list[tuple[dict[str, Any], str | None, bool]] = []
 

@@ -536,7 +536,7 @@ def test_cli_sends_video_workflows_under_ray_to_the_chunked_path(
     items and --chunks; photo workflows under --ray keep the per-item path (run_items_ray). The Ray and ComfyUI
     sides are replaced by recorders (tests/integration/test_runner_ray_video.py runs the real thing)."""
     import tokenfuse.runner.cli as cli
-    import tokenfuse.runner.ray.pool as ray_dispatch
+    import tokenfuse.runner.ray.dispatch as ray_dispatch
     import tokenfuse.runner.ray.workflow_video as workflow_video
 
     class Engine:

@@ -195,7 +195,7 @@ def test_chunk_outcomes_file_blobs_and_errors() -> None:
     from types import SimpleNamespace
 
     from tokenfuse.runner.core.video import _record, chunk_outcome
-    from tokenfuse.runner.ray.pool import Outcome
+    from tokenfuse.runner.ray.dispatch import Outcome
 
     c = SimpleNamespace(index=1, start=30, stop=70, boundary="cut")
     ok = Outcome(("item", c), 2, None, (b"mp4", {"frames": 40}, "w1"), ["worker 0 lost"])
@@ -240,7 +240,7 @@ def test_a_workflow_chunks_telemetry_comes_back_beside_the_video_not_in_the_repo
     from types import SimpleNamespace
 
     from tokenfuse.runner.core.video import _record, chunk_file_name, chunk_files, chunk_outcome
-    from tokenfuse.runner.ray.pool import Outcome
+    from tokenfuse.runner.ray.dispatch import Outcome
 
     c = SimpleNamespace(index=2, start=70, stop=105, boundary="gap")
     stats = {"frames": 35, "written": [("tokenfuse/run.jsonl", b'{"summary": {}}\n')]}

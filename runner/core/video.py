@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from ...video.chunks import Chunk
     from ...video.fuse_pass import FuseOptions, Refine
     from ...video.track_pass import FaceTracks, Progress
-    from ..ray.pool import Outcome, RayPool
+    from ..ray.dispatch import Outcome
+    from ..ray.pool import RayPool
     from ..run import Summary
 
 log = logging.getLogger("tokenfuse.runner")
@@ -120,7 +121,7 @@ class VideoWorker:
     """Ray actor body: fuses chunks of videos given their whole-video tracks."""
 
     def __init__(self, spec: CoreSpec, scratch: str | None = None) -> None:
-        from ..ray.pool import worker_folder
+        from ..ray.worker import worker_folder
 
         self.spec = spec
         self.refine = spec.make_refine(threads=max(1, int(spec.num_cpus)))
@@ -315,7 +316,7 @@ def run_videos_ray(
     stream of jobs: while the workers fuse one item's chunks, the driver analyses the next item, so several short
     videos (one chunk each) also run side by side. Same report, resume and summary as run.run_items;
     on_dispatch(chunk, actor, attempt): test hook (tests kill a worker there)."""
-    from ..ray.pool import dispatch
+    from ..ray.dispatch import dispatch
     from ..run import RunLog
 
     run = RunLog(output, len(items), resume, progress)

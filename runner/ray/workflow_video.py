@@ -22,7 +22,8 @@ from typing import Any
 from ..core.video import _join, _record, _Video
 from ..items import Item
 from ..run import RunLog, Summary
-from .pool import Outcome, RayPool, dispatch
+from .dispatch import Outcome, dispatch
+from .pool import RayPool
 from .workflow_chunks import (
     VideoGraph,
     chunk_prompt,

@@ -67,7 +67,10 @@ def rows(folder: Path) -> list[dict[str, Any]]:
 
 def test_video_workflow_chunked_equals_one_worker(comfyui_path: Path, tmp_path: Path) -> None:
     from tokenfuse.runner.items import expand, item_slot
-    from tokenfuse.runner.ray.pool import RayPool, WorkerSpec, _alive, run_items_ray
+    from tokenfuse.runner.ray.cluster import _alive
+    from tokenfuse.runner.ray.dispatch import run_items_ray
+    from tokenfuse.runner.ray.pool import RayPool
+    from tokenfuse.runner.ray.worker import WorkerSpec
     from tokenfuse.runner.ray.workflow_video import run_workflow_videos_ray
     from video_clips import audio_packets, cut_clip, read_frames, video_pts
 
