@@ -12,6 +12,7 @@ writes a contact sheet per photo beside its output (runner/demo_sheet.py).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,8 @@ def demo_photo(folder: Path) -> Path:
     import cv2
 
     path = folder / "astronaut.png"
-    ok, png = cv2.imencode(".png", data.astronaut()[:, :, ::-1])
+    load_photo: Callable[[], Any] = data.astronaut  # scikit-image has no type hints
+    ok, png = cv2.imencode(".png", load_photo()[:, :, ::-1])
     if not ok:
         raise OSError("could not encode the demo photo")
     path.write_bytes(png.tobytes())  # not cv2.imwrite: on Windows it takes ANSI paths (a user folder with é failed)

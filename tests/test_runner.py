@@ -558,7 +558,7 @@ def test_cli_sends_video_workflows_under_ray_to_the_chunked_path(
         calls["per_item"] = (prompt[slot]["class_type"], [i.name for i in items])
         return Summary(ok=len(items), failed=1, failures=["x"])
 
-    monkeypatch.setattr(cli, "_make_engine", lambda args, extra: Engine())
+    monkeypatch.setattr(cli, "_open_pool", lambda args: Engine())
     monkeypatch.setattr(workflow_video, "run_workflow_videos_ray", chunked)
     monkeypatch.setattr(ray_dispatch, "run_items_ray", per_item)
     clip, photo = tmp_path / "talk.mp4", tmp_path / "face.png"

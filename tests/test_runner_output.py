@@ -63,7 +63,7 @@ class Recorder:
 @pytest.fixture
 def engine(monkeypatch: pytest.MonkeyPatch) -> Recorder:
     rec = Recorder()
-    monkeypatch.setattr(cli, "_make_engine", lambda args, extra: rec)
+    monkeypatch.setattr(cli, "_open_comfy", lambda args, extra: rec)
     return rec
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 log = logging.getLogger("tokenfuse.runner")
@@ -69,7 +70,8 @@ def connect(address: str, num_cpus: int | None = None) -> Any:
 
     from . import boot
 
-    cloudpickle.register_pickle_by_value(boot)
+    by_value: Callable[[ModuleType], None] = cloudpickle.register_pickle_by_value  # no type hints in Ray
+    by_value(boot)
     env_vars = {"TOKENFUSE_PACK_DIR": str(Path(__file__).absolute().parents[2])}
     if address == "local":  # the same machine: the same stored balanced decisions as this process, whatever its env
         env_vars.update(calibration_env())

@@ -16,12 +16,23 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .cluster import _wait_exit, connect
 from .worker import RunnerWorker
 
 log = logging.getLogger("tokenfuse.runner")
+
+
+class PoolSpec(Protocol):
+    """What RayPool reads of a worker spec (ray.worker.WorkerSpec, core.video.CoreSpec): each worker's resources. The
+    spec itself goes to the worker class's constructor."""
+
+    @property
+    def num_gpus(self) -> float: ...
+
+    @property
+    def num_cpus(self) -> float: ...
 
 
 class RayPool:
@@ -32,7 +43,7 @@ class RayPool:
     started): a run that returns leaves no worker behind.
     """
 
-    def __init__(self, address: str, workers: int, spec: Any, worker_cls: type = RunnerWorker) -> None:
+    def __init__(self, address: str, workers: int, spec: PoolSpec, worker_cls: type = RunnerWorker) -> None:
         self.local = address == "local"
         self.actors: list[Any] = []
         self._idents: list[Any] = []
@@ -46,14 +57,12 @@ class RayPool:
         self.ray = connect(address, num_cpus=max(workers, 1) if self.local else None)
         self.owns_cluster = self.local and not was_running
         gpus = self.ray.cluster_resources().get("GPU", 0)
-        num_gpus = getattr(spec, "num_gpus", 0.0) or (1.0 if gpus >= 1 else 0.0)
+        num_gpus = spec.num_gpus or (1.0 if gpus >= 1 else 0.0)
         self.spec = spec
         # every worker's temp files under one folder of the driver's (local cluster: the same machine), removed at
         # close even for workers that were killed and could not clean up
         self.scratch = Path(tempfile.mkdtemp(prefix="tokenfuse_ray_")) if self.local else None
-        self.actor_cls = self.ray.remote(num_gpus=num_gpus, num_cpus=getattr(spec, "num_cpus", 1.0), max_restarts=0)(
-            worker_cls
-        )
+        self.actor_cls = self.ray.remote(num_gpus=num_gpus, num_cpus=spec.num_cpus, max_restarts=0)(worker_cls)
         try:
             for _ in range(max(workers, 1)):
                 self._start()

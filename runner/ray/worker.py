@@ -32,11 +32,11 @@ class WorkerFiles:
     file goes as soon as the item is done (`drop`). A video under chunking stays while more of its chunks may come
     here, at most `keep_videos` of them: the oldest goes first (a retried chunk brings its bytes again). So a worker's
     disk use is bounded by a few inputs, however many items a run or a service sends it.
-    engine: anything with stage(path) -> name and unstage(name) (EmbeddedComfy).
+    comfy: anything with stage(path) -> name and unstage(name) (EmbeddedComfy).
     """
 
-    def __init__(self, engine: Any, root: Path, keep_videos: int = 2) -> None:
-        self.engine, self.root, self.keep_videos = engine, root, keep_videos
+    def __init__(self, comfy: Any, root: Path, keep_videos: int = 2) -> None:
+        self.comfy, self.root, self.keep_videos = comfy, root, keep_videos
         self._staged: dict[str, tuple[str, Path]] = {}  # key -> (staged name, the written file)
         self._videos: list[str] = []
 
@@ -50,7 +50,7 @@ class WorkerFiles:
         folder = Path(tempfile.mkdtemp(dir=self.root))
         path = folder / Path(filename).name
         path.write_bytes(blob)
-        self._staged[key] = (self.engine.stage(path), path)
+        self._staged[key] = (self.comfy.stage(path), path)
         if video:
             self._videos.append(key)
             while len(self._videos) > self.keep_videos:
@@ -63,7 +63,7 @@ class WorkerFiles:
         if key in self._videos:
             self._videos.remove(key)
         if entry is not None:
-            self.engine.unstage(entry[0])
+            self.comfy.unstage(entry[0])
             shutil.rmtree(entry[1].parent, ignore_errors=True)
 
     def path(self, key: str) -> Path:
@@ -101,13 +101,13 @@ class RunnerWorker:
 
             extra[DEMO_LOADER] = DemoModels
         self._root = worker_folder("tokenfuse_worker_", scratch)
-        self.engine = EmbeddedComfy(
+        self.comfy = EmbeddedComfy(
             spec.comfyui, cpu=spec.cpu, sdpa=spec.sdpa, work_dir=self._root / "comfy", extra_nodes=extra
         )
         self.pid = os.getpid()
         self._files = self._root / "files"
         self._files.mkdir()
-        self._inputs = WorkerFiles(self.engine, self._files)
+        self._inputs = WorkerFiles(self.comfy, self._files)
         self._jobs = 0
 
     def ident(self) -> int:
@@ -117,7 +117,7 @@ class RunnerWorker:
         """JSON-plain (as /object_info sends them): the driver may have no ComfyUI to unpickle its types."""
         import json
 
-        return dict(json.loads(json.dumps(self.engine.node_defs(), default=str)))
+        return dict(json.loads(json.dumps(self.comfy.node_defs(), default=str)))
 
     def run(
         self,
@@ -135,10 +135,10 @@ class RunnerWorker:
         staged = self._inputs.stage(key, item.path.name, data)
         local = Item(path=self._inputs.path(key), name=item.name, kind=item.kind)
         try:
-            row, files = process_item(self.engine, prompt, slot, fixed, local, staged=staged)
+            row, files = process_item(self.comfy, prompt, slot, fixed, local, staged=staged)
         finally:
             self._inputs.drop(key)
-            self.engine.clear_outputs()  # read into `files` already
+            self.comfy.clear_outputs()  # read into `files` already
         row["item"], row["worker"] = item.key, self.pid
         return row, files
 
@@ -171,22 +171,22 @@ class RunnerWorker:
         try:
             staged = bind(prompt, names)
             staged[_chunk_node_id(prompt)]["inputs"]["job"] = job
-            result = self.engine.execute(staged)
+            result = self.comfy.execute(staged)
             if not result.ok:
                 return None, {"error": result.error}, self.pid
-            # the telemetry JSONL the chunk's nodes wrote, read by core.video.chunk_files
+            # the telemetry JSONL the chunk's nodes wrote, read by video_chunks.chunk_files
             written = [(output_name(f), f.read()) for f in result.written]
             return out.read_bytes(), {**JOBS[job].stats.counts(), "written": written}, self.pid
         finally:
             JOBS.pop(job, None)
             out.unlink(missing_ok=True)
-            self.engine.clear_outputs()  # what the chunk's nodes wrote is in `written` already
+            self.comfy.clear_outputs()  # what the chunk's nodes wrote is in `written` already
 
     def cleanup(self) -> None:
         """Delete this worker's scratch files and its ComfyUI work folder (inputs, outputs, temp previews: all in the
         worker's folder); RayPool.close calls it before killing the actor (a killed worker's folder goes with the
         pool's scratch folder)."""
-        self.engine.close()
+        self.comfy.close()
         shutil.rmtree(self._root, ignore_errors=True)
 
 
