@@ -194,8 +194,8 @@ def test_chunk_outcomes_file_blobs_and_errors() -> None:
     (a worker's own failure comes back as (None, {"error": ...}, worker), a lost one as value None)."""
     from types import SimpleNamespace
 
-    from tokenfuse.runner.core.video import _record, chunk_outcome
     from tokenfuse.runner.ray.dispatch import Outcome
+    from tokenfuse.runner.ray.video_chunks import chunk_outcome, record_chunk
 
     c = SimpleNamespace(index=1, start=30, stop=70, boundary="cut")
     ok = Outcome(("item", c), 2, None, (b"mp4", {"frames": 40}, "w1"), ["worker 0 lost"])
@@ -228,9 +228,9 @@ def test_chunk_outcomes_file_blobs_and_errors() -> None:
     lost = Outcome(("item", c), 3, None, None, error="worker lost 3 time(s)")
     assert chunk_outcome(lost)[0]["error"] == "worker lost 3 time(s)" and chunk_outcome(lost)[1] is None
     v = SimpleNamespace(blobs={}, chunks={}, written={})
-    _record(v, failed)  # type: ignore[arg-type]
+    record_chunk(v, failed)  # type: ignore[arg-type]
     assert v.blobs == {} and v.written == {} and v.chunks[1]["error"].startswith("VideoReadError")
-    _record(v, ok)  # type: ignore[arg-type]
+    record_chunk(v, ok)  # type: ignore[arg-type]
     assert v.blobs == {1: b"mp4"} and v.written == {1: []} and v.chunks[1]["worker"] == "w1"
 
 
@@ -239,8 +239,8 @@ def test_a_workflow_chunks_telemetry_comes_back_beside_the_video_not_in_the_repo
     "written": they are filed on the video, one per chunk under its own name, and never land in the JSON report."""
     from types import SimpleNamespace
 
-    from tokenfuse.runner.core.video import _record, chunk_file_name, chunk_files, chunk_outcome
     from tokenfuse.runner.ray.dispatch import Outcome
+    from tokenfuse.runner.ray.video_chunks import chunk_file_name, chunk_files, chunk_outcome, record_chunk
 
     c = SimpleNamespace(index=2, start=70, stop=105, boundary="gap")
     stats = {"frames": 35, "written": [("tokenfuse/run.jsonl", b'{"summary": {}}\n')]}
@@ -250,7 +250,7 @@ def test_a_workflow_chunks_telemetry_comes_back_beside_the_video_not_in_the_repo
     assert json.dumps(info)  # the report row stays JSON
     assert chunk_files(ok) == [("tokenfuse/run.jsonl", b'{"summary": {}}\n')]
     v = SimpleNamespace(blobs={}, chunks={}, written={})
-    _record(v, ok)  # type: ignore[arg-type]
+    record_chunk(v, ok)  # type: ignore[arg-type]
     assert v.written == {2: [("tokenfuse/run.jsonl", b'{"summary": {}}\n')]}
     failed = Outcome(("item", c), 1, None, (None, {"error": "boom", "written": [("x.jsonl", b"")]}, "w0"))
     assert chunk_files(failed) == [] and chunk_files(Outcome(("item", c), 3, None, None, error="lost")) == []
