@@ -19,15 +19,21 @@ import signal
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .convert import WorkflowError, is_api_prompt, ui_to_api
-from .core_cli import add_core_arguments, cmd_run_core, refuse_core_options
+from .comfy.convert import is_api_prompt, ui_to_api
+from .core.cli import add_core_arguments, cmd_run_core, refuse_core_options
+from .errors import WorkflowError
 from .items import Item, expand, item_slot, resolve
 from .output_folder import refuse_non_folder
 from .report import item_names
-from .run import EXIT_USAGE, run_items
+from .run import EXIT_USAGE, Summary, run_items
+
+if TYPE_CHECKING:
+    from .comfy.protocol import Comfy
+    from .ray.pool import RayPool
 
 log = logging.getLogger("tokenfuse.runner")
 
@@ -260,26 +266,48 @@ def load_prompt(path: Path, defs: dict[str, dict[str, Any]]) -> dict[str, dict[s
     return to_prompt(read_workflow(path), defs, path)
 
 
-def _make_engine(args: argparse.Namespace, extra_nodes: dict[str, type] | None) -> Any:
-    if args.ray:
-        from .ray_pool import RayPool, WorkerSpec
+class _Host(Protocol):
+    """What `run` needs before it knows its items: a ComfyUI (the `Comfy` protocol) or a RayPool of them."""
 
-        spec = WorkerSpec(comfyui=args.comfyui, cpu=args.cpu, sdpa=args.sdpa, demo=args.demo)
-        return RayPool(args.ray, args.workers, spec)
+    def node_defs(self) -> dict[str, dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class _Job:
+    """A workflow bound for a run: the API prompt, its item loader (`slot`), the loaders bound to one file each
+    (`constants`), the items and their kind ("image" or "video")."""
+
+    prompt: dict[str, dict[str, Any]]
+    slot: str
+    constants: dict[str, Path]
+    items: list[Item]
+    kind: str
+
+
+def _open_comfy(args: argparse.Namespace, extra_nodes: dict[str, type] | None) -> Comfy:
+    """The ComfyUI of a run without --ray: a server (--server URL) or embedded in this process."""
     if args.server:
-        from .client import ServerComfy
+        from .comfy.client import ServerComfy
 
         return ServerComfy(args.server)
-    from .embedded import EmbeddedComfy
+    from .comfy.embedded import EmbeddedComfy
 
     return EmbeddedComfy(args.comfyui, cpu=args.cpu, sdpa=args.sdpa, extra_nodes=extra_nodes)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from . import demo
+def _open_pool(args: argparse.Namespace) -> RayPool:
+    """The Ray workers of a run with --ray, each with a warm embedded ComfyUI."""
+    from .ray.pool import RayPool
+    from .ray.worker import WorkerSpec
 
-    if args.engine == "core":
-        return cmd_run_core(args)
+    spec = WorkerSpec(comfyui=args.comfyui, cpu=args.cpu, sdpa=args.sdpa, demo=args.demo)
+    return RayPool(args.ray, args.workers, spec)
+
+
+def _refuse_conflicts(args: argparse.Namespace) -> None:
+    """WorkflowError for option combinations `run` cannot honour, before anything starts."""
     refuse_core_options(args)
     if args.ray and args.server:
         raise WorkflowError("--ray runs embedded ComfyUIs on the workers: drop --server")
@@ -289,70 +317,45 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise WorkflowError("give a workflow .json (or --demo)")
     if args.checkpoint and not args.demo:
         raise WorkflowError("--checkpoint picks the demo's model: use it with --demo (a workflow names its own)")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """`run`: the core engine (--engine core), or a workflow on a pool of Ray workers (--ray) or on one ComfyUI."""
+    from . import demo
+
+    if args.engine == "core":
+        return cmd_run_core(args)
+    _refuse_conflicts(args)
     refuse_non_folder(args.output)
-    workflow = None if args.demo else read_workflow(Path(args.workflow))  # a broken file costs no engine start
-    engine = _make_engine(args, {demo.DEMO_LOADER: demo.DemoModels} if args.demo else None)
+    workflow = None if args.demo else read_workflow(Path(args.workflow))  # a broken file costs no ComfyUI start
+    output, progress = Path(args.output), not args.quiet
+    if args.ray:
+        pool = _open_pool(args)
+        return _run_on(args, workflow, pool, lambda job: _run_on_pool(args, pool, job))
+    comfy = _open_comfy(args, {demo.DEMO_LOADER: demo.DemoModels} if args.demo else None)
+    return _run_on(
+        args,
+        workflow,
+        comfy,
+        lambda job: run_items(comfy, job.prompt, job.slot, job.constants, job.items, output, args.resume, progress),
+    )
+
+
+def _run_on(
+    args: argparse.Namespace, workflow: dict[str, Any] | None, host: _Host, run: Callable[[_Job], Summary]
+) -> int:
+    """Bind the workflow (or the demo) with `host`'s node definitions, `run` it, close `host`; the exit code."""
+    from . import demo
+
     scratch = tempfile.TemporaryDirectory(prefix="tokenfuse_demo_")
     try:
-        defs = engine.node_defs()
-        if args.demo:
-            if args.checkpoint:
-                demo.check_checkpoint(args.checkpoint, defs)
-            log.info("TokenFuse demo: %s", demo.model_label(args.checkpoint))
-            prompt = demo.fill_defaults(demo.demo_prompt(checkpoint=args.checkpoint, plan_image=True), defs)
-            sources = ([args.workflow] if args.workflow else []) + list(args.items)
-        else:
-            prompt = to_prompt(workflow or {}, defs, Path(args.workflow))
-            refuse_unknown_classes(prompt, defs, Path(args.workflow))
-            sources = list(args.items)
-        apply_sets(prompt, args.set, defs)
-        constants: dict[str, Path] = {}
-        slot_key = args.item_input
-        for spec in args.input:
-            key, sep, value = spec.partition("=")
-            if not sep:
-                raise WorkflowError(f"--input {spec!r}: expected NAME=PATH")
-            path = Path(value).expanduser()
-            if path.is_dir() or path.suffix.lower() in (".txt", ".lst", ".list"):
-                sources.append(value)
-                slot_key = key
-            else:
-                constants[resolve(prompt, key)] = path
-        if args.demo and not sources:
-            sources = [str(demo.demo_photo(Path(scratch.name)))]
-        for nid, path in constants.items():
-            if not path.is_file():
-                raise WorkflowError(f"--input file not found: {path} (for node {nid})")
-        slot = item_slot(prompt, set(constants), slot_key)
-        known = item_names(Path(args.output) / "report.jsonl") if args.resume else None
-        items: list[Item] = expand(sources, known)
-        if not items:
-            raise WorkflowError("no items: give images, videos, folders or list files")
-        kind = {"LoadVideo": "video"}.get(prompt[slot]["class_type"], "image")
-        wrong = [i for i in items if i.kind != kind]
-        if wrong:
-            raise WorkflowError(
-                f"{len(wrong)} item(s) are {wrong[0].kind}s but node {slot} ({prompt[slot]['class_type']}) takes "
-                f"{kind}s: use a workflow with a {'LoadVideo' if wrong[0].kind == 'video' else 'LoadImage'} node"
-            )
-        if args.ray and kind == "video":  # each video in time chunks over the workers (workflow_video.py)
-            from .workflow_video import run_workflow_videos_ray
-
-            summary = run_workflow_videos_ray(
-                engine, prompt, slot, constants, items, Path(args.output), args.chunks, args.resume, not args.quiet
-            )
-        elif args.ray:
-            from .ray_pool import run_items_ray
-
-            summary = run_items_ray(
-                engine, prompt, slot, constants, items, Path(args.output), args.resume, not args.quiet
-            )
-        else:
-            summary = run_items(engine, prompt, slot, constants, items, Path(args.output), args.resume, not args.quiet)
+        defs = host.node_defs()
+        job = _bind_job(args, workflow, defs, Path(scratch.name))
+        summary = run(job)
         if args.demo:  # before the scratch folder (the sample photo, the sheet's first panel) goes
-            demo.write_demo_sheets(Path(args.output), {i.key for i in items}, args.checkpoint)
+            demo.write_demo_sheets(Path(args.output), {i.key for i in job.items}, args.checkpoint)
     finally:
-        engine.close()
+        host.close()
         scratch.cleanup()
     # run_items logs the summary line; the failures are listed once more at the end, where a user looks
     for failure in summary.failures:
@@ -360,6 +363,80 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.demo:  # the last line: how to run the demo with one of the user's checkpoints
         demo.log_checkpoint_hint(args.checkpoint, defs)
     return summary.exit_code
+
+
+def _run_on_pool(args: argparse.Namespace, pool: RayPool, job: _Job) -> Summary:
+    """--ray: each video in time chunks over the workers (ray/workflow_video.py), photos one item per worker."""
+    output, progress = Path(args.output), not args.quiet
+    if job.kind == "video":
+        from .ray.workflow_video import run_workflow_videos_ray
+
+        return run_workflow_videos_ray(
+            pool, job.prompt, job.slot, job.constants, job.items, output, args.chunks, args.resume, progress
+        )
+    from .ray.dispatch import run_items_ray
+
+    return run_items_ray(pool, job.prompt, job.slot, job.constants, job.items, output, args.resume, progress)
+
+
+def _bind_job(
+    args: argparse.Namespace, workflow: dict[str, Any] | None, defs: dict[str, dict[str, Any]], scratch: Path
+) -> _Job:
+    """The run's prompt (the workflow, or the demo graph), --set applied, --input bound, items expanded and checked
+    against the item loader's kind. WorkflowError names what to change."""
+    from . import demo
+
+    if args.demo:
+        if args.checkpoint:
+            demo.check_checkpoint(args.checkpoint, defs)
+        log.info("TokenFuse demo: %s", demo.model_label(args.checkpoint))
+        prompt = demo.fill_defaults(demo.demo_prompt(checkpoint=args.checkpoint, plan_image=True), defs)
+        sources = ([args.workflow] if args.workflow else []) + list(args.items)
+    else:
+        prompt = to_prompt(workflow or {}, defs, Path(args.workflow))
+        refuse_unknown_classes(prompt, defs, Path(args.workflow))
+        sources = list(args.items)
+    apply_sets(prompt, args.set, defs)
+    constants, slot_key = _bind_inputs(args, prompt, sources)
+    if args.demo and not sources:
+        sources = [str(demo.demo_photo(scratch))]
+    slot = item_slot(prompt, set(constants), slot_key)
+    known = item_names(Path(args.output) / "report.jsonl") if args.resume else None
+    items: list[Item] = expand(sources, known)
+    if not items:
+        raise WorkflowError("no items: give images, videos, folders or list files")
+    kind = {"LoadVideo": "video"}.get(prompt[slot]["class_type"], "image")
+    wrong = [i for i in items if i.kind != kind]
+    if wrong:
+        raise WorkflowError(
+            f"{len(wrong)} item(s) are {wrong[0].kind}s but node {slot} ({prompt[slot]['class_type']}) takes "
+            f"{kind}s: use a workflow with a {'LoadVideo' if wrong[0].kind == 'video' else 'LoadImage'} node"
+        )
+    return _Job(prompt, slot, constants, items, kind)
+
+
+def _bind_inputs(
+    args: argparse.Namespace, prompt: dict[str, dict[str, Any]], sources: list[str]
+) -> tuple[dict[str, Path], str | None]:
+    """--input NAME=PATH: a file binds loader NAME for every item (the returned constants, each checked to exist); a
+    folder or list file adds its files to `sources` and makes NAME the item loader (the returned slot key, else
+    --item-input)."""
+    constants: dict[str, Path] = {}
+    slot_key: str | None = args.item_input
+    for spec in args.input:
+        key, sep, value = spec.partition("=")
+        if not sep:
+            raise WorkflowError(f"--input {spec!r}: expected NAME=PATH")
+        path = Path(value).expanduser()
+        if path.is_dir() or path.suffix.lower() in (".txt", ".lst", ".list"):
+            sources.append(value)
+            slot_key = key
+        else:
+            constants[resolve(prompt, key)] = path
+    for nid, path in constants.items():
+        if not path.is_file():
+            raise WorkflowError(f"--input file not found: {path} (for node {nid})")
+    return constants, slot_key
 
 
 def main(argv: list[str] | None = None, commands: Sequence[AddCommand] = ()) -> int:

@@ -12,6 +12,7 @@ writes a contact sheet per photo beside its output (runner/demo_sheet.py).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,8 @@ def demo_photo(folder: Path) -> Path:
     import cv2
 
     path = folder / "astronaut.png"
-    ok, png = cv2.imencode(".png", data.astronaut()[:, :, ::-1])
+    load_photo: Callable[[], Any] = data.astronaut  # scikit-image has no type hints
+    ok, png = cv2.imencode(".png", load_photo()[:, :, ::-1])
     if not ok:
         raise OSError("could not encode the demo photo")
     path.write_bytes(png.tobytes())  # not cv2.imwrite: on Windows it takes ANSI paths (a user folder with é failed)
@@ -138,7 +140,7 @@ def checkpoint_names(defs: dict[str, dict[str, Any]]) -> list[str]:
 
 def check_checkpoint(name: str, defs: dict[str, dict[str, Any]]) -> None:
     """WorkflowError (exit 2) when `name` is not a file of ComfyUI's checkpoints folder; the message lists them."""
-    from .convert import WorkflowError
+    from .errors import WorkflowError
 
     names = checkpoint_names(defs)
     if name not in names:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..faces.model_paths import WINDOWS_DEVICE_NAMES
-from .convert import WorkflowError
+from .errors import WorkflowError
 
 IMAGE_EXTS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff"})
 VIDEO_EXTS = frozenset({".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v"})

@@ -24,7 +24,7 @@ import stat
 from pathlib import Path
 from typing import IO
 
-from .convert import WorkflowError
+from .errors import WorkflowError
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # absent on Windows, where the lstat checks alone refuse links
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)

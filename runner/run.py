@@ -1,4 +1,4 @@
-"""The runner's item loop, the same for the embedded and the server engine: bind each item to the workflow's
+"""The runner's item loop, the same for an embedded and a server ComfyUI: bind each item to the workflow's
 loader, execute, file the outputs under `<output>/<item name>/`, append one JSONL report row, show progress.
 
 A failed item is reported and the loop goes on; Ctrl-C or SIGTERM interrupts the running item (ComfyUI's own
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, TextIO
 
-from .engine import Engine, EngineUnavailable, OutputFile
+from .comfy.protocol import Comfy, ComfyUnavailable, OutputFile
 from .items import Item, loaders
 from .output_folder import check_entry, make_folders, output_root, remove_entry, write_new
 from .report import ReportWriter, done_keys, summarize_texts
@@ -166,7 +166,7 @@ def _free_path(dst: Path, taken: set[str]) -> Path:
 
 
 def process_item(
-    engine: Engine,
+    comfy: Comfy,
     prompt: dict[str, dict[str, Any]],
     slot: str,
     fixed: dict[str, str],
@@ -175,14 +175,14 @@ def process_item(
     staged: str | None = None,
 ) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
     """Stage, bind and execute one item; returns its report row (without `outputs`) and its output files (name,
-    bytes). Never raises for a bad item: the row says failed and why. staged: the item's name in the engine's input
+    bytes). Never raises for a bad item: the row says failed and why. staged: the item's name in the ComfyUI's input
     folder when the caller staged it already (a Ray worker's WorkerFiles)."""
     row: dict[str, Any] = {"item": item.key, "name": item.name, "kind": item.kind}
     files: list[tuple[str, bytes]] = []
     t0 = time.perf_counter()
     try:
-        name = engine.stage(item.path) if staged is None else staged
-        result = engine.execute(bind(prompt, {**fixed, slot: name}), step)
+        name = comfy.stage(item.path) if staged is None else staged
+        result = comfy.execute(bind(prompt, {**fixed, slot: name}), step)
         row["time_s"] = round(time.perf_counter() - t0, 3)
         row["peak_memory_mib"] = None if result.peak_memory_mib is None else round(result.peak_memory_mib, 1)
         row["memory_kind"] = result.memory_kind
@@ -194,7 +194,7 @@ def process_item(
         else:
             row["status"] = "interrupted" if result.interrupted else "failed"
             row["error"] = result.error
-    except EngineUnavailable as e:  # e.g. the --server ComfyUI is gone: the run stops here, resumable
+    except ComfyUnavailable as e:  # e.g. the --server ComfyUI is gone: the run stops here, resumable
         log.error("%s: the run stops here (--resume redoes this item and the rest)", e)
         row.update(status="interrupted", error=str(e), time_s=round(time.perf_counter() - t0, 3))
     except Exception as e:  # noqa: BLE001 - a bad item fails alone; the run goes on
@@ -271,7 +271,7 @@ class RunLog:
 
 
 def run_items(
-    engine: Engine,
+    comfy: Comfy,
     prompt: dict[str, dict[str, Any]],
     slot: str,
     constants: dict[str, Path],
@@ -290,13 +290,13 @@ def run_items(
         stop["requested"] = True
         what = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
         sys.stderr.write(f"\nstopping ({what}) after interrupting the current item (Ctrl-C again to abort)\n")
-        engine.interrupt()
+        comfy.interrupt()
 
     # SIGTERM (timeout, systemd, Kubernetes, SLURM) is handled like Ctrl-C: the running item is interrupted and
-    # reported, the engine closed (its work folder removed), exit 130; by default it killed the run on the spot.
+    # reported, the ComfyUI closed (its work folder removed), exit 130; by default it killed the run on the spot.
     previous = {sig: signal.signal(sig, on_sigint) for sig in STOP_SIGNALS} if _main_thread() else {}
     try:
-        fixed = {nid: engine.stage(path) for nid, path in constants.items()}
+        fixed = {nid: comfy.stage(path) for nid, path in constants.items()}
         for index, item in enumerate(items, 1):
             if stop["requested"]:
                 run.summary.interrupted = True
@@ -304,7 +304,7 @@ def run_items(
             if run.skip_done(index, item):
                 continue
             run.bar.item(index, item.name)
-            row, files = process_item(engine, prompt, slot, fixed, item, run.bar.step)
+            row, files = process_item(comfy, prompt, slot, fixed, item, run.bar.step)
             if run.finish(index, item, row, files):
                 break
     finally:

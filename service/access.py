@@ -60,7 +60,7 @@ _LOOPBACK_GRPC: dict[str, Any] = {}  # the wrapper replica_grpc_on_loopback inst
 
 def replica_grpc_on_loopback() -> None:
     """Ray Serve (2.60 checked) binds each replica's inter-deployment gRPC server on [::]:0, every interface, even in a
-    cluster whose node address is 127.0.0.1 (runner/ray_pool.connect's local cluster): on such a node, bind it on
+    cluster whose node address is 127.0.0.1 (runner/ray/cluster.connect's local cluster): on such a node, bind it on
     127.0.0.1 instead (its peers reach it at the node address). Called in the replica before Serve starts that
     server; elsewhere, or with a Serve that has no such hook, nothing changes."""
     try:

@@ -15,7 +15,7 @@ token (--token or TOKENFUSE_SERVE_TOKEN); with a token, every request needs `Aut
 otherwise), on loopback too. GET /health stays open for liveness probes but answers only {"status": "ok"} without the
 token; its counters need it. The replica checks the token (not Serve's proxy), so a request reaching it by another
 path (Serve's inter-deployment gRPC) is checked as well. A local Ray cluster listens on 127.0.0.1 only
-(runner/ray_pool.connect; the replicas' gRPC servers too: replica_grpc_on_loopback).
+(runner/ray/cluster.connect; the replicas' gRPC servers too: replica_grpc_on_loopback).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from tokenfuse.service.access import (  # noqa: F401 - TOKEN_ENV, token_digest: 
 from tokenfuse.service.bodies import read_body, spool_body, without_paths
 
 if TYPE_CHECKING:
-    from tokenfuse.runner.core_video import CoreSpec
-    from tokenfuse.runner.embedded import EmbeddedComfy
+    from tokenfuse.runner.comfy.embedded import EmbeddedComfy
+    from tokenfuse.runner.core.video import CoreSpec
 
 log = logging.getLogger("tokenfuse.service")
 UNREADABLE = "not a decodable image"
@@ -78,7 +78,7 @@ class ServiceConfig:
     max_batch: int = 4
     batch_wait_s: float = 0.05
     video_workflow: str | None = None  # UI or API workflow with one LoadVideo, for POST /video (ComfyUI replicas)
-    core: dict[str, Any] | None = None  # runner.core_video.CoreSpec fields: the ComfyUI-free video engine instead
+    core: dict[str, Any] | None = None  # runner.core.video.CoreSpec fields: the ComfyUI-free video engine instead
     max_image_mb: float = 50.0  # request body limits (413 above): a photo's file, a video's file
     max_video_mb: float = 2048.0
     max_megapixels: float = 50.0  # decoded photo size limit (413 above; read from the header, before decoding)
@@ -133,8 +133,8 @@ class FusionReplica:
         cfg = ServiceConfig(**config)
         self.cfg = cfg
         self.video_prompt = None
-        if cfg.core is not None:  # no ComfyUI: videos through the pack's video core (runner/core_video.py)
-            from tokenfuse.runner.core_video import CoreSpec
+        if cfg.core is not None:  # no ComfyUI: videos through the pack's video core (runner/core/video.py)
+            from tokenfuse.runner.core.video import CoreSpec
 
             self.core = CoreSpec(**cfg.core)
             self.refine = self.core.make_refine()
@@ -143,9 +143,9 @@ class FusionReplica:
 
     def _start_comfy(self, cfg: ServiceConfig) -> None:
         from tokenfuse.runner.cli import apply_sets_to, load_prompt
-        from tokenfuse.runner.convert import WorkflowError
+        from tokenfuse.runner.comfy.embedded import EmbeddedComfy
         from tokenfuse.runner.demo import DEMO_LOADER, DemoModels, demo_prompt, fill_defaults
-        from tokenfuse.runner.embedded import EmbeddedComfy
+        from tokenfuse.runner.errors import WorkflowError
         from tokenfuse.runner.items import item_slot
         from tokenfuse.service.batch_node import BATCH_LOADER, FRAMES_APART, FramesApart, LoadBatch, insert_frames_apart
 
@@ -337,7 +337,7 @@ class FusionReplica:
                 return refused[0], {"status": "failed", "error": refused[1]}, b""
             self.videos += 1
             if self.core is not None:
-                from tokenfuse.runner.core_video import fuse_file
+                from tokenfuse.runner.core.video import fuse_file
 
                 out = Path(tmp) / "fused.mp4"
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..runner.cli import add_comfy_arguments
 from ..runner.cli import main as runner_main
-from ..runner.convert import WorkflowError
+from ..runner.errors import WorkflowError
 
 
 def add_serve_command(sub: Any) -> None:

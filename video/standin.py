@@ -1,4 +1,4 @@
-"""A stand-in for the diffusion sampler: `run --engine core --sampler standin` (runner/core_refine.py), the video
+"""A stand-in for the diffusion sampler: `run --engine core --sampler standin` (runner/core/refine.py), the video
 tests and benches.
 
 It has the properties that matter to the video and scale-out paths: it changes a face depending on the crop's

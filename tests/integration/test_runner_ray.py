@@ -22,7 +22,9 @@ def test_two_workers_spread_and_recover(comfyui_path: Path, tmp_path: Path) -> N
     from tokenfuse.runner.cli import apply_sets
     from tokenfuse.runner.demo import demo_prompt, fill_defaults
     from tokenfuse.runner.items import expand, item_slot
-    from tokenfuse.runner.ray_pool import RayPool, WorkerSpec, run_items_ray
+    from tokenfuse.runner.ray.dispatch import run_items_ray
+    from tokenfuse.runner.ray.pool import RayPool
+    from tokenfuse.runner.ray.worker import WorkerSpec
 
     photos = tmp_path / "in"
     photos.mkdir()

@@ -33,7 +33,7 @@ PARTS = f"{tempfile.gettempdir()}/tokenfuse_ray_*/tokenfuse_worker_*/files/.chun
 
 def demo_video_prompt(defs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The shipped video workflow as an API prompt on the demo models (module docstring)."""
-    from tokenfuse.runner.convert import ui_to_api
+    from tokenfuse.runner.comfy.convert import ui_to_api
     from tokenfuse.runner.demo import DEMO_LOADER
 
     prompt = ui_to_api(json.loads(WORKFLOW.read_text(encoding="utf-8")), defs)
@@ -67,8 +67,11 @@ def rows(folder: Path) -> list[dict[str, Any]]:
 
 def test_video_workflow_chunked_equals_one_worker(comfyui_path: Path, tmp_path: Path) -> None:
     from tokenfuse.runner.items import expand, item_slot
-    from tokenfuse.runner.ray_pool import RayPool, WorkerSpec, _alive, run_items_ray
-    from tokenfuse.runner.workflow_video import run_workflow_videos_ray
+    from tokenfuse.runner.ray.cluster import _alive
+    from tokenfuse.runner.ray.dispatch import run_items_ray
+    from tokenfuse.runner.ray.pool import RayPool
+    from tokenfuse.runner.ray.worker import WorkerSpec
+    from tokenfuse.runner.ray.workflow_video import run_workflow_videos_ray
     from video_clips import audio_packets, cut_clip, read_frames, video_pts
 
     (tmp_path / "in").mkdir()

@@ -1,10 +1,10 @@
 """The runner against a running ComfyUI server (`--server URL`): GET /object_info for the node definitions,
 POST /upload/image to hand over each input, POST /prompt, follow the prompt on the server's websocket (per-step
-progress, node errors, the pack's stats: runner/server_ws.py), GET /history/<id> for its outcome and UI outputs,
+progress, node errors, the pack's stats: runner/comfy/server_ws.py), GET /history/<id> for its outcome and UI outputs,
 GET /view for the saved files; Ctrl-C deletes the prompt from the queue and interrupts it (POST /queue, /interrupt
 with its prompt_id, so other clients' prompts are left alone).
 
-The report rows match the embedded engine's: faces / fallbacks come from ScheduledFusion's report, which the node
+The report rows match the embedded ComfyUI's: faces / fallbacks come from ScheduledFusion's report, which the node
 also returns as UI text (the server keeps only UI outputs, so the GFPGANEnhance and TokenSchedulerController report
 strings are not in `reports`); peak memory is what the pack's stats say at the end of sampling (the server
 process's CUDA max_memory_allocated, never reset, or its peak RSS on CPU) and unknown when no TokenFuse-scheduled
@@ -26,7 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from .embedded import REPORT_SLOTS, _error_message, _validation_message, staged_name
-from .engine import PARTIAL_INVALID, EngineUnavailable, ExecResult, OutputFile, Progress, missing_saves, output_entries
+from .protocol import (
+    PARTIAL_INVALID,
+    ComfyUnavailable,
+    ExecResult,
+    OutputFile,
+    Progress,
+    missing_saves,
+    output_entries,
+)
 from .server_ws import PromptEvents, WebsocketUnavailable, watch_prompt, websocket_available
 
 log = logging.getLogger("tokenfuse.runner")
@@ -42,8 +50,8 @@ class ServerError(ConnectionError):
         self.body = body
 
 
-class ServerUnreachable(ServerError, EngineUnavailable):
-    """The server did not answer at all (gone, restarting, wrong address): the run stops (engine.EngineUnavailable)
+class ServerUnreachable(ServerError, ComfyUnavailable):
+    """The server did not answer at all (gone, restarting, wrong address): the run stops (protocol.ComfyUnavailable)
     instead of failing every remaining item within a second."""
 
 
@@ -250,7 +258,7 @@ def _reader(client: ServerComfy, path: str) -> Any:
 
 
 def _refusal(e: ServerError) -> str:
-    """The /prompt answer to an invalid prompt, worded like the embedded engine's validation message."""
+    """The /prompt answer to an invalid prompt, worded like the embedded ComfyUI's validation message."""
     body = e.body
     if isinstance(body, dict) and ("error" in body or "node_errors" in body):
         return _validation_message(body.get("error", ""), body.get("node_errors") or {})

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import WorkflowError
+
 WIDGET_TYPES = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"})
 UPLOAD_FLAGS = ("image_upload", "video_upload", "audio_upload", "animated_image_upload")
 FRONTEND_ONLY = frozenset({"Note", "MarkdownNote"})
@@ -21,10 +23,6 @@ MODE_MUTED, MODE_BYPASS = 2, 4
 
 NodeDefs = dict[str, dict[str, Any]]
 """class_type -> node info as /object_info gives it (at least `input`; `input_order` when present)."""
-
-
-class WorkflowError(ValueError):
-    """The workflow cannot be converted or bound; the message says what to change."""
 
 
 def is_api_prompt(data: dict[str, Any]) -> bool:
@@ -82,8 +80,27 @@ def ui_to_api(workflow: dict[str, Any], defs: NodeDefs) -> dict[str, dict[str, A
         return {str(k): v for k, v in workflow.items()}
     if (workflow.get("definitions") or {}).get("subgraphs"):
         raise WorkflowError("workflows with subgraphs are not supported yet: unpack the subgraph in the editor")
-    nodes = {int(n["id"]): n for n in workflow.get("nodes", [])}
-    links = {int(link[0]): link for link in workflow.get("links", [])}
+    graph = _Graph(workflow)
+    _refuse_missing(graph.nodes, defs)
+    prompt: dict[str, dict[str, Any]] = {}
+    for node_id, node in sorted(graph.nodes.items()):
+        kind = node["type"]
+        if (
+            kind in FRONTEND_ONLY
+            or kind in ("Reroute", "PrimitiveNode")
+            or node.get("mode") in (MODE_MUTED, MODE_BYPASS)
+        ):
+            continue
+        prompt[str(node_id)] = {
+            "inputs": _node_inputs(graph, node, defs[kind]),
+            "class_type": kind,
+            "_meta": {"title": node.get("title") or defs[kind].get("display_name") or kind},
+        }
+    return prompt
+
+
+def _refuse_missing(nodes: dict[int, dict[str, Any]], defs: NodeDefs) -> None:
+    """WorkflowError naming the node types `defs` lacks (frontend-only nodes, Reroutes and PrimitiveNodes aside)."""
     missing = sorted({n["type"] for n in nodes.values() if n["type"] not in defs} - FRONTEND_ONLY - {"Reroute"})
     missing = [m for m in missing if m != "PrimitiveNode"]
     if missing:
@@ -92,22 +109,47 @@ def ui_to_api(workflow: dict[str, Any], defs: NodeDefs) -> dict[str, dict[str, A
             "them are missing or failed to load: see ComfyUI's start-up log)"
         )
 
-    def source(link_id: int, want: str | None = None, seen: frozenset[int] = frozenset()) -> list[Any] | Any | None:
-        """[node_id, slot] feeding a link, following Reroutes and bypassed nodes; a PrimitiveNode gives its value.
-        seen: the links followed so far (a Reroute or bypass loop in a hand-edited file is an error, not a crash)."""
+
+def _node_inputs(graph: _Graph, node: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
+    """A node's API inputs: its widget values, then each linked input's source (a link or a PrimitiveNode's value)."""
+    inputs: dict[str, Any] = _widget_values(node, info)
+    for inp in node.get("inputs") or []:
+        if inp.get("link") is None:
+            continue
+        src = graph.source(inp["link"], inp.get("type"))
+        if isinstance(src, dict):
+            inputs[inp["name"]] = src["value"]
+        elif src is not None:
+            inputs[inp["name"]] = src
+        elif not _is_widget_name(info, inp["name"]):
+            inputs.pop(inp["name"], None)  # linked to a muted node: the input is absent, as in the frontend
+    return inputs
+
+
+class _Graph:
+    """A UI workflow's nodes (by id) and links (by id), and where a link's value comes from."""
+
+    def __init__(self, workflow: dict[str, Any]) -> None:
+        self.nodes = {int(n["id"]): n for n in workflow.get("nodes", [])}
+        self.links = {int(link[0]): link for link in workflow.get("links", [])}
+
+    def source(self, link_id: int, want: str | None = None, seen: frozenset[int] = frozenset()) -> Any:
+        """[node_id, slot] feeding a link, following Reroutes and bypassed nodes; {"value": v} for a PrimitiveNode;
+        None for a missing origin or a muted node. seen: the links followed so far (a Reroute or bypass loop in a
+        hand-edited file is an error, not a crash)."""
         if int(link_id) in seen:
             raise WorkflowError(f"link {int(link_id)} loops through Reroute or bypassed nodes back to itself")
         seen = seen | {int(link_id)}
-        link = links.get(int(link_id))
+        link = self.links.get(int(link_id))
         if link is None:
             return None
         origin, slot, kind = int(link[1]), int(link[2]), link[5] if len(link) > 5 else want
-        node = nodes.get(origin)
+        node = self.nodes.get(origin)
         if node is None:
             return None
         if node["type"] == "Reroute":
             ins = node.get("inputs") or []
-            return source(ins[0]["link"], kind, seen) if ins and ins[0].get("link") is not None else None
+            return self.source(ins[0]["link"], kind, seen) if ins and ins[0].get("link") is not None else None
         if node["type"] == "PrimitiveNode":
             values = node.get("widgets_values") or []
             return {"value": values[0]} if values else None
@@ -116,36 +158,9 @@ def ui_to_api(workflow: dict[str, Any], defs: NodeDefs) -> dict[str, dict[str, A
         if node.get("mode") == MODE_BYPASS:
             for inp in node.get("inputs") or []:
                 if inp.get("link") is not None and inp.get("type") == kind:
-                    return source(inp["link"], kind, seen)
+                    return self.source(inp["link"], kind, seen)
             return None
         return [str(origin), slot]
-
-    prompt: dict[str, dict[str, Any]] = {}
-    for node_id, node in sorted(nodes.items()):
-        kind = node["type"]
-        if (
-            kind in FRONTEND_ONLY
-            or kind in ("Reroute", "PrimitiveNode")
-            or node.get("mode") in (MODE_MUTED, MODE_BYPASS)
-        ):
-            continue
-        inputs: dict[str, Any] = _widget_values(node, defs[kind])
-        for inp in node.get("inputs") or []:
-            if inp.get("link") is None:
-                continue
-            src = source(inp["link"], inp.get("type"))
-            if isinstance(src, dict):
-                inputs[inp["name"]] = src["value"]
-            elif src is not None:
-                inputs[inp["name"]] = src
-            elif not _is_widget_name(defs[kind], inp["name"]):
-                inputs.pop(inp["name"], None)  # linked to a muted node: the input is absent, as in the frontend
-        prompt[str(node_id)] = {
-            "inputs": inputs,
-            "class_type": kind,
-            "_meta": {"title": node.get("title") or defs[kind].get("display_name") or kind},
-        }
-    return prompt
 
 
 def _is_widget_name(info: dict[str, Any], name: str) -> bool:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .engine import Progress
+from .protocol import Progress
 
 # The run wrapper's summary line (nodes/run_stats.py, peak_memory_start): "..., peak VRAM 812 MiB [...]",
 # "peak VRAM <= 812 MiB (earlier peak)" when an earlier run of the server process set the peak, or on CPU

@@ -23,12 +23,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from ..scheduling.schedule import TELEMETRY_NAME
+from ...scheduling.schedule import TELEMETRY_NAME
 from .convert import node_info
-from .engine import PARTIAL_INVALID, ExecResult, OutputFile, Progress, missing_saves, output_entries
+from .protocol import PARTIAL_INVALID, ExecResult, OutputFile, Progress, missing_saves, output_entries
 
 log = logging.getLogger("tokenfuse.runner")
-PACK_DIR = Path(__file__).absolute().parents[1]
+PACK_DIR = Path(__file__).absolute().parents[2]
 # STRING outputs of the pack that carry a report: class -> output slot
 REPORT_SLOTS = {"TokenFuseScheduledFusion": 2, "TokenFuseGFPGANEnhance": 2, "TokenFuseTokenSchedulerController": 1}
 
@@ -107,7 +107,7 @@ class EmbeddedComfy:
         if not getattr(nodes, "_tokenfuse_runner_extras", False):
             asyncio.run(nodes.init_extra_nodes(init_custom_nodes=False, init_api_nodes=False))
             setattr(nodes, "_tokenfuse_runner_extras", True)  # noqa: B010 - a flag on ComfyUI's module, untyped
-        from .. import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+        from ... import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
 
         nodes.NODE_CLASS_MAPPINGS.update({**NODE_CLASS_MAPPINGS, **(extra_nodes or {})})
         nodes.NODE_DISPLAY_NAME_MAPPINGS.update(NODE_DISPLAY_NAME_MAPPINGS)
@@ -163,7 +163,7 @@ class EmbeddedComfy:
         import comfy.utils
         import torch
 
-        from ..nodes.glue.paths import OUTPUT_SUBFOLDER  # the pack's telemetry folder (without $TOKENFUSE_OUTPUT_DIR)
+        from ...nodes.glue.paths import OUTPUT_SUBFOLDER  # the pack's telemetry folder (without $TOKENFUSE_OUTPUT_DIR)
 
         prompt_id = str(uuid.uuid4())
         pack_output = self.work / "output" / OUTPUT_SUBFOLDER

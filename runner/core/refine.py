@@ -1,4 +1,4 @@
-"""Samplers for the ComfyUI-free video engine (runner/core_video.py), as video.fuse_pass.Refine functions.
+"""Samplers for the ComfyUI-free video engine (runner/core/video.py), as video.fuse_pass.Refine functions.
 
 "demo": the project's small trained face model (face_model/, plain torch, no ComfyUI, no download) through the fusion
 core's crop-batch entry (fusion.refine.refine_crops: VAE encode, euler with the face's noise mask, optional TokenFuse
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 if TYPE_CHECKING:
-    from ..video.fuse_pass import Refine
+    from ...video.fuse_pass import Refine
 
 log = logging.getLogger("tokenfuse.runner")
 RefineName = Literal["demo", "standin"]
@@ -29,7 +29,7 @@ RefineName = Literal["demo", "standin"]
 @cache
 def _face_model(device: str) -> Any:
     """The committed small face model in plain torch (loaded once per process)."""
-    from ..face_model.torch_sampling import load_torch_face_model
+    from ...face_model.torch_sampling import load_torch_face_model
 
     return load_torch_face_model(device=device)
 
@@ -50,8 +50,8 @@ def demo_refine(
     """
     import torch
 
-    from ..face_model.torch_sampling import fusion_backend, scheduled
-    from ..fusion.refine import FusionSettings, refine_crops
+    from ...face_model.torch_sampling import fusion_backend, scheduled
+    from ...fusion.refine import FusionSettings, refine_crops
 
     if threads > 0:
         torch.set_num_threads(threads)
@@ -78,7 +78,7 @@ def make_refine(name: RefineName, steps: int, denoise: float, preset: str, threa
     if name == "demo":
         return demo_refine(steps, denoise, preset, threads=threads)
     if name == "standin":
-        from ..video.standin import standin_refine
+        from ...video.standin import standin_refine
 
         return standin_refine
     raise ValueError(f"unknown sampler {name!r}: use one of 'demo', 'standin'")

@@ -1,5 +1,5 @@
 """Ray worker bootstrap: load this pack as package `tokenfuse` in each worker process, as __main__.py does in the
-driver, so the actor class (pickled by reference to `tokenfuse.runner.ray_pool`) can be imported there.
+driver, so the actor class (pickled by reference to `tokenfuse.runner.ray.pool`) can be imported there.
 
 Self-contained on purpose (no relative imports): the driver registers this module to be pickled by value and hands
 `setup` to Ray as the job's `worker_process_setup_hook`, with the pack folder in the job's env var

@@ -1,9 +1,9 @@
-"""`run --engine core`: videos through the pack's ComfyUI-free video core (runner/core_video.py), no workflow.
+"""`run --engine core`: videos through the pack's ComfyUI-free video core (runner/core/video.py), no workflow.
 
     python <pack folder> run --engine core clips/ -o out/                       # the demo face model, this process
     python <pack folder> run --engine core long.mp4 --ray local --workers 2     # chunks of each video over Ray
 
-The sampler is the project's small trained face model (runner/core_refine.py "demo": a test-grade model, no
+The sampler is the project's small trained face model (runner/core/refine.py "demo": a test-grade model, no
 download) or the seeded stand-in ("standin", for benchmarking the video and scale-out paths). Real SD1.5 / SDXL
 checkpoints run through ComfyUI workflows (`run workflow.json clips/`), not through this engine.
 """
@@ -15,16 +15,16 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
-from ..scheduling.vocabulary import Preset
-from .convert import WorkflowError
-from .core_refine import RefineName
-from .items import expand
-from .output_folder import refuse_non_folder
-from .report import item_names
-from .workflow_chunks import DRIVER_BACKENDS
+from ...scheduling.vocabulary import Preset
+from ..errors import WorkflowError
+from ..items import expand
+from ..output_folder import refuse_non_folder
+from ..ray.workflow_chunks import DRIVER_BACKENDS
+from ..report import item_names
+from .refine import RefineName
 
 if TYPE_CHECKING:
-    from .core_video import CoreSpec
+    from .video import CoreSpec
 
 log = logging.getLogger("tokenfuse.runner")
 ENGINES = ("comfyui", "core")
@@ -119,7 +119,7 @@ CONFLICTS = (("server", "--server"), ("input", "--input"), ("set", "--set"), ("i
 
 
 def spec_from_args(args: argparse.Namespace) -> CoreSpec:
-    from .core_video import CoreSpec
+    from .video import CoreSpec
 
     v = {
         name: default if getattr(args, name, None) is None else getattr(args, name)
@@ -148,7 +148,7 @@ def spec_from_args(args: argparse.Namespace) -> CoreSpec:
 
 def cmd_run_core(args: argparse.Namespace) -> int:
     """`run --engine core`: every positional argument is a video source; exit codes as `run`."""
-    from .core_video import run_videos_local, run_videos_ray
+    from .video import run_videos_local, run_videos_ray
 
     used = [flag for name, flag in CONFLICTS if getattr(args, name)]
     if used:
@@ -170,8 +170,8 @@ def cmd_run_core(args: argparse.Namespace) -> int:
     if not args.ray:
         summary = run_videos_local(items, output, spec, args.resume, not args.quiet)
     else:
-        from .core_video import VideoWorker
-        from .ray_pool import RayPool
+        from ..ray.pool import RayPool
+        from .video import VideoWorker
 
         pool = RayPool(args.ray, args.workers, spec, worker_cls=VideoWorker)
         try:

@@ -1,7 +1,7 @@
 """The runner-only node a Ray worker's embedded ComfyUI runs for one time chunk of a video workflow (never in the
 pack's NODE_CLASS_MAPPINGS; RunnerWorker registers it, like the demo's model loader).
 
-It stands in for VideoFaceFusion in the per-chunk prompt (runner/workflow_chunks.chunk_prompt) with the same inputs
+It stands in for VideoFaceFusion in the per-chunk prompt (runner/ray/workflow_chunks.chunk_prompt) with the same inputs
 but `face_tracks`, plus `job`: the name under which the worker put the driver's whole-video tracks, the chunk and
 every frame's pts (`JOBS`, filled by RunnerWorker.run_chunk just before it executes the prompt: large arrays do not
 belong in a prompt). It runs the same video fusion function VideoFaceFusion runs (nodes/video_fusion.py) with that
@@ -47,7 +47,7 @@ class RunnerVideoChunk:
 
     @classmethod
     def INPUT_TYPES(cls) -> dict[str, Any]:
-        from ..nodes import video_fusion
+        from ...nodes import video_fusion
 
         spec = video_fusion.input_types()
         required = {k: v for k, v in spec["required"].items() if k != "face_tracks"}
@@ -55,8 +55,8 @@ class RunnerVideoChunk:
         return {"required": required, "optional": spec["optional"]}
 
     def fuse_chunk(self, job: str, **inputs: Any) -> dict[str, Any]:
-        from ..nodes import video_fusion
-        from ..nodes.checks import check_inputs, refuse_undeclared
+        from ...nodes import video_fusion
+        from ...nodes.checks import check_inputs, refuse_undeclared
 
         if job not in JOBS:
             raise KeyError(f"no runner chunk job {job!r} in this worker (the node runs only under `run --ray`)")

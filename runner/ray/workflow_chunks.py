@@ -2,10 +2,10 @@
 the prompt's FaceTrack widgets, and the per-chunk prompt the workers run (no ComfyUI, no Ray imported here).
 
 A video workflow (LoadVideo -> FaceTrack -> VideoFaceFusion -> SaveVideo) is chunked like `run --engine core`
-(runner/core_video.py): the driver runs the track pass once over the whole video with FaceTrack's own widgets
+(runner/core/video.py): the driver runs the track pass once over the whole video with FaceTrack's own widgets
 (video.track_pass, the same code FaceTrack runs, so the driver needs no ComfyUI), plans time chunks
 (video.chunks.plan_chunks) and sends each worker a prompt made of VideoFaceFusion's ancestors with FaceTrack gone
-and VideoFaceFusion replaced by the runner-only chunk node (runner/chunk_node.py): the model, VAE, conditioning and
+and VideoFaceFusion replaced by the runner-only chunk node (runner/ray/chunk_node.py): the model, VAE, conditioning and
 sampler widgets stay as the workflow has them. The driver joins the chunk files in order and copies the audio once.
 
 Chunking applies only where its result can equal a one-worker run frame for frame; otherwise the item runs whole
@@ -30,14 +30,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..video.track_pass import FaceTracks
+    from ...video.track_pass import FaceTracks
 
 log = logging.getLogger("tokenfuse.runner")
 
 TRACK_CLASS = "TokenFuseFaceTrack"
 FUSION_CLASS = "TokenFuseVideoFaceFusion"
 SAVE_CLASS = "SaveVideo"
-CHUNK_CLASS = "TokenFuseRunnerVideoChunk"  # runner-only (runner/chunk_node.py), never in NODE_CLASS_MAPPINGS
+CHUNK_CLASS = "TokenFuseRunnerVideoChunk"  # runner-only (runner/ray/chunk_node.py), never in NODE_CLASS_MAPPINGS
 DRIVER_BACKENDS = ("auto", "retinaface", "mtcnn")  # detectors the driver loads without ComfyUI's model folders
 
 
@@ -121,8 +121,8 @@ def track_widgets(prompt: dict[str, dict[str, Any]], graph: VideoGraph) -> dict[
 def fuse_options(prompt: dict[str, dict[str, Any]], graph: VideoGraph) -> Any:
     """The video.fuse_pass.FuseOptions parts the chunk plan depends on (key frames, as VideoFaceFusion sets them:
     a chunk's context frames are its tracks' neighbouring key frames)."""
-    from ..video.fuse_pass import FuseOptions
-    from ..video.keyframes import KeyframeOptions
+    from ...video.fuse_pass import FuseOptions
+    from ...video.keyframes import KeyframeOptions
 
     fi = prompt[graph.fusion]["inputs"]
     per_frame = fi.get("mode", "keyframes") == "per_frame"
@@ -153,7 +153,7 @@ def joined_metadata(prompt: dict[str, dict[str, Any]], names: dict[str, str]) ->
     the workers ran. A UI workflow's "workflow" tag is not written: the runner never passes one, in any mode."""
     import json
 
-    from .run import bind
+    from ..run import bind
 
     return {"prompt": json.dumps(bind(prompt, names))}
 
@@ -174,10 +174,10 @@ def driver_tracks(path: Path, widgets: dict[str, Any], threads: int = 1) -> tupl
     to the last bit (float results differ between thread counts)."""
     import torch
 
-    from ..faces.analyse import load_backend
-    from ..faces.select import Selection, parse_indices
-    from ..video.track_pass import TrackOptions, track_video
-    from ..video.tracks import make_detect
+    from ...faces.analyse import load_backend
+    from ...faces.select import Selection, parse_indices
+    from ...video.track_pass import TrackOptions, track_video
+    from ...video.tracks import make_detect
 
     idx = parse_indices(str(widgets.get("indices", "")))
     sel = Selection(

@@ -6,13 +6,13 @@ into time chunks (video/chunks.py: at scene cuts, faceless gaps or key frames), 
 different workers given the whole-video tracks; the driver joins the chunk files in order (packet copy) and
 copies the input's audio once. The fused frames equal a one-worker run's (see video/chunks.py); each chunk is
 encoded on its own, so the file equals a one-worker file frame for frame only at crf 0 (lossless). A worker lost
-mid-chunk is replaced and the chunk run again elsewhere (ray_pool.dispatch); the item's report row
+mid-chunk is replaced and the chunk run again elsewhere (ray.dispatch.dispatch); the item's report row
 lists every chunk with the worker that fused it and its lost attempts.
 
-The sampler (runner/core_refine.py): "demo", the small trained face model in plain torch through the pack's
+The sampler (runner/core/refine.py): "demo", the small trained face model in plain torch through the pack's
 fusion loop (`run --engine core`), or "standin", a seeded stand-in (what the Ray CI tests and the scale-out's own
 cost measurements use). ComfyUI video workflows under `run --ray` are chunked the same way on RunnerWorkers
-(runner/workflow_video.py).
+(runner/ray/workflow_video.py).
 """
 
 from __future__ import annotations
@@ -21,21 +21,22 @@ import logging
 import os
 import tempfile
 import time
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .core_refine import RefineName, make_refine
-from .items import Item
+from ..items import Item
+from ..ray.video_chunks import ChunkedVideo, join_video, record_chunk
+from .refine import RefineName, make_refine
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from ..video.chunks import Chunk
-    from ..video.fuse_pass import FuseOptions, Refine
-    from ..video.track_pass import FaceTracks, Progress
-    from .ray_pool import Outcome, RayPool
-    from .run import Summary
+    from ...video.chunks import Chunk
+    from ...video.fuse_pass import FuseOptions, Refine
+    from ...video.track_pass import FaceTracks, Progress
+    from ..ray.pool import RayPool
+    from ..run import Summary
 
 log = logging.getLogger("tokenfuse.runner")
 
@@ -43,7 +44,7 @@ log = logging.getLogger("tokenfuse.runner")
 @dataclass(frozen=True)
 class CoreSpec:
     """What the core engine runs. detector/detect_size: the track pass (driver); refine: the sampler (workers;
-    runner/core_refine.py), steps/denoise/schedule: the demo model's sampling and TokenFuse scheduling preset;
+    runner/core/refine.py), steps/denoise/schedule: the demo model's sampling and TokenFuse scheduling preset;
     crop_size .. preset: the fuse pass (video/fuse_pass.FuseOptions; preset is x264's); chunks: chunks per video
     (0 = one per worker); min_chunk_s: videos shorter than two of these are not split."""
 
@@ -65,9 +66,9 @@ class CoreSpec:
     num_gpus: float = 0.0
 
     def fuse_options(self) -> FuseOptions:
-        from ..video.encode import EncodeOptions
-        from ..video.fuse_pass import FuseOptions
-        from ..video.keyframes import KeyframeOptions
+        from ...video.encode import EncodeOptions
+        from ...video.fuse_pass import FuseOptions
+        from ...video.keyframes import KeyframeOptions
 
         return FuseOptions(
             crop_size=self.crop_size,
@@ -85,9 +86,9 @@ class CoreSpec:
 
 def analyse(path: Path, spec: CoreSpec) -> tuple[FaceTracks, list[int | None]]:
     """The track pass over the whole video, once: its tracks and every frame's pts (for the chunks' seeks)."""
-    from ..faces.analyse import load_backend
-    from ..video.track_pass import track_video
-    from ..video.tracks import make_detect
+    from ...faces.analyse import load_backend
+    from ...video.track_pass import track_video
+    from ...video.tracks import make_detect
 
     detector, _ = load_backend(spec.detector, [], device="cpu")  # type: ignore[arg-type]
     pts: list[int | None] = []
@@ -101,7 +102,7 @@ def fuse_file(
     """One video, one process: track pass then fuse pass (the single-worker path; the service's video endpoint;
     `run --engine core` without --ray). progress(frames done, total) during the fuse pass. Returns the report
     fields (frames, faces, key frames, diffusion runs, ..., time_s). Raises on a bad input."""
-    from ..video.fuse_pass import fuse_video
+    from ...video.fuse_pass import fuse_video
 
     t0 = time.perf_counter()
     tracks, _ = analyse(path, spec)
@@ -120,7 +121,7 @@ class VideoWorker:
     """Ray actor body: fuses chunks of videos given their whole-video tracks."""
 
     def __init__(self, spec: CoreSpec, scratch: str | None = None) -> None:
-        from .ray_pool import worker_folder
+        from ..ray.worker import worker_folder
 
         self.spec = spec
         self.refine = spec.make_refine(threads=max(1, int(spec.num_cpus)))
@@ -143,7 +144,7 @@ class VideoWorker:
         self, key: str, data: bytes, tracks: FaceTracks, chunk: Chunk, pts: list[int | None]
     ) -> tuple[bytes, dict[str, Any], int]:
         """The chunk's MP4 (video only) as bytes, its stats and this worker's pid."""
-        from ..video.chunks import fuse_chunk
+        from ...video.chunks import fuse_chunk
 
         path = self._videos.get(key)
         if path is None:  # a video's bytes are written once per worker, whatever number of its chunks run here
@@ -165,41 +166,12 @@ def chunk_count(tracks: FaceTracks, spec: CoreSpec, workers: int) -> int:
     return max(1, min(n, longest))
 
 
-@dataclass(eq=False)
-class _Video:
-    """One video item in flight: its tracks and chunk plan, and the chunks' results as they come back."""
-
-    index: int
-    item: Item
-    row: dict[str, Any]
-    t0: float
-    plan: list[Chunk] = field(default_factory=list)
-    refs: tuple[Any, ...] = ()
-    key: str = ""
-    blobs: dict[int, bytes] = field(default_factory=dict)
-    written: dict[int, list[tuple[str, bytes]]] = field(default_factory=dict)  # chunk -> the pack's files (telemetry)
-    chunks: dict[int, dict[str, Any]] = field(default_factory=dict)
-    files: list[tuple[str, bytes]] | None = None  # set when the item ended without chunks (failed, no faces)
-
-    @property
-    def out_name(self) -> str:
-        return f"{self.item.name}_fused.mp4"
-
-    def fail(self, e: Exception) -> None:
-        log.debug("video %s failed", self.item.path, exc_info=True)
-        self.row.update(status="failed", error=f"{type(e).__name__}: {e}", time_s=self.elapsed())
-        self.files = []
-
-    def elapsed(self) -> float:
-        return round(time.perf_counter() - self.t0, 3)
-
-
-def _prepare(pool: RayPool, index: int, item: Item, spec: CoreSpec) -> _Video:
+def _prepare(pool: RayPool, index: int, item: Item, spec: CoreSpec) -> ChunkedVideo:
     """Analyse a video on the driver and plan its chunks (or finish it: a bad input, a video without faces)."""
-    from ..video.chunks import plan_chunks
-    from ..video.fuse_pass import fuse_video
+    from ...video.chunks import plan_chunks
+    from ...video.fuse_pass import fuse_video
 
-    v = _Video(index, item, {"item": item.key, "name": item.name, "kind": item.kind}, time.perf_counter())
+    v = ChunkedVideo(index, item, {"item": item.key, "name": item.name, "kind": item.kind}, time.perf_counter())
     if item.kind != "video":
         v.fail(ValueError("the core video engine takes videos only"))
         return v
@@ -221,86 +193,6 @@ def _prepare(pool: RayPool, index: int, item: Item, spec: CoreSpec) -> _Video:
     return v
 
 
-def chunk_outcome(out: Outcome) -> tuple[dict[str, Any], bytes | None]:
-    """One chunk job's report entry (range, attempts, retries, worker, stats or error) and its video blob (None when
-    the chunk failed). The files a workflow chunk's nodes wrote (its stats' "written", chunk_files) stay out of the
-    report."""
-    c = out.job[1]
-    info: dict[str, Any] = {"index": c.index, "start": c.start, "stop": c.stop, "boundary": c.boundary}
-    info["attempts"] = out.attempt
-    if out.lost:
-        info["retried"] = out.lost
-    if out.value is None:
-        info["error"] = out.error
-        return info, None
-    blob, stats, info["worker"] = out.value
-    if blob is None:
-        info["error"] = stats.get("error", "chunk failed")
-        return info, None
-    info.update({k: s for k, s in stats.items() if k != "written"})
-    return info, blob
-
-
-def chunk_files(out: Outcome) -> list[tuple[str, bytes]]:
-    """(name, bytes) of the files a workflow chunk's nodes wrote besides its video (the schedule's telemetry JSONL,
-    named relative to ComfyUI's output folder: `tokenfuse/run.jsonl`), carried in its stats as "written"; none for a
-    failed or lost chunk."""
-    if out.value is None or out.value[0] is None:
-        return []
-    return [(str(name), bytes(data)) for name, data in out.value[1].get("written", [])]
-
-
-def chunk_file_name(name: str, index: int) -> str:
-    """`tokenfuse/run.jsonl` of chunk 2 -> `tokenfuse/run.chunk2.jsonl`: every chunk's file kept beside the video."""
-    path = PurePosixPath(name)
-    return str(path.with_name(f"{path.stem}.chunk{index}{path.suffix}"))
-
-
-def _record(v: _Video, out: Outcome) -> None:
-    """File one chunk outcome on its video (the core engine's and the workflows' chunked runs)."""
-    info, blob = chunk_outcome(out)
-    if blob is not None:
-        v.blobs[info["index"]] = blob
-        v.written[info["index"]] = chunk_files(out)
-    v.chunks[info["index"]] = info
-
-
-def _join(v: _Video, metadata: dict[str, str] | None = None) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
-    """Every chunk is back: the report row and the joined file (chunk order, the input's audio copied once;
-    metadata: its container tags)."""
-    from ..video.chunks import join_chunks
-
-    row = v.row
-    row["chunks"] = [v.chunks[i] for i in sorted(v.chunks)]
-    row["workers"] = sorted({c["worker"] for c in row["chunks"] if "worker" in c})
-    row["attempts"] = max(c["attempts"] for c in row["chunks"])
-    lost = [f"chunk {c['index']} {line}" for c in row["chunks"] for line in c.get("retried", [])]
-    if lost:
-        row["retried"] = lost
-    v.refs = ()  # the object store may free the video
-    errors = [f"chunk {c['index']}: {c['error']}" for c in row["chunks"] if "error" in c]
-    if errors:
-        row.update(status="failed", error="; ".join(errors), time_s=v.elapsed())
-        return row, []
-    try:
-        with tempfile.TemporaryDirectory(prefix="tokenfuse_join_") as tmp:
-            paths = []
-            for i in sorted(v.blobs):
-                paths.append(Path(tmp) / f"chunk_{i}.mp4")
-                paths[-1].write_bytes(v.blobs.pop(i))
-            join = join_chunks(v.item.path, paths, Path(tmp) / v.out_name, metadata)
-            files = [(v.out_name, (Path(tmp) / v.out_name).read_bytes())]
-    except Exception as e:  # noqa: BLE001 - a failed join fails this item only
-        v.fail(e)
-        return row, []
-    for k in ("frames", "faces", "key_frames", "flow_failures", "diffusion_runs", "crops_refined"):
-        row[k] = sum(c[k] for c in row["chunks"])
-    files += [(chunk_file_name(n, i), data) for i in sorted(v.written) for n, data in v.written.pop(i)]
-    row["join"] = "copied" if join.copied else f"re-encoded ({join.reason})"
-    row.update(audio_packets=join.audio_packets, status="ok", time_s=v.elapsed())
-    return row, files
-
-
 def run_videos_ray(
     pool: RayPool,
     items: list[Item],
@@ -315,12 +207,12 @@ def run_videos_ray(
     stream of jobs: while the workers fuse one item's chunks, the driver analyses the next item, so several short
     videos (one chunk each) also run side by side. Same report, resume and summary as run.run_items;
     on_dispatch(chunk, actor, attempt): test hook (tests kill a worker there)."""
-    from .ray_pool import dispatch
-    from .run import RunLog
+    from ..ray.dispatch import dispatch
+    from ..run import RunLog
 
     run = RunLog(output, len(items), resume, progress)
 
-    def jobs() -> Iterator[tuple[_Video, Chunk]]:
+    def jobs() -> Iterator[tuple[ChunkedVideo, Chunk]]:
         for index, item in enumerate(items, 1):
             if run.skip_done(index, item):
                 continue
@@ -331,7 +223,7 @@ def run_videos_ray(
             for chunk in v.plan:
                 yield v, chunk
 
-    def submit(actor: Any, job: tuple[_Video, Chunk]) -> Any:
+    def submit(actor: Any, job: tuple[ChunkedVideo, Chunk]) -> Any:
         v, chunk = job
         return actor.fuse_chunk.remote(v.key, v.refs[0], v.refs[1], chunk, v.refs[2])
 
@@ -339,9 +231,9 @@ def run_videos_ray(
     try:
         for out in dispatch(pool, jobs(), submit, retries, hook):
             v = out.job[0]
-            _record(v, out)
+            record_chunk(v, out)
             if len(v.chunks) == len(v.plan):
-                row, files = _join(v)
+                row, files = join_video(v)
                 run.finish(v.index, v.item, row, files)
     finally:
         run.end(f" (ray core video, {len(pool.actors)} workers)")
@@ -354,7 +246,7 @@ def run_videos_local(
     """Every video item in this process, one after the other (`run --engine core` without --ray): same outputs
     (`<output>/<name>/<name>_fused.mp4`), report rows, resume and summary as run_videos_ray. A bad input fails its
     item only; Ctrl-C (KeyboardInterrupt) ends the run after writing the report of the items done."""
-    from .run import RunLog
+    from ..run import RunLog
 
     run = RunLog(output, len(items), resume, progress)
     refine = spec.make_refine()  # built once: the demo model stays loaded between videos

@@ -1,10 +1,10 @@
 """`run workflow.json clip.mp4 --ray ... --workers N` for a video workflow: each video split into time chunks fused
 on different RunnerWorkers (a warm embedded ComfyUI each), joined in order with the audio copied once; the frames
-equal a one-worker run's (runner/workflow_chunks.py says when chunking applies and why faces_per_batch is 1).
+equal a one-worker run's (runner/ray/workflow_chunks.py says when chunking applies and why faces_per_batch is 1).
 
 Per item: the driver runs FaceTrack's track pass (no ComfyUI), plans chunks, and dispatches one job per chunk
-(ray_pool.dispatch: a worker lost mid-chunk is replaced and the chunk sent again elsewhere); when every chunk is
-back it joins them (core_video._join: chunk order, the input's audio, packets copied). An item that cannot be
+(ray.dispatch.dispatch: a worker lost mid-chunk is replaced and the chunk sent again elsewhere); when every chunk is
+back it joins them (video_chunks.join_video: chunk order, the input's audio, packets copied). An item that cannot be
 chunked (the workflow, one worker, no face tracks, too short for two chunks) runs whole on one worker like
 `run_items_ray`. Every report row says how the item ran: `route` ("chunks: 3 on 2 workers" or "whole: <why>"),
 and for chunks the chunk list with each chunk's worker, attempts and lost attempts.
@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .core_video import _join, _record, _Video
-from .items import Item
-from .ray_pool import Outcome, RayPool, dispatch
-from .run import RunLog, Summary
+from ..items import Item
+from ..run import RunLog, Summary
+from .dispatch import Outcome, dispatch
+from .pool import RayPool
+from .video_chunks import ChunkedVideo, join_video, record_chunk
 from .workflow_chunks import (
     VideoGraph,
     chunk_prompt,
@@ -39,7 +40,7 @@ MIN_CHUNK_S = 1.0  # videos shorter than two of these run whole
 
 
 @dataclass(eq=False)
-class _WorkflowVideo(_Video):
+class _WorkflowVideo(ChunkedVideo):
     """A video item of a chunked workflow run; out_name as the workflow's SaveVideo would name it."""
 
     name: str = ""
@@ -69,7 +70,7 @@ def _prepare(
 ) -> _WorkflowVideo | _Whole:
     """Track pass and chunk plan on the driver; a _Whole when this item runs whole; a failed _WorkflowVideo
     (files == []) on a bad input."""
-    from ..video.chunks import plan_chunks
+    from ...video.chunks import plan_chunks
 
     row = {"item": item.key, "name": item.name, "kind": item.kind}
     v = _WorkflowVideo(index, item, row, time.perf_counter(), name=output_name(prompt, graph, item.name))
@@ -104,6 +105,26 @@ def _whole_row(out: Outcome, reason: str) -> tuple[dict[str, Any], list[tuple[st
     return row, files
 
 
+def _whole_reason(graph: Any, workers: int, chunks: int) -> str:
+    """Why the videos run whole on the workers ("" when they go in chunks): the workflow cannot be chunked (graph is
+    find_video_graph's reason), or one worker with chunks 0 or 1. Logged once."""
+    reason = graph if isinstance(graph, str) else ""
+    if not reason and workers < 2 and chunks <= 1:
+        reason = "one worker"
+    if reason:
+        log.info("video workflow runs whole videos on the workers: %s", reason)
+    return reason
+
+
+def _joined_row(v: ChunkedVideo, metadata: dict[str, str]) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+    """A chunked video's report row and files once every chunk is back: the chunks joined, the route recorded."""
+    row, files = join_video(v, metadata)
+    workers = row.get("workers", [])
+    row["route"] = f"chunks: {len(v.plan)} on {len(workers)} worker(s)"
+    row["faces_per_batch"] = 1
+    return row, files
+
+
 def run_workflow_videos_ray(
     pool: RayPool,
     prompt: dict[str, dict[str, Any]],
@@ -122,12 +143,8 @@ def run_workflow_videos_ray(
     on_dispatch(job, actor, attempt): test hook (job: a (video, Chunk) pair or a _Whole)."""
     ray = pool.ray
     graph = find_video_graph(prompt, slot)
-    reason = graph if isinstance(graph, str) else ""
-    if not reason and len(pool.actors) < 2 and chunks <= 1:
-        reason = "one worker"
-    if reason:
-        log.info("video workflow runs whole videos on the workers: %s", reason)
-    cpus = max(1, int(getattr(pool.spec, "num_cpus", 1)))
+    reason = _whole_reason(graph, len(pool.actors), chunks)
+    cpus = max(1, int(pool.spec.num_cpus))
     run = RunLog(output, len(items), resume, progress)
     prompt_ref = ray.put(prompt)
     const_ref = ray.put({nid: (p.name, p.read_bytes()) for nid, p in constants.items()})
@@ -167,14 +184,10 @@ def run_workflow_videos_ray(
                 run.finish(out.job.index, out.job.item, row, files)
                 continue
             v = out.job[0]
-            _record(v, out)
+            record_chunk(v, out)
             if len(v.chunks) == len(v.plan):
                 names = {**{nid: p.name for nid, p in constants.items()}, slot: v.item.path.name}
-                row, files = _join(v, joined_metadata(prompt, names))
-                workers = row.get("workers", [])
-                row["route"] = f"chunks: {len(v.plan)} on {len(workers)} worker(s)"
-                row["faces_per_batch"] = 1
-                run.finish(v.index, v.item, row, files)
+                run.finish(v.index, v.item, *_joined_row(v, joined_metadata(prompt, names)))
     finally:
         run.end(f" (ray, {len(pool.actors)} workers, video chunks)")
     return run.summary

@@ -1,7 +1,7 @@
 """What the runner needs from a ComfyUI: node definitions, a way to hand it an input file, and execution.
 
-Two implementations: runner/embedded.py (ComfyUI imported in this process, warm between items) and runner/client.py
-(a running ComfyUI server over HTTP).
+Two implementations: runner/comfy/embedded.py (ComfyUI imported in this process, warm between items) and
+runner/comfy/client.py (a running ComfyUI server over HTTP).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class OutputFile:
 @dataclass
 class ExecResult:
     """The outcome of one prompt. `texts`: the pack's STRING report outputs per node id (embedded only).
-    `written`: files the pack's nodes wrote into the engine's own output folder besides the save nodes' outputs (the
+    `written`: files the pack's nodes wrote into the ComfyUI's own output folder besides the save nodes' outputs (the
     telemetry JSONL a schedule's `telemetry_jsonl` asks for; embedded only: that folder is temporary, a --server
     ComfyUI keeps its own)."""
 
@@ -47,12 +47,16 @@ class ExecResult:
     memory_kind: str = ""
 
 
-class EngineUnavailable(ConnectionError):
-    """The engine's backend is gone (a --server ComfyUI that stopped answering): not one item's fault, so a run
+class ComfyUnavailable(ConnectionError):
+    """The ComfyUI is gone (a --server ComfyUI that stopped answering): not one item's fault, so a run
     stops there (the item counts as interrupted; `--resume` redoes it) instead of failing every remaining item."""
 
 
-class Engine(Protocol):
+class Comfy(Protocol):
+    """A ComfyUI the item loop runs prompts on (runner/run.py): its node definitions (/object_info), `stage` (an
+    input file -> the name a loader node takes), `execute` (one prompt, progress per node), `interrupt` (the running
+    prompt) and `close` (its work folder goes)."""
+
     def node_defs(self) -> dict[str, dict[str, Any]]: ...
 
     def stage(self, path: Path) -> str: ...
