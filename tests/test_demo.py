@@ -130,7 +130,7 @@ def test_the_sample_photo_demo_gets_its_sheet(
         def close(self) -> None:
             pass
 
-    monkeypatch.setattr(cli, "_make_engine", lambda args, extra: Engine())
+    monkeypatch.setattr(cli, "_open_comfy", lambda args, extra: Engine())
     out = tmp_path / "out"
     with caplog.at_level(logging.INFO, logger="tokenfuse.runner"):
         assert cli.main(["run", "--demo", "-o", str(out), "--quiet"]) == 0
