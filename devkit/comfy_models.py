@@ -233,7 +233,7 @@ def build_model(
     )
 
 
-def conditioning(family: str, batch: int = 1, tokens: int = 77, seed: int = 1, tiny: bool = False) -> list:
+def conditioning(family: str, batch: int = 1, tokens: int = 77, seed: int = 1, tiny: bool = False) -> list[Any]:
     """Random text conditioning in ComfyUI's CONDITIONING format ([[cond [B,T,C], {"pooled_output": ...}]])."""
     gen = torch.Generator().manual_seed(seed)
     if family == "sd15":

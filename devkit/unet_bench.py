@@ -157,7 +157,7 @@ def sampling_options(patcher: Any, sigma: torch.Tensor, sample_sigmas: torch.Ten
     """transformer_options as one sampling step builds them (patcher's options + calc_cond_batch / CFGGuider keys)."""
     import comfy.patcher_extension
 
-    to = comfy.patcher_extension.copy_nested_dicts(patcher.model_options.get("transformer_options", {}))
+    to: dict[str, Any] = comfy.patcher_extension.copy_nested_dicts(patcher.model_options.get("transformer_options", {}))
     if "patches" in to:
         to["patches"] = {k: list(v) for k, v in to["patches"].items()}
     half = batch // 2
@@ -200,11 +200,11 @@ def tome_patch_model(patcher: Any, ratio: float) -> Any:
 
     state: dict[str, Any] = {}
 
-    def tomesd_m(q: Any, k: Any, v: Any, extra_options: dict) -> Any:
+    def tomesd_m(q: Any, k: Any, v: Any, extra_options: dict[str, Any]) -> Any:
         m, state["u"] = get_functions(q, ratio, extra_options["original_shape"])
         return m(q), k, v
 
-    def tomesd_u(n: Any, extra_options: dict) -> Any:
+    def tomesd_u(n: Any, extra_options: dict[str, Any]) -> Any:
         return state["u"](n)
 
     m = patcher.clone()
@@ -230,8 +230,8 @@ def rotated(n: int, round_index: int) -> list[int]:
 
 def run_variants(
     variants: list[Variant],
-    call: Callable[[Any, dict], torch.Tensor],
-    options: Callable[[Any], dict],
+    call: Callable[[Any, dict[str, Any]], torch.Tensor],
+    options: Callable[[Any], dict[str, Any]],
     device: torch.device,
     repeats: int,
     warmup: int,
@@ -268,7 +268,7 @@ def run_variants(
 
 
 def _call_variant(
-    call: Callable[[Any, dict], torch.Tensor], options: Callable[[Any], dict], v: Variant
+    call: Callable[[Any, dict[str, Any]], torch.Tensor], options: Callable[[Any], dict[str, Any]], v: Variant
 ) -> torch.Tensor:
     return call(v.patcher, options(v.patcher))
 
@@ -304,8 +304,8 @@ def _finish(
     v: Variant,
     fn: Callable[[], torch.Tensor],
     times: list[float],
-    call: Callable[[Any, dict], torch.Tensor],
-    options: Callable[[Any], dict],
+    call: Callable[[Any, dict[str, Any]], torch.Tensor],
+    options: Callable[[Any], dict[str, Any]],
     device: torch.device,
     cpu_peak: bool,
     overhead: bool,

@@ -107,7 +107,7 @@ class TorchFaceModel:
         )
         dtype = next(self.unet.parameters()).dtype
         ctx = self.context.to(x.device, dtype).expand(x.shape[0], -1, -1)
-        eps = self.unet(xc.to(dtype), t, ctx, to).float()
+        eps: torch.Tensor = self.unet(xc.to(dtype), t, ctx, to).float()
         return x - eps * s
 
     _uuid = uuid.uuid4()

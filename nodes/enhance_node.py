@@ -78,7 +78,7 @@ class GFPGANEnhance:
     )
 
     @classmethod
-    def INPUT_TYPES(cls) -> dict[str, dict[str, tuple]]:
+    def INPUT_TYPES(cls) -> dict[str, dict[str, tuple[Any, ...]]]:
         return {
             "required": {
                 "image": (

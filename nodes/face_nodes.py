@@ -182,7 +182,7 @@ class FaceDetect:
         reference_faces: Any = None,
         similarity_threshold: float = 0.3,
         frame_smoothing: float = 2.0,
-    ) -> tuple:
+    ) -> tuple[Any, ...]:
         import numpy as np
         import torch
 
@@ -458,7 +458,7 @@ class Blend:
         }
 
     @checked_inputs()
-    def blend(self, image: Any, faces: Any, strength: float, color_transfer: bool, seamless: bool) -> tuple:
+    def blend(self, image: Any, faces: Any, strength: float, color_transfer: bool, seamless: bool) -> tuple[Any, ...]:
         import numpy as np
         import torch
 

@@ -68,7 +68,7 @@ class ScheduledFusion:
         self.backend = backend
 
     @classmethod
-    def INPUT_TYPES(cls) -> dict[str, dict[str, tuple]]:
+    def INPUT_TYPES(cls) -> dict[str, dict[str, tuple[Any, ...]]]:
         return {
             "required": {
                 **diffusion_links(),

@@ -218,7 +218,7 @@ class _LiveStats:
         self.peak_mib: Callable[[], float | None] = lambda: None
         self.peak_kind: PeakKind | None = None
 
-    def position(self, args: tuple, kwargs: dict) -> None:
+    def position(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Step (1-based) and step count from predict_noise(x, timestep, model_options) and its sample_sigmas."""
         self.step += 1
         options = kwargs.get("model_options", args[2] if len(args) > 2 else None) or {}

@@ -276,7 +276,7 @@ def gate(summary: dict[str, dict[str, Any]], base: str = "unscheduled") -> dict[
 # ---------------------------------------------------------------------------------------------- artifact check
 def inject(crop: np.ndarray, mask: np.ndarray, kind: str, rng: np.random.Generator) -> np.ndarray:
     """A broken copy of a good output crop: the face region (mask > 0.5) made NaN / black / blown / noise / flat."""
-    out = crop.copy()
+    out: np.ndarray = crop.copy()
     sel, _ = face_region(mask)
     n = int(sel.sum())
     if kind == "nan":
