@@ -19,18 +19,18 @@ which every TokenFuse patch honours.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from ..scheduling.keys import DISABLED_KEY, OVERRIDE_KEY, PLAN_KEY, PRESET_KEY, STEP_KEY, WRAPPER_KEY
 from ..scheduling.schedule import Schedule
 from ..scheduling.step_state import SamplingSteps
 from .glue import env, patcher, paths, ui
+from .peak_memory import PeakKind, peak_memory_kind, peak_memory_start
 from .sampler_steps import make_sampler_step_wrapper
 
 if TYPE_CHECKING:
@@ -153,58 +153,6 @@ def remove_scheduling(m: Any) -> bool:
     return True
 
 
-PeakKind = Literal["vram", "rss"]
-
-
-def _peak_memory_kind(device: Any) -> PeakKind | None:
-    """What _peak_memory_start measures on `device`: "vram" (CUDA's max_memory_allocated), "rss" (the process peak
-    RSS, on CPU), None (neither: CPU on Windows)."""
-    import torch
-
-    dev = torch.device(device) if device is not None else torch.device("cpu")
-    if dev.type == "cuda" and torch.cuda.is_available():
-        return "vram"
-    return "rss" if _process_peak_rss_mib() is not None else None
-
-
-def _process_peak_rss_mib() -> float | None:
-    """The process's peak resident set size in MiB (getrusage: KiB on Linux, bytes on macOS); None on Windows."""
-    try:
-        import resource
-    except ImportError:  # Windows
-        return None
-    peak = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
-
-
-def _peak_memory_start(device: Any) -> tuple[Callable[[], str], Callable[[], float | None]]:
-    """Start measuring peak memory on `device`: (format the peak since now, peak MiB: the device's on CUDA, the
-    process peak RSS on CPU, what the run summary says too; None where neither is known)."""
-    import torch
-
-    dev = torch.device(device) if device is not None else torch.device("cpu")
-    if dev.type == "cuda" and torch.cuda.is_available():
-        # Never reset the allocator's peak: callers (ScheduledFusion, benches) measure their own spans with it.
-        # A peak above the one held before the run was set by this run, so it is this run's peak exactly.
-        before = torch.cuda.max_memory_allocated(dev) / 2**20
-
-        def cuda_mib() -> float:
-            return torch.cuda.max_memory_allocated(dev) / 2**20
-
-        def cuda_text() -> str:
-            now = cuda_mib()
-            return f"peak VRAM {now:.0f} MiB" if now > before else f"peak VRAM <= {before:.0f} MiB (earlier peak)"
-
-        return cuda_text, cuda_mib
-    if _process_peak_rss_mib() is None:
-        return (lambda: "peak memory n/a on CPU"), lambda: None
-
-    def rss() -> str:
-        return f"peak RSS {_process_peak_rss_mib():.0f} MiB (process)"
-
-    return rss, _process_peak_rss_mib
-
-
 class _LiveStats:
     """Per-run state of the `tokenfuse.stats` events (web/README.md has the payload); reset by the run wrapper."""
 
@@ -294,8 +242,8 @@ def _make_run_wrapper(
         live.reset()
         if cache is not None:
             _start_cache_run(cache, schedule, executor)
-        peak, live.peak_mib = _peak_memory_start(device)
-        live.peak_kind = _peak_memory_kind(device)
+        peak, live.peak_mib = peak_memory_start(device)
+        live.peak_kind = peak_memory_kind(device)
         status: RunStatus = "failed"
         try:
             out = executor(*args, **kwargs)
@@ -369,7 +317,7 @@ def sampling_series(label: str, device: Any = None) -> Iterator[RunSeries]:
     from ..scheduling.telemetry import RunSeries
 
     series = RunSeries()
-    peak, _ = _peak_memory_start(device)
+    peak, _ = peak_memory_start(device)
     token = _SERIES.set(series)
     status: RunStatus = "failed"
     try:

@@ -435,13 +435,13 @@ def test_rescheduling_drops_the_earlier_plan_and_preset() -> None:
 def test_cuda_peak_never_resets_the_allocator_peak(monkeypatch: pytest.MonkeyPatch) -> None:
     """ScheduledFusion and the benches measure their own spans with max_memory_allocated: the run line must not reset
     it, and still reports this run's peak when the run set a new one."""
-    from tokenfuse.nodes.model_patching import _peak_memory_start
+    from tokenfuse.nodes.peak_memory import peak_memory_start
 
     peaks = iter([1024 * 2**20, 3072 * 2**20, 3072 * 2**20])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda dev=None: next(peaks))
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda dev=None: pytest.fail("peak was reset"))
-    text, mib = _peak_memory_start("cuda")
+    text, mib = peak_memory_start("cuda")
     assert text() == "peak VRAM 3072 MiB" and mib() == 3072
 
 
