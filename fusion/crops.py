@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 import torch
 
-from ..faces.align import warp_to_crop
+from ..faces.align import WarpStyle, warp_to_crop
 from ..faces.importance import feature_discs
 from ..faces.types import Face
 from ..scheduling.plan import TokenPlan
@@ -61,9 +61,7 @@ def aligned_crop(
     Borders outside the frame are reflected so the VAE sees plausible content (they are never pasted back).
     """
     a, side = context_affine(face, guide_size, crop_factor, max_size)
-    return warp_to_crop(
-        np.asarray(image, dtype=np.float32), a, side, interpolation="linear", border="reflect", clip=True
-    )
+    return warp_to_crop(np.asarray(image, dtype=np.float32), a, side, WarpStyle("linear", "reflect", clip=True))
 
 
 def resize_square(img: np.ndarray, size: int) -> np.ndarray:

@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 import torch
 
-from ..faces.align import template, warp_to_crop
+from ..faces.align import WarpStyle, template, warp_to_crop
 from ..faces.masks import crop_mask
 from ..faces.types import Face
 from .artifacts import ArtifactThresholds, IdentityScore, check_crop
@@ -308,4 +308,4 @@ def passed_through(job: CropJob, report: FaceReport, what: str) -> np.ndarray:
     report.status = "passthrough"
     report.warnings.append("face passed through unchanged")
     log.warning("fusion: %s passed through unchanged (%s)", what, "; ".join(report.warnings))
-    return warp_to_crop(job.image, job.face.affine, job.face.crop_size, interpolation="linear", border="reflect")
+    return warp_to_crop(job.image, job.face.affine, job.face.crop_size, WarpStyle("linear", "reflect"))

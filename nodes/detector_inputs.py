@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .glue import paths
+
+if TYPE_CHECKING:
+    from ..faces.analyse import FaceFinder
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +84,10 @@ def reference_embedding(reference: Any) -> Any:
     )
 
 
-def detect_linked_batch(
-    u8: Any, detector: Any, embedder: Any, sel: Any, align: Any, detect_size: int, sigma: float, bar: Any
-) -> tuple[Any, Any] | None:
+def detect_linked_batch(u8: Any, finder: FaceFinder, sigma: float, bar: Any) -> tuple[Any, Any] | None:
     """(faces per frame, link report) when some consecutive frames of the batch form one shot and frame_smoothing
-    is on; None = the photo path (every frame on its own), e.g. a batch of unrelated photos (video/batch_faces.py)."""
+    is on; None = the photo path (every frame on its own), e.g. a batch of unrelated photos (video/batch_faces.py).
+    u8: [B, H, W, 3] uint8 frames; bar: the node's progress bar (one update per frame)."""
     if sigma <= 0 or len(u8) < 2:
         return None
     from ..video.batch_faces import BatchLinkOptions, detect_linked, shot_starts
@@ -95,7 +97,8 @@ def detect_linked_batch(
     starts = shot_starts(list(u8), opts)
     if len(starts) == len(u8) - 1:
         return None
-    detect = make_detect(detector, detect_size, sel.score_threshold, embedder)
+    sel, align = finder.sel, finder.align
+    detect = make_detect(finder.detector, finder.detect_size, sel.score_threshold, finder.embedder)
     return detect_linked(
         u8, starts, detect, sel, align.crop_size, align.crop_factor, align.feather, opts, lambda: bar.update(1)
     )

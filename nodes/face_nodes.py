@@ -100,7 +100,7 @@ class FaceDetect:
     IS_CHANGED = staticmethod(model_stamp)
 
     @checked_inputs()
-    def detect(
+    def detect(  # noqa: PLR0913 - ComfyUI passes each INPUT_TYPES input as a keyword
         self,
         image: Any,
         backend: str,
@@ -121,7 +121,7 @@ class FaceDetect:
         import numpy as np
         import torch
 
-        from ..faces.analyse import AlignOptions, detect_batch, load_backend
+        from ..faces.analyse import AlignOptions, FaceFinder, detect_batch, load_backend
         from ..faces.draw import draw_faces, face_mask_image
         from ..faces.images import as_rgb_float, to_uint8
         from ..faces.types import FaceSet
@@ -146,13 +146,13 @@ class FaceDetect:
             )
         u8 = np.stack([to_uint8(f) for f in frames])
         bar = env.progress_bar(b)
-        align = AlignOptions(crop_size, crop_factor)
-        linked = detect_linked_batch(u8, detector, embedder, sel, align, detect_size, frame_smoothing, bar)
+        finder = FaceFinder(detector, embedder, sel, AlignOptions(crop_size, crop_factor), detect_size)
+        linked = detect_linked_batch(u8, finder, frame_smoothing, bar)
         if linked is not None:
             faceset, link_note = FaceSet(image_size=(h, w), faces=linked[0]), f"; {linked[1].summary()}"
         else:
             link_note = ""
-            faceset = detect_batch(u8, detector, embedder, sel, align, detect_size, on_frame=lambda: bar.update(1))
+            faceset = detect_batch(u8, finder, on_frame=lambda: bar.update(1))
         ran = backend if detector.name == backend else f"{backend}: {detector.name}"  # "auto: mtcnn"
         empty = sum(1 for f in faceset.faces if not f)
         if empty:
@@ -274,7 +274,7 @@ class PatchTokenize:
         }
 
     @checked_inputs()
-    def tokenize(
+    def tokenize(  # noqa: PLR0913 - ComfyUI passes each INPUT_TYPES input as a keyword
         self,
         image: Any,
         faces: Any,

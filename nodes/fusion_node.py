@@ -147,7 +147,7 @@ class ScheduledFusion:
         return model_names_valid(swap_model=swap_model, arcface_model=arcface_model)
 
     @checked_inputs("swap_model", "arcface_model")
-    def fuse(
+    def fuse(  # noqa: PLR0913 - ComfyUI passes each INPUT_TYPES input as a keyword
         self,
         model: Any,
         vae: Any,

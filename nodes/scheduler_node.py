@@ -132,7 +132,7 @@ class TokenSchedulerController:
         }
 
     @checked_inputs()
-    def apply(
+    def apply(  # noqa: PLR0913 - ComfyUI passes each INPUT_TYPES input as a keyword
         self,
         model: Any,
         preset: str,

@@ -87,7 +87,7 @@ class FaceTrack:
         }
 
     @checked_inputs()
-    def track(
+    def track(  # noqa: PLR0913 - ComfyUI passes each INPUT_TYPES input as a keyword
         self,
         video: Any,
         backend: str,
@@ -207,7 +207,7 @@ class VideoFaceFusion:
         return model_names_valid(swap_model=swap_model, arcface_model=arcface_model)
 
     @checked_inputs("swap_model", "arcface_model")
-    def fuse(
+    def fuse(  # noqa: PLR0913 - ComfyUI passes each INPUT_TYPES input as a keyword
         self,
         video: Any,
         face_tracks: Any,
