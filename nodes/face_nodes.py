@@ -14,7 +14,7 @@ from ..scheduling.vocabulary import LEVELS, Device
 from .checks import checked_inputs
 from .detector_inputs import BACKEND_TIP, detect_linked_batch, detector_folders, model_stamp, reference_embedding
 from .glue import env, ui
-from .input_specs import build_selection, device_input, identity_inputs, selection_inputs
+from .input_specs import SelectionWidgets, device_input, identity_inputs, selection_inputs
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +129,8 @@ class FaceDetect:
         frames = as_rgb_float(image)
         b, h, w = frames.shape[:3]
         reference = None if reference_faces is None else reference_embedding(reference_faces)
-        sel = build_selection(
-            order, indices, max_faces, min_face_size, score_threshold, reference, similarity_threshold
-        )
+        widgets = SelectionWidgets(order, indices, max_faces, min_face_size, score_threshold, similarity_threshold)
+        sel = widgets.selection(reference)
         if b == 0:
             log.warning("FaceDetect got an empty batch: nothing to detect")
             return FaceSet(image_size=(h, w), faces=()), image, torch.zeros((0, h, w))

@@ -19,7 +19,7 @@ from .checks import checked_inputs, model_names_valid
 from .detector_inputs import BACKEND_TIP, detector_folders, model_stamp, reference_embedding
 from .glue import env
 from .glue import video as video_glue
-from .input_specs import build_selection, device_input, float_input, identity_inputs, int_input, selection_inputs
+from .input_specs import SelectionWidgets, device_input, float_input, identity_inputs, int_input, selection_inputs
 from .video_fusion import ANCHOR_DEFAULT
 
 if TYPE_CHECKING:
@@ -117,9 +117,8 @@ class FaceTrack:
         source = video_glue.stream_source(video)
         info = probe(source)
         reference = None if reference_faces is None else reference_embedding(reference_faces)
-        sel = build_selection(
-            order, indices, max_faces, min_face_size, score_threshold, reference, similarity_threshold
-        )
+        widgets = SelectionWidgets(order, indices, max_faces, min_face_size, score_threshold, similarity_threshold)
+        sel = widgets.selection(reference)
         folders, name = detector_folders(backend, model_name.strip())
         detector, embedder = load_backend(backend, folders, name, device, cancel=env.throw_if_interrupted)  # type: ignore[arg-type]
         if sel.reference is not None and embedder is None:
