@@ -269,7 +269,7 @@ def _fusion_backend(
     """(crop-loop settings, the backend the crops sample through): ComfyUI's unless one is given, with the anchor
     patch (when anchors), the denoise-0 shortcut (no sampling, no VAE) and the identity hooks, in that order."""
     from ..fusion.backend import unsampled
-    from .glue.fusion_backend import comfy_backend
+    from .glue.fusion_backend import ComfyInputs, comfy_backend
     from .identity import setup_swap
     from .model_patching import attempt_models
 
@@ -277,9 +277,8 @@ def _fusion_backend(
     settings = fw.settings_for(links.model)
     if backend is None:  # no bar of its own: the frame bar is the visible one
         m = links.model
-        backend = comfy_backend(
-            m, links.vae, links.positive, links.negative, fw.sampler_args(), 1, attempt_models(m), step_bar=False
-        )
+        inputs = ComfyInputs(m, links.vae, links.positive, links.negative)
+        backend = comfy_backend(inputs, fw.sampler_args(), 1, attempt_models(m), step_bar=False)
     if anchors is not None:
         backend = with_anchors(backend, anchors)
     if fw.denoise <= 0.0:
@@ -288,7 +287,7 @@ def _fusion_backend(
     return settings, backend
 
 
-def fuse_video_run(
+def fuse_video_run(  # noqa: PLR0913 - TEMPORARY: runner/chunk_node.py calls it positionally; bundle with the runner rework
     links: VideoLinks,
     widgets: VideoWidgets,
     swap: tuple[str, str],

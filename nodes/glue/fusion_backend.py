@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import env, sampling
+from .sampling import SamplerArgs
 
 if TYPE_CHECKING:
     from ...fusion.backend import FusionBackend
@@ -18,21 +19,17 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class SamplerArgs:
-    """KSampler's widgets, passed to comfy.sample.sample exactly as the node got them."""
+class ComfyInputs:
+    """The ComfyUI objects a fusion samples with: MODEL, VAE and the CONDITIONING pair, as linked to the node."""
 
-    steps: int
-    cfg: float
-    sampler_name: str
-    scheduler: str
-    denoise: float
+    model: Any
+    vae: Any
+    positive: Any
+    negative: Any
 
 
 def comfy_backend(
-    model: Any,
-    vae: Any,
-    positive: Any,
-    negative: Any,
+    inputs: ComfyInputs,
     sampler: SamplerArgs,
     total: int,
     model_for: Callable[[Attempt], tuple[Any, str]],
@@ -49,25 +46,14 @@ def comfy_backend(
     from ...fusion.backend import FusionBackend
 
     env.require_comfy("ScheduledFusion")
+    model, vae = inputs.model, inputs.vae
     device = env.compute_device(model)
     bar = env.StepProgress(total, sampler.steps) if step_bar else None
 
     def sample(m: Any, latent: Any, mask: Any, seeds: list[int], plan: Any) -> Any:
-        return sampling.sample(
-            m,
-            latent,
-            mask,
-            seeds,
-            plan,
-            steps=sampler.steps,
-            cfg=sampler.cfg,
-            sampler_name=sampler.sampler_name,
-            scheduler=sampler.scheduler,
-            positive=positive,
-            negative=negative,
-            denoise=sampler.denoise,
-            on_step=None if bar is None else bar.on_step(len(seeds)),
-        )
+        on_step = None if bar is None else bar.on_step(len(seeds))
+        call = sampling.SampleCall(sampler, inputs.positive, inputs.negative, plan, on_step)
+        return sampling.sample(m, latent, mask, seeds, call)
 
     return FusionBackend(
         encode=lambda px, tiled: sampling.vae_encode(vae, px, tiled),
