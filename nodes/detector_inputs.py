@@ -32,6 +32,7 @@ def detector_folders(backend: str, model_name: str) -> tuple[list[Path], str]:
     folders first (faces/model_paths.py: no `..`, no symlink out, absolute paths only when the operator allows them),
     then handed on as (its folder, its name). A name that does not resolve raises ModelPathError naming the file, the
     folders searched and where to get it (faces/model_sources.py)."""
+    from ..faces.model_paths import ModelLookup
     from ..faces.model_sources import get_it
 
     if backend == "insightface":
@@ -40,24 +41,21 @@ def detector_folders(backend: str, model_name: str) -> tuple[list[Path], str]:
         pack = paths.model_path(
             "insightface",
             model_name,
-            "insightface pack",
-            want="dir",
-            candidates=lambda n: (f"models/{n}", n),
-            fix="Put the pack's ONNX files (e.g. det_10g.onnx, w600k_r50.onnx) in models/insightface/models/<name>/. "
-            + get_it(model_name, "insightface/models"),
+            ModelLookup(
+                "insightface pack",
+                want="dir",
+                candidates=lambda n: (f"models/{n}", n),
+                fix="Put the pack's ONNX files (e.g. det_10g.onnx, w600k_r50.onnx) in models/insightface/models/"
+                "<name>/. " + get_it(model_name, "insightface/models"),
+            ),
         )
         return [pack.parent], pack.name
     if model_name and backend != "yunet":
         log.warning("FaceDetect: model_name is used by the yunet and insightface backends only; ignored")
     if not model_name or backend != "yunet":
         return paths.model_dirs("facedetection"), model_name
-    path = paths.model_path(
-        "facedetection",
-        model_name,
-        "YuNet model",
-        candidates=lambda n: (n, f"{n}.onnx"),
-        fix=get_it(model_name, "facedetection"),
-    )
+    lookup = ModelLookup("YuNet model", candidates=lambda n: (n, f"{n}.onnx"), fix=get_it(model_name, "facedetection"))
+    path = paths.model_path("facedetection", model_name, lookup)
     return [path.parent], path.name
 
 
