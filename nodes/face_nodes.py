@@ -290,7 +290,7 @@ class PatchTokenize:
         import torch
 
         from ..faces.images import as_rgb_float, to_uint8
-        from ..faces.importance import PlanOptions, build_plan, plan_preview
+        from ..faces.importance import PlanOptions, build_plan, level_grid, plan_preview
 
         frames = as_rgb_float(image)
         b, h, w = frames.shape[:3]
@@ -308,8 +308,9 @@ class PatchTokenize:
             return {"ui": {"images": [], "text": ["PatchTokenize: empty batch, no plan"]}, "result": (plan, image)}
         bar = env.progress_bar(b)
         previews = []
+        grid = level_grid(latent[0], latent[1], int(preview_level))
         for i in range(b):
-            previews.append(plan_preview(to_uint8(frames[i]), plan, i, latent, int(preview_level), opts))
+            previews.append(plan_preview(to_uint8(frames[i]), plan, i, grid, opts))
             bar.update(1)
         if faces.count == 0:
             log.warning("PatchTokenize: no face in the FACES input; the plan treats every frame as background")

@@ -15,7 +15,7 @@ from tokenfuse.faces.analyse import FaceFinder, detect_batch, load_backend
 from tokenfuse.faces.detect import RetinaFaceDetector
 from tokenfuse.faces.draw import face_mask_image
 from tokenfuse.faces.embed import ARCFACE_112
-from tokenfuse.faces.importance import build_plan, importance_map, plan_preview
+from tokenfuse.faces.importance import build_plan, importance_map, level_grid, plan_preview
 from tokenfuse.faces.paste import BlendOptions, paste_frame
 from tokenfuse.faces.select import Selection
 from tokenfuse.faces.types import FaceSet
@@ -181,7 +181,7 @@ def test_token_plan_saves_tokens_on_portraits(backends: dict, astronaut, t1) -> 
                 assert imp[int(y), int(x)] > 0.95
             assert imp[int(f.landmarks[2][1]), int(f.landmarks[2][0])] >= plan.protect_threshold
         assert imp[5, 5] == pytest.approx(0.1, abs=1e-3) or rgb is t1  # background corner at the floor
-        prev = plan_preview(rgb, plan, 0, (h // 8, w // 8), 16)
+        prev = plan_preview(rgb, plan, 0, level_grid(h // 8, w // 8, 16))
         assert prev.shape == rgb.shape and prev.dtype == np.uint8 and not np.array_equal(prev, rgb)
 
 
