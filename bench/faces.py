@@ -96,7 +96,7 @@ def main() -> None:
     cv2.setNumThreads(args.cores)
     load_pack()
     from tokenfuse.faces.align import warp_face
-    from tokenfuse.faces.analyse import AlignOptions, faces_for_frame
+    from tokenfuse.faces.analyse import AlignOptions, FaceFinder, faces_for_frame
     from tokenfuse.faces.paste import paste_frame
     from tokenfuse.faces.select import Selection
 
@@ -115,12 +115,11 @@ def main() -> None:
             rgb = _frame(*SIZES[size], args.photo)
             frame = rgb.astype(np.float32) / 255
             for name, det in dets.items():
-                full = _time_ms(lambda: faces_for_frame(rgb, det, None, sel, align, 0), args.repeats)  # noqa: B023
-                ours = _time_ms(
-                    lambda: faces_for_frame(rgb, det, None, sel, align, args.detect_size),  # noqa: B023
-                    args.repeats,
-                )
-                faces = faces_for_frame(rgb, det, None, sel, align, args.detect_size)
+                full_finder = FaceFinder(det, None, sel, align, 0)
+                finder = FaceFinder(det, None, sel, align, args.detect_size)
+                full = _time_ms(lambda: faces_for_frame(rgb, full_finder), args.repeats)  # noqa: B023
+                ours = _time_ms(lambda: faces_for_frame(rgb, finder), args.repeats)  # noqa: B023
+                faces = faces_for_frame(rgb, finder)
                 crops = []
 
                 def align_all(frame=frame, faces=faces, crops=crops):  # bound now, not at loop end

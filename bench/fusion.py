@@ -106,20 +106,8 @@ def naive(model: Any, vae: Any, frame: np.ndarray, args: argparse.Namespace, con
 
     px = torch.from_numpy(frame)[None]
     lat = sampling.vae_encode(vae, px, False)
-    out = sampling.sample(
-        model,
-        lat,
-        None,
-        [args.seed],
-        None,
-        steps=args.steps,
-        cfg=args.cfg,
-        sampler_name="euler",
-        scheduler="normal",
-        positive=cond[0],
-        negative=cond[1],
-        denoise=args.denoise,
-    )
+    sampler = sampling.SamplerArgs(args.steps, args.cfg, "euler", "normal", args.denoise)
+    out = sampling.sample(model, lat, None, [args.seed], sampling.SampleCall(sampler, cond[0], cond[1]))
     return sampling.vae_decode(vae, out, False)
 
 

@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         def run(model: object, photo: q.Photo) -> q.FaceRun:
             if args.compile:
                 torch._dynamo.reset()  # compiled variants share the U-Net's code: one dynamo cache and recompile limit
-            return q.fuse(pack, model, fm.vae, cond, photo, params, fm.model)
+            return q.fuse(pack, q.ComfyStack(model, fm.vae, cond), photo, params, fm.model)
 
     else:
         from tokenfuse.devkit.face_model import gate

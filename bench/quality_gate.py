@@ -50,7 +50,7 @@ def measure_photo(pack: Any, tm: Any, photo: Any, params: Any) -> dict[str, dict
             runs.update({f"BROKEN {b}": gate.fuse_torch(pack, broken_model(tm, b), photo, params) for b in BREAKS})
         variants = {name: patches_of(m) for name, m in models.items()}
         variants.update({f"BROKEN {b}": broken_patches(tm, b) for b in BREAKS})
-        stats, _ = gate.attention_fidelity(pack, tm, photo, params, variants, token_plan)
+        stats, _ = gate.attention_fidelity(pack, tm, photo, params, gate.Probe(variants, token_plan))
         ref = stats["BROKEN v_perm"].structure_error
         for name, s in stats.items():
             row = {"struct": s.structure_error, "struct_frac": s.structure_error / ref}

@@ -74,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         pos = comfy_models.conditioning(family, seed=1, tiny=tiny or family == "flux")
         neg = comfy_models.conditioning(family, seed=2, tiny=tiny or family == "flux")
         latent = torch.zeros(1, comfy_models.latent_channels(family), size // 8, size // 8)
-        kw = {"steps": a.steps, "cfg": 5.0, "sampler_name": "euler", "scheduler": "normal", "denoise": 1.0}
-        use = plan if with_plan else None
-        return lambda m: sampling.sample(m, latent, None, [0], use, positive=pos, negative=neg, **kw)
+        args = sampling.SamplerArgs(a.steps, 5.0, "euler", "normal", 1.0)
+        call = sampling.SampleCall(args, pos, neg, plan if with_plan else None)
+        return lambda m: sampling.sample(m, latent, None, [0], call)
 
     def scheduled(model: Any, family: str, preset: str, text: str) -> tuple[Any, Any]:
         """The node's own widgets -> Schedule path (preset, then the text override), then its patching."""

@@ -139,7 +139,7 @@ def bench_step(patcher: Any, family: str, size: int, batch: int, args: argparse.
     import comfy.samplers
 
     device = mm.get_torch_device()
-    inputs = comfy_models.model_inputs(patcher, family, batch, size, size, seed=args.seed, tiny=args.quick)
+    inputs = comfy_models.model_inputs(patcher, family, (batch, size, size), seed=args.seed, tiny=args.quick)
     x = inputs.pop("x")
     inputs.pop("t")
     sample_sigmas = comfy.samplers.calculate_sigmas(patcher.model.model_sampling, "normal", 20).to(device)
@@ -178,17 +178,14 @@ def bench_step(patcher: Any, family: str, size: int, batch: int, args: argparse.
     if args.compile:
         for v in variants:
             v.patcher = comfy_models.torch_compiled(v.patcher, args.compile)
-    ub.run_variants(
-        variants,
-        call,
-        options,
-        device,
+    timing = ub.Timing(
         args.repeats,
         args.warmup,
         args.cpu_peak,
         overhead=not (args.no_overhead or args.compile),
         isolate=(lambda: graphs.append(fresh_dynamo())) if args.compile else None,
     )
+    ub.run_variants(variants, ub.StepCall(call, options, device), timing)
     for v, before, after in zip(variants, graphs, [*graphs[1:], comfy_models.dynamo_graphs()], strict=False):
         v.results["graphs"] = after - before
     if args.profile:

@@ -30,7 +30,10 @@ def astronaut_frame(size: int) -> np.ndarray:
     from skimage import data
 
     img = data.astronaut().astype(np.float32) / 255.0
-    return cv2.resize(img, (size, size), interpolation=cv2.INTER_CUBIC if size > 512 else cv2.INTER_AREA).clip(0, 1)
+    frame: np.ndarray = cv2.resize(
+        img, (size, size), interpolation=cv2.INTER_CUBIC if size > 512 else cv2.INTER_AREA
+    ).clip(0, 1)
+    return frame
 
 
 def astronaut_faces(size: int, crop_size: int = 512) -> Any:

@@ -233,7 +233,7 @@ def build_model(
     )
 
 
-def conditioning(family: str, batch: int = 1, tokens: int = 77, seed: int = 1, tiny: bool = False) -> list:
+def conditioning(family: str, batch: int = 1, tokens: int = 77, seed: int = 1, tiny: bool = False) -> list[Any]:
     """Random text conditioning in ComfyUI's CONDITIONING format ([[cond [B,T,C], {"pooled_output": ...}]])."""
     gen = torch.Generator().manual_seed(seed)
     if family == "sd15":
@@ -260,15 +260,16 @@ def latent_channels(family: str) -> int:
 
 
 def model_inputs(
-    patcher: Any, family: str, batch: int, height: int, width: int, seed: int = 0, tiny: bool = False
+    patcher: Any, family: str, shape: tuple[int, int, int], seed: int = 0, tiny: bool = False
 ) -> dict[str, Any]:
     """Tensors for one direct `model.apply_model` call (what one sampling step feeds the model for a batch).
 
-    height/width in pixels (latent is /8). Returns x [B,C,H/8,W/8], t [B] (sigma), and the model kwargs
-    (c_crossattn, y, guidance) on the model's device and dtype.
+    shape: (batch, height, width), height/width in pixels (latent is /8). Returns x [B,C,H/8,W/8], t [B] (sigma),
+    and the model kwargs (c_crossattn, y, guidance) on the model's device and dtype.
     """
     import comfy.model_management as mm
 
+    batch, height, width = shape
     device = mm.get_torch_device()
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, latent_channels(family), height // 8, width // 8, generator=gen)

@@ -157,7 +157,7 @@ def sampling_options(patcher: Any, sigma: torch.Tensor, sample_sigmas: torch.Ten
     """transformer_options as one sampling step builds them (patcher's options + calc_cond_batch / CFGGuider keys)."""
     import comfy.patcher_extension
 
-    to = comfy.patcher_extension.copy_nested_dicts(patcher.model_options.get("transformer_options", {}))
+    to: dict[str, Any] = comfy.patcher_extension.copy_nested_dicts(patcher.model_options.get("transformer_options", {}))
     if "patches" in to:
         to["patches"] = {k: list(v) for k, v in to["patches"].items()}
     half = batch // 2
@@ -200,11 +200,11 @@ def tome_patch_model(patcher: Any, ratio: float) -> Any:
 
     state: dict[str, Any] = {}
 
-    def tomesd_m(q: Any, k: Any, v: Any, extra_options: dict) -> Any:
+    def tomesd_m(q: Any, k: Any, v: Any, extra_options: dict[str, Any]) -> Any:
         m, state["u"] = get_functions(q, ratio, extra_options["original_shape"])
         return m(q), k, v
 
-    def tomesd_u(n: Any, extra_options: dict) -> Any:
+    def tomesd_u(n: Any, extra_options: dict[str, Any]) -> Any:
         return state["u"](n)
 
     m = patcher.clone()
@@ -228,20 +228,32 @@ def rotated(n: int, round_index: int) -> list[int]:
     return [*range(k, n), *range(k)]
 
 
-def run_variants(
-    variants: list[Variant],
-    call: Callable[[Any, dict], torch.Tensor],
-    options: Callable[[Any], dict],
-    device: torch.device,
-    repeats: int,
-    warmup: int,
-    cpu_peak: bool = False,
-    overhead: bool = True,
-    isolate: Callable[[], None] | None = None,
-) -> None:
-    """Time, measure memory, telemetry and deviation of every variant. call(patcher, transformer_options).
+@dataclass(frozen=True)
+class StepCall:
+    """One model step of a variant: call(patcher, options(patcher)) on `device`."""
+
+    call: Callable[[Any, dict[str, Any]], torch.Tensor]
+    options: Callable[[Any], dict[str, Any]]
+    device: torch.device
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How run_variants times: timed rounds, untimed warm-up calls, peak RSS on CPU, overhead, isolate.
 
     overhead: also time our patch closures device-synced (two more calls per variant; off for slow CPU runs).
+    isolate: see run_variants.
+    """
+
+    repeats: int
+    warmup: int
+    cpu_peak: bool = False
+    overhead: bool = True
+    isolate: Callable[[], None] | None = None
+
+
+def run_variants(variants: list[Variant], step: StepCall, timing: Timing) -> None:
+    """Time, measure memory, telemetry and deviation of every variant, each called as `step` says.
 
     Timed calls are interleaved (one call of each variant per round), so load drift on a shared machine or clock
     changes hit every variant alike; the step time is the median over rounds. The order rotates each round, so no
@@ -252,25 +264,23 @@ def run_variants(
     variants: they share the U-Net's code objects, so interleaved they would share dynamo's cache and recompile
     limit, and one variant's guards would evict or cap another's graphs (the baseline then recompiled on every call).
     """
-    fns: list[Callable[[], torch.Tensor]] = [partial(_call_variant, call, options, v) for v in variants]
+    fns: list[Callable[[], torch.Tensor]] = [partial(_call_variant, step, v) for v in variants]
     with torch.no_grad():
-        if isolate is None:
-            _first_calls(variants, fns, warmup, None)
-            times = _timed_rounds(fns, device, repeats)
+        if timing.isolate is None:
+            _first_calls(variants, fns, timing.warmup, None)
+            times = _timed_rounds(fns, step.device, timing.repeats)
             for v, fn, ts in zip(variants, fns, times, strict=True):
-                _finish(v, fn, ts, call, options, device, cpu_peak, overhead)
+                _finish(v, fn, ts, step, timing)
             return
         base_out = None
         for v, fn in zip(variants, fns, strict=True):
-            isolate()
-            base_out = _first_calls([v], [fn], warmup, base_out)
-            _finish(v, fn, _timed_rounds([fn], device, repeats)[0], call, options, device, cpu_peak, overhead)
+            timing.isolate()
+            base_out = _first_calls([v], [fn], timing.warmup, base_out)
+            _finish(v, fn, _timed_rounds([fn], step.device, timing.repeats)[0], step, timing)
 
 
-def _call_variant(
-    call: Callable[[Any, dict], torch.Tensor], options: Callable[[Any], dict], v: Variant
-) -> torch.Tensor:
-    return call(v.patcher, options(v.patcher))
+def _call_variant(step: StepCall, v: Variant) -> torch.Tensor:
+    return step.call(v.patcher, step.options(v.patcher))
 
 
 def _first_calls(
@@ -300,17 +310,10 @@ def _timed_rounds(fns: list[Callable[[], torch.Tensor]], device: torch.device, r
     return times
 
 
-def _finish(
-    v: Variant,
-    fn: Callable[[], torch.Tensor],
-    times: list[float],
-    call: Callable[[Any, dict], torch.Tensor],
-    options: Callable[[Any], dict],
-    device: torch.device,
-    cpu_peak: bool,
-    overhead: bool,
-) -> None:
+def _finish(v: Variant, fn: Callable[[], torch.Tensor], times: list[float], step: StepCall, timing: Timing) -> None:
     """Median time, peak memory, telemetry (tokens of one call) and, with overhead, the synced closure time."""
+    call, options, device = step.call, step.options, step.device
+    cpu_peak, overhead = timing.cpu_peak, timing.overhead
     v.results["ms"] = statistics.median(times)
     v.results["rounds_ms"] = times
     v.results["peak"] = peak_mib(fn, device, cpu_peak)

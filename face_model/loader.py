@@ -32,7 +32,7 @@ class FaceModel:
     context: torch.Tensor
     meta: dict[str, Any]
 
-    def conditioning(self, batch: int = 1) -> list:
+    def conditioning(self, batch: int = 1) -> list[Any]:
         """ComfyUI CONDITIONING with the learned context (use it as positive and negative; cfg 1 skips the second)."""
         return [[self.context.expand(batch, -1, -1).clone(), {}]]
 

@@ -77,7 +77,8 @@ def build_vae(ddconfig: dict[str, Any] | None = None) -> torch.nn.Module:
 
     model = AutoencoderKL(ddconfig=copy.deepcopy(ddconfig or VAE_DDCONFIG), embed_dim=EMBED_DIM)
     reset_parameters(model)
-    return model
+    built: torch.nn.Module = model
+    return built
 
 
 def unet_model_config(unet_config: dict[str, Any] | None = None) -> Any:
@@ -103,7 +104,8 @@ def build_unet(unet_config: dict[str, Any] | None = None) -> torch.nn.Module:
         if isinstance(m, ResBlock):
             _zero(m.out_layers[-1])
     _zero(net.out[-1])
-    return net
+    built: torch.nn.Module = net
+    return built
 
 
 def count_params(module: torch.nn.Module) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -107,7 +108,7 @@ class TorchFaceModel:
         )
         dtype = next(self.unet.parameters()).dtype
         ctx = self.context.to(x.device, dtype).expand(x.shape[0], -1, -1)
-        eps = self.unet(xc.to(dtype), t, ctx, to).float()
+        eps: torch.Tensor = self.unet(xc.to(dtype), t, ctx, to).float()
         return x - eps * s
 
     _uuid = uuid.uuid4()
@@ -133,21 +134,30 @@ def prepare_noise(shape: tuple[int, ...], seeds: list[int]) -> torch.Tensor:
     return torch.cat([torch.randn((1, *shape[1:]), generator=torch.manual_seed(int(s)), device="cpu") for s in seeds])
 
 
+@dataclass(frozen=True)
+class EulerRun:
+    """One sampling run's settings: steps and denoise (as KSampler's widgets), the crop-space token plan (None: no
+    plan) and callback(step index), called after every step."""
+
+    steps: int = 20
+    denoise: float = 0.45
+    plan: Any = None
+    callback: Callable[[int], None] | None = None
+
+
 @torch.no_grad()
 def sample(
     model: TorchFaceModel,
     latent: torch.Tensor,
     noise_mask: torch.Tensor | None,
     seeds: list[int],
-    steps: int = 20,
-    denoise: float = 0.45,
-    plan: Any = None,
-    callback: Any = None,
+    run: EulerRun = EulerRun(),
 ) -> torch.Tensor:
     """ComfyUI euler / normal / cfg 1 on an unscaled VAE latent [B, 4, h, w]; noise_mask [B, 1, H, W] in 0..1 at any
     size (1 = may change; bilinear to the latent as ComfyUI does). Returns the unscaled latent."""
     from ..scheduling.keys import PLAN_KEY
 
+    steps, denoise, plan, callback = run.steps, run.denoise, run.plan, run.callback
     device = latent.device
     sigmas = model.schedule.ksampler_sigmas(steps, denoise).to(device)
     if sigmas.numel() == 0:
@@ -220,7 +230,7 @@ def fusion_backend(model: TorchFaceModel, steps: int = 20, denoise: float = 0.45
         return (model if attempt.scheduling else plain), ""
 
     def run(m: TorchFaceModel, latent: torch.Tensor, mask: torch.Tensor, seeds: list[int], plan: Any) -> torch.Tensor:
-        return sample(m, latent, mask, seeds, steps=steps, denoise=denoise, plan=plan)
+        return sample(m, latent, mask, seeds, EulerRun(steps, denoise, plan))
 
     return FusionBackend(
         encode=lambda px, tiled: model.vae.encode(px),

@@ -64,7 +64,8 @@ class ResBlock(nn.Module):
     def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         h = self.in_layers(x)
         h = h + self.emb_layers(emb).type(h.dtype)[..., None, None]
-        return self.skip_connection(x) + self.out_layers(h)
+        out: torch.Tensor = self.skip_connection(x) + self.out_layers(h)
+        return out
 
 
 class Downsample(nn.Module):
@@ -73,7 +74,8 @@ class Downsample(nn.Module):
         self.op = nn.Conv2d(channels, channels, 3, stride=2, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.op(x)
+        out: torch.Tensor = self.op(x)
+        return out
 
 
 class Upsample(nn.Module):
@@ -85,7 +87,8 @@ class Upsample(nn.Module):
 
     def forward(self, x: torch.Tensor, output_shape: Any = None) -> torch.Tensor:
         size = [x.shape[2] * 2, x.shape[3] * 2] if output_shape is None else [output_shape[2], output_shape[3]]
-        return self.conv(F.interpolate(x, size=size, mode="nearest"))
+        out: torch.Tensor = self.conv(F.interpolate(x, size=size, mode="nearest"))
+        return out
 
 
 def sdpa_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor:
@@ -112,7 +115,8 @@ class CrossAttention(nn.Module):
         context = x if context is None else context
         q, k = self.to_q(x), self.to_k(context)
         v = self.to_v(value) if value is not None else self.to_v(context)
-        return self.to_out(sdpa_heads(q, k, v, self.heads))
+        out: torch.Tensor = self.to_out(sdpa_heads(q, k, v, self.heads))
+        return out
 
 
 class GEGLU(nn.Module):
@@ -131,7 +135,8 @@ class FeedForward(nn.Module):
         self.net = nn.Sequential(GEGLU(dim, dim * mult), nn.Dropout(0.0), nn.Linear(dim * mult, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+        out: torch.Tensor = self.net(x)
+        return out
 
 
 class BasicTransformerBlock(nn.Module):
@@ -161,7 +166,8 @@ class BasicTransformerBlock(nn.Module):
             n = p(n, extra)
         x = n + x
         x = self.attn2(self.norm2(x), context=context) + x
-        return x + self.ff(self.norm3(x))
+        out: torch.Tensor = x + self.ff(self.norm3(x))
+        return out
 
 
 class SpatialTransformer(nn.Module):
@@ -183,7 +189,8 @@ class SpatialTransformer(nn.Module):
             transformer_options["block_index"] = i
             t = block(t, context, transformer_options)
         t = t.reshape(t.shape[0], h, w, t.shape[-1]).movedim(3, 1).contiguous()
-        return self.proj_out(t) + x
+        out: torch.Tensor = self.proj_out(t) + x
+        return out
 
 
 class TimestepSequential(nn.Sequential):
@@ -335,4 +342,5 @@ class TorchUNet(nn.Module):
             to["block"] = ("output", i)
             h = torch.cat([h, hs.pop()], dim=1)
             h = block(h, emb, context, to, hs[-1].shape if hs else None)
-        return self.out(h.type(x.dtype))
+        out: torch.Tensor = self.out(h.type(x.dtype))
+        return out

@@ -30,7 +30,8 @@ class ResnetBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv1(F.silu(self.norm1(x)))
         h = self.conv2(F.silu(self.norm2(h)))
-        return (x if self.nin_shortcut is None else self.nin_shortcut(x)) + h
+        out: torch.Tensor = (x if self.nin_shortcut is None else self.nin_shortcut(x)) + h
+        return out
 
 
 class AttnBlock(nn.Module):
@@ -46,7 +47,8 @@ class AttnBlock(nn.Module):
         b, c = x.shape[:2]
         q, k, v = (t.view(b, 1, c, -1).transpose(2, 3).contiguous() for t in (self.q(h), self.k(h), self.v(h)))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False)
-        return x + self.proj_out(out.transpose(2, 3).reshape(x.shape))
+        res: torch.Tensor = x + self.proj_out(out.transpose(2, 3).reshape(x.shape))
+        return res
 
 
 class Downsample(nn.Module):
@@ -55,7 +57,8 @@ class Downsample(nn.Module):
         self.conv = nn.Conv2d(ch, ch, 3, stride=2, padding=0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.pad(x, (0, 1, 0, 1), mode="constant", value=0))  # asymmetric, as in SD
+        out: torch.Tensor = self.conv(F.pad(x, (0, 1, 0, 1), mode="constant", value=0))  # asymmetric, as in SD
+        return out
 
 
 class Upsample(nn.Module):
@@ -64,7 +67,8 @@ class Upsample(nn.Module):
         self.conv = nn.Conv2d(ch, ch, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+        out: torch.Tensor = self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+        return out
 
 
 class _Level(nn.Module):
@@ -95,7 +99,8 @@ class _Mid(nn.Module):
         self.block_1, self.attn_1, self.block_2 = ResnetBlock(ch, ch), AttnBlock(ch), ResnetBlock(ch, ch)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.block_2(self.attn_1(self.block_1(h)))
+        out: torch.Tensor = self.block_2(self.attn_1(self.block_1(h)))
+        return out
 
 
 class Encoder(nn.Module):
@@ -124,7 +129,8 @@ class Encoder(nn.Module):
         for level in _levels(self.down):
             h = level.run(h)
         h = self.mid(h)
-        return self.conv_out(F.silu(self.norm_out(h)))
+        out: torch.Tensor = self.conv_out(F.silu(self.norm_out(h)))
+        return out
 
 
 class Decoder(nn.Module):
@@ -151,7 +157,8 @@ class Decoder(nn.Module):
         h = self.mid(self.conv_in(z))
         for level in reversed(_levels(self.up)):
             h = level.run(h)
-        return self.conv_out(F.silu(self.norm_out(h)))
+        out: torch.Tensor = self.conv_out(F.silu(self.norm_out(h)))
+        return out
 
 
 class TorchVAE(nn.Module):
@@ -177,7 +184,8 @@ class TorchVAE(nn.Module):
         y0, x0 = (h % self.factor) // 2, (w % self.factor) // 2
         x = pixels[:, y0 : y0 + hh, x0 : x0 + ww, :3].movedim(-1, 1).float() * 2.0 - 1.0
         moments = self.quant_conv(self.encoder(x))
-        return moments.chunk(2, dim=1)[0].float()
+        out: torch.Tensor = moments.chunk(2, dim=1)[0].float()
+        return out
 
     @torch.no_grad()
     def decode(self, latent: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import cv2
@@ -72,43 +73,51 @@ def align_affine(
     return m, cv2.invertAffineTransform(m)
 
 
-def warp_to_crop(
-    image: np.ndarray,
-    affine: np.ndarray,
-    size: int,
-    *,
-    interpolation: Interpolation,
-    border: Border,
-    border_value: float | tuple[float, ...] = 0.0,
-    clip: bool = False,
-) -> np.ndarray:
-    """Warp the square crop [size, size, C] out of image [H, W, C] through `affine` ([2, 3] image -> crop pixels).
+@dataclass(frozen=True)
+class WarpStyle:
+    """How warp_to_crop fills the crop: the filter, what lies outside the frame, and whether to clip.
 
-    The one implementation of "cut the aligned crop out of the frame"; callers name their filter and border because
-    they need different ones (no default, so each choice is visible at the call): FFHQ crops for detection/restorer
-    data use cubic + reflect, the sampler's context crops linear + reflect (the VAE sees plausible content off the
-    frame), GFPGAN's input linear + constant grey (its own alignment's padding). dtype is kept (uint8 or float).
+    No defaults for the filter and border, so each caller's choice is visible where it builds one: FFHQ crops for
+    detection/restorer data use cubic + reflect, the sampler's context crops linear + reflect (the VAE sees plausible
+    content off the frame), GFPGAN's input linear + constant grey (its own alignment's padding).
     border_value: the fill for border="constant" (one value per channel). clip: clip to [0, 1] (float images in
     [0, 1]: cubic overshoot and border values stay in range).
     """
-    if interpolation not in _INTERPOLATION:
-        raise ValueError(f"warp_to_crop: interpolation must be one of {sorted(_INTERPOLATION)}, got {interpolation!r}")
-    if border not in _BORDER:
-        raise ValueError(f"warp_to_crop: border must be one of {sorted(_BORDER)}, got {border!r}")
+
+    interpolation: Interpolation
+    border: Border
+    border_value: float | tuple[float, ...] = 0.0
+    clip: bool = False
+
+    def __post_init__(self) -> None:
+        if self.interpolation not in _INTERPOLATION:
+            raise ValueError(
+                f"warp_to_crop: interpolation must be one of {sorted(_INTERPOLATION)}, got {self.interpolation!r}"
+            )
+        if self.border not in _BORDER:
+            raise ValueError(f"warp_to_crop: border must be one of {sorted(_BORDER)}, got {self.border!r}")
+
+
+def warp_to_crop(image: np.ndarray, affine: np.ndarray, size: int, style: WarpStyle) -> np.ndarray:
+    """Warp the square crop [size, size, C] out of image [H, W, C] through `affine` ([2, 3] image -> crop pixels).
+
+    The one implementation of "cut the aligned crop out of the frame", in the caller's WarpStyle. dtype is kept
+    (uint8 or float).
+    """
     crop: np.ndarray = cv2.warpAffine(
         np.ascontiguousarray(image),
         np.asarray(affine, dtype=np.float64),
         (int(size), int(size)),
-        flags=_INTERPOLATION[interpolation],
-        borderMode=_BORDER[border],
-        borderValue=border_value,
+        flags=_INTERPOLATION[style.interpolation],
+        borderMode=_BORDER[style.border],
+        borderValue=style.border_value,
     )
-    return np.clip(crop, 0.0, 1.0) if clip else crop
+    return np.clip(crop, 0.0, 1.0) if style.clip else crop
 
 
 def warp_face(image: np.ndarray, affine: np.ndarray, crop_size: int) -> np.ndarray:
     """The aligned crop [crop_size, crop_size, C] of image [H, W, C] (float32 or uint8): cubic, borders reflected."""
-    return warp_to_crop(image, affine, crop_size, interpolation="cubic", border="reflect")
+    return warp_to_crop(image, affine, crop_size, WarpStyle("cubic", "reflect"))
 
 
 def transform_points(points: np.ndarray, affine: np.ndarray) -> np.ndarray:

@@ -30,12 +30,23 @@ class AlignOptions:
     feather: float = 0.08
 
 
+@dataclass(frozen=True)
+class FaceFinder:
+    """What finds and keeps the faces of a frame: the detector, the ArcFace embedder (None: no identity), which
+    faces to keep (Selection), how to align them, and the detector's input size (longest side, 0 = full frame)."""
+
+    detector: Detector
+    embedder: ArcFaceEmbedder | None
+    sel: Selection
+    align: AlignOptions = AlignOptions()
+    detect_size: int = 640
+
+
 def load_backend(
     backend: DetectorBackend,
     folders: list[Path],
     model_name: str = "",
     device: Device = "cpu",
-    allow_download: bool = True,
     cancel: Callable[[], None] | None = None,
 ) -> tuple[Detector, ArcFaceEmbedder | None]:
     """The detector (and ArcFace embedder when the insightface pack has one) for a backend.
@@ -56,7 +67,7 @@ def load_backend(
         path = find_onnx(folders, model_name) if model_name else None
         if model_name and path is None:
             raise ModelFileError(f"YuNet model '{model_name}' not found in {[str(f) for f in folders]}")
-        return YuNetDetector(path or ensure_model("yunet", folders, allow_download, cancel)), None
+        return YuNetDetector(path or ensure_model("yunet", folders, cancel=cancel)), None
     if backend == "insightface":
         name = model_name or "buffalo_l"
         errors = []
@@ -73,16 +84,10 @@ def load_backend(
     raise ValueError(f"unknown face detector backend '{backend}'")
 
 
-def faces_for_frame(
-    rgb: np.ndarray,
-    detector: Detector,
-    embedder: ArcFaceEmbedder | None,
-    sel: Selection,
-    align: AlignOptions,
-    detect_size: int,
-) -> list[Face]:
+def faces_for_frame(rgb: np.ndarray, finder: FaceFinder) -> list[Face]:
     """rgb: [H, W, 3] uint8 -> the selected, aligned faces of one frame."""
-    dets = detect_frame(detector, rgb, sel.score_threshold, detect_size)
+    embedder, align = finder.embedder, finder.align
+    dets = detect_frame(finder.detector, rgb, finder.sel.score_threshold, finder.detect_size)
     faces = []
     no_mask = np.zeros((0, 0), np.float32)
     for d in dets:
@@ -104,23 +109,15 @@ def faces_for_frame(
     # held one per detection before max_faces / indices chose one (16 GiB)
     return [
         replace(f, mask=crop_mask(transform_points(f.landmarks, f.affine), align.crop_size, align.feather))
-        for f in select_faces(faces, sel)
+        for f in select_faces(faces, finder.sel)
     ]
 
 
-def detect_batch(
-    frames: np.ndarray,
-    detector: Detector,
-    embedder: ArcFaceEmbedder | None,
-    sel: Selection,
-    align: AlignOptions = AlignOptions(),
-    detect_size: int = 640,
-    on_frame: Callable[[], None] | None = None,
-) -> FaceSet:
+def detect_batch(frames: np.ndarray, finder: FaceFinder, on_frame: Callable[[], None] | None = None) -> FaceSet:
     """frames: [B, H, W, 3] uint8 -> FaceSet (one tuple per frame, possibly empty)."""
     per_frame = []
     for rgb in frames:
-        per_frame.append(tuple(faces_for_frame(rgb, detector, embedder, sel, align, detect_size)))
+        per_frame.append(tuple(faces_for_frame(rgb, finder)))
         if on_frame is not None:
             on_frame()
     h, w = frames.shape[1:3] if frames.ndim == 4 else (0, 0)

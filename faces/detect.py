@@ -53,15 +53,20 @@ def providers(device: Device) -> list[str]:
     return ["CPUExecutionProvider"]
 
 
+@dataclass(frozen=True)
+class LoadFailure:
+    """What ort_session says when a file is not a loadable ONNX model: how it calls the model, the sentence naming
+    the fix, and the exception type raised."""
+
+    what: str = "face model"
+    fix: str = "Delete it and put the official file there again."
+    error: type[ModelFileError] = ModelFileError
+
+
 def ort_session(
-    model: Path | Callable[[], bytes],
-    device: Device,
-    label: str,
-    what: str = "face model",
-    fix: str = "Delete it and put the official file there again.",
-    error: type[ModelFileError] = ModelFileError,
+    model: Path | Callable[[], bytes], device: Device, label: str, failure: LoadFailure = LoadFailure()
 ) -> Any:
-    """A cached onnxruntime session; a corrupt or non-ONNX file raises `error` naming it, then `fix`.
+    """A cached onnxruntime session; a corrupt or non-ONNX file raises `failure.error` naming it, then the fix.
 
     model: an ONNX file, or a function returning ONNX bytes (called only when the session is not cached yet).
     label: the cache key's name (a file's full path). The message names a file by its name only, and never repeats
@@ -90,7 +95,9 @@ def ort_session(
         except Exception as exc:  # onnxruntime raises several private exception types
             log.debug("onnxruntime could not load %s: %s", label, exc)
             shown = label if callable(model) else Path(model).name
-            raise error(f"could not load the {what} {shown}: the file is corrupt or not an ONNX model. {fix}") from None
+            raise failure.error(
+                f"could not load the {failure.what} {shown}: the file is corrupt or not an ONNX model. {failure.fix}"
+            ) from None
         _SESSIONS[key] = sess
         return sess
 

@@ -12,7 +12,7 @@ import cv2
 import numpy as np
 
 from .align import similarity_transform
-from .detect import Device, ort_session
+from .detect import Device, LoadFailure, ort_session
 from .models import ModelFileError
 
 # insightface's arcface_dst: the 5-point template of its 112 x 112 recognition crops (inswapper uses it at 128 px).
@@ -68,7 +68,7 @@ class ArcFaceEmbedder:
         fix = (
             "Put a recognition ONNX (e.g. w600k_r50.onnx of buffalo_l) in models/insightface/ or choose another model."
         )
-        self.session = ort_session(self.path, device, str(self.path), "ArcFace model", fix, self.error)
+        self.session = ort_session(self.path, device, str(self.path), LoadFailure("ArcFace model", fix, self.error))
         inp = self.session.get_inputs()[0]
         self.input_name = inp.name
         if list(inp.shape[1:]) != [3, ARCFACE_SIZE, ARCFACE_SIZE]:

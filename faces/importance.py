@@ -115,17 +115,12 @@ def build_plan(faceset: FaceSet, latent_hw: tuple[int, int], opts: PlanOptions =
 
 
 def plan_preview(
-    rgb: np.ndarray,
-    plan: TokenPlan,
-    index: int,
-    latent_hw: tuple[int, int],
-    factor: int,
-    opts: PlanOptions = PlanOptions(),
+    rgb: np.ndarray, plan: TokenPlan, index: int, grid: tuple[int, int], opts: PlanOptions = PlanOptions()
 ) -> np.ndarray:
-    """rgb: [H, W, 3] uint8 -> the photo under the level's token grid, each cell coloured by its kept fraction
-    (blue = min_keep, red = kept whole)."""
+    """rgb: [H, W, 3] uint8 -> the photo under a level's token grid, each cell coloured by its kept fraction
+    (blue = min_keep, red = kept whole). grid: (rows, columns) of that level, level_grid(latent_h, latent_w, factor)."""
     h, w = rgb.shape[:2]
-    gh, gw = level_grid(latent_hw[0], latent_hw[1], factor)
+    gh, gw = grid
     pooled = plan.level_importance(gh, gw, plan.batch_size)[index].reshape(gh, gw)
     keep = kept_fraction(pooled, opts).numpy()
     t = ((keep - opts.min_keep) / max(1e-6, 1.0 - opts.min_keep) * 255).clip(0, 255).astype(np.uint8)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -57,22 +58,31 @@ def _usable(path: Path, want: Want) -> bool:
     return path.is_file() and os.access(path, os.R_OK)
 
 
-def resolve_model(
-    name: str,
-    folders: Sequence[str | Path],
-    *,
-    what: str,
-    want: Want = "file",
-    candidates: Callable[[str], Sequence[str]] = lambda n: (n,),
-    fix: str = "",
-) -> Path:
-    """The real path of model `name` inside one of `folders` (first folder, then first candidate, wins).
+def _as_given(name: str) -> Sequence[str]:
+    return (name,)
+
+
+@dataclass(frozen=True)
+class ModelLookup:
+    """How a model name is looked up, and how the messages call it.
 
     what: how the message calls the model ("face-restoration model"). want: "file" or "dir" (an insightface pack).
     candidates: relative names to try for `name`, e.g. `(n, n + ".onnx")` or `("models/" + n, n)`.
     fix: a sentence appended to the not-found message (where to get the model).
+    """
+
+    what: str
+    want: Want = "file"
+    candidates: Callable[[str], Sequence[str]] = _as_given
+    fix: str = ""
+
+
+def resolve_model(name: str, folders: Sequence[str | Path], lookup: ModelLookup) -> Path:
+    """The real path of model `name` inside one of `folders` (first folder, then first candidate, wins).
+
     Raises ModelPathError; never returns a path outside the folders unless the operator allowed absolute paths.
     """
+    what, want, candidates, fix = lookup.what, lookup.want, lookup.candidates, lookup.fix
     if not isinstance(name, str) or not name.strip():
         raise ModelPathError(f"no {what} given: choose one from the list.")
     if len(name) > MAX_NAME_CHARS:

@@ -114,7 +114,7 @@ def download(
                 cancel()
             with urllib.request.urlopen(entry.url, timeout=stall_s) as resp:  # noqa: S310
                 expected = _declared_length(entry, resp, target)
-                size = _copy_body(entry, resp, out, digest, stall_s, cancel, target)
+                size = _copy_body(_Fetch(entry, target, stall_s, cancel), resp, out, digest)
     except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
         _discard(part)
         raise ModelFileError(
@@ -165,21 +165,24 @@ def _echo_length(length: str) -> str:
     return length if len(length) <= 24 else f"{length[:21]}..."
 
 
-def _copy_body(
-    entry: ModelFile,
-    resp: http.client.HTTPResponse,
-    out: BinaryIO,
-    digest: Any,
-    stall_s: float,
-    cancel: Callable[[], None] | None,
-    target: Path,
-) -> int:
+@dataclass(frozen=True)
+class _Fetch:
+    """One download in progress: the model, where it goes, the stall window in seconds, the cancel point."""
+
+    entry: ModelFile
+    target: Path
+    stall_s: float
+    cancel: Callable[[], None] | None
+
+
+def _copy_body(fetch: _Fetch, resp: http.client.HTTPResponse, out: BinaryIO, digest: Any) -> int:
     """Copy the response body to `out` and `digest` chunk by chunk; returns its size in bytes.
 
     read1() returns whatever has arrived (at most CHUNK_BYTES), so the cancel point runs while a server trickles;
     a window of stall_s seconds with fewer than STALL_MIN_BYTES, a read that waits stall_s for any byte (socket
     timeout), or a body past entry.max_bytes raise ModelFileError before more is written.
     """
+    entry, target, stall_s, cancel = fetch.entry, fetch.target, fetch.stall_s, fetch.cancel
     size = window_bytes = 0
     window_start = time.monotonic()
     while True:

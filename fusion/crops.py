@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 import torch
 
-from ..faces.align import warp_to_crop
+from ..faces.align import WarpStyle, warp_to_crop
 from ..faces.importance import feature_discs
 from ..faces.types import Face
 from ..scheduling.plan import TokenPlan
@@ -61,9 +61,7 @@ def aligned_crop(
     Borders outside the frame are reflected so the VAE sees plausible content (they are never pasted back).
     """
     a, side = context_affine(face, guide_size, crop_factor, max_size)
-    return warp_to_crop(
-        np.asarray(image, dtype=np.float32), a, side, interpolation="linear", border="reflect", clip=True
-    )
+    return warp_to_crop(np.asarray(image, dtype=np.float32), a, side, WarpStyle("linear", "reflect", clip=True))
 
 
 def resize_square(img: np.ndarray, size: int) -> np.ndarray:
@@ -113,25 +111,27 @@ def top_tokens(guide_size: int) -> int:
     return (guide_size // 8) ** 2
 
 
+# The share of the reducible tokens crop_plan's budgets count as kept (an estimate for the report).
+BUDGET_BACKGROUND_KEEP = 0.5
+
+
 def crop_plan(
     masks: np.ndarray,
     floor: float = 0.1,
     protect_threshold: float = 0.5,
-    background_keep: float = 0.5,
     landmarks: np.ndarray | None = None,
-    face_weight: float = CROP_FACE_WEIGHT,
 ) -> TokenPlan:
     """A TokenPlan in crop space from the noise masks of a batch.
 
     masks: [B, S, S] float in [0, 1]; landmarks: [B, 5, 2] in crop pixels, or None.
     With landmarks (ScheduledFusion): the eyes and mouth are protected (importance 1), the rest of the face gets
-    `face_weight` (below the default protect threshold: reducible; a threshold at or under it, PatchTokenize's
+    CROP_FACE_WEIGHT (below the default protect threshold: reducible; a threshold at or under it, PatchTokenize's
     protect_threshold <= 0.4, protects the whole face, as a lower threshold asks) and the background `floor`.
     Without: importance = max(mask, floor), the whole face protected. Why features only: on an aligned crop the face
     is ~70 % of the tokens, so protecting all of it left the schedule almost nothing to reduce (crop + schedule 1.03x
     crop alone on CPU), while the trained face model's quality gate passes with no protection at all
     (docs/quality.md).
-    budgets estimate kept tokens per level: protected tokens plus `background_keep` of the others (the scheduler
+    budgets estimate kept tokens per level: protected tokens plus BUDGET_BACKGROUND_KEEP of the others (the scheduler
     decides the real reduction; budgets are for the report).
     """
     m = torch.from_numpy(np.ascontiguousarray(masks, dtype=np.float32))
@@ -145,7 +145,7 @@ def crop_plan(
             raise ValueError(f"crop_plan needs landmarks [B, 5, 2] matching the masks, got {lm.shape}")
         feats = np.stack([feature_discs(m.shape[1], m.shape[2], p) for p in lm])
         importance = torch.maximum(
-            torch.clamp(m * face_weight, min=floor), torch.from_numpy(np.ascontiguousarray(feats, np.float32))
+            torch.clamp(m * CROP_FACE_WEIGHT, min=floor), torch.from_numpy(np.ascontiguousarray(feats, np.float32))
         )
     size = int(m.shape[-1])
     budgets, uniform = [], []
@@ -157,7 +157,7 @@ def crop_plan(
             pooled = torch.nn.functional.adaptive_max_pool2d(importance[b][None, None], (g, g)).flatten()
             prot = int((pooled >= protect_threshold).sum())
             full[f] = g * g
-            kept[f] = prot + int(round((g * g - prot) * background_keep))
+            kept[f] = prot + int(round((g * g - prot) * BUDGET_BACKGROUND_KEEP))
         budgets.append(kept)
         uniform.append(full)
     return TokenPlan(

@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 import torch
 
-from ..faces.align import template, warp_to_crop
+from ..faces.align import WarpStyle, template, warp_to_crop
 from ..faces.masks import crop_mask
 from ..faces.types import Face
 from .artifacts import ArtifactThresholds, IdentityScore, check_crop
@@ -171,6 +171,36 @@ def _run_batch(
     return results
 
 
+def _try_batch(
+    jobs: list[CropJob], attempt: Attempt, s: FusionSettings, backend: FusionBackend, reports: dict[int, FaceReport]
+) -> tuple[dict[int, np.ndarray], list[int], tuple[bool, str] | None]:
+    """One try of a batch: (outputs, job numbers whose output is broken, failure). failure: (is OOM, description)
+    when the batch raised (the exception itself is not kept), else None; a cancel (backend.is_fatal) propagates."""
+    try:
+        res = _run_batch(jobs, attempt, s, backend, reports)
+    except _Broken as exc:
+        return exc.args[1], exc.args[0], None
+    except Exception as exc:  # noqa: BLE001 - a face must never crash the batch; cancel propagates (is_fatal)
+        if backend.is_fatal(exc):
+            raise
+        if isinstance(exc, MemoryEstimateError):
+            return {}, [], (True, f"predicted out of memory: {exc}")
+        if backend.is_oom(exc):
+            return {}, [], (True, "out of memory")
+        log.warning("fusion: face(s) %s failed: %r", [j.number for j in jobs], exc)
+        return {}, [], (False, f"error: {type(exc).__name__}: {exc}")
+    return res, [], None
+
+
+def _account(jobs: list[CropJob], reports: dict[int, FaceReport], seconds: float, peak: int | None) -> None:
+    """Share a batch's time among its faces' reports and raise their peak memory to the batch's."""
+    for j in jobs:
+        r = reports[j.number]
+        r.time_s += seconds / len(jobs)
+        if peak is not None:
+            r.peak_memory = max(r.peak_memory or 0, peak)
+
+
 def _process(
     jobs: list[CropJob],
     attempt: Attempt,
@@ -187,32 +217,10 @@ def _process(
     backend.empty_cache()
     backend.peak_reset()
     t0 = time.perf_counter()
-    failure: tuple[bool, str] | None = None  # (is OOM, description); the exception itself is not kept
-    try:
-        res = _run_batch(jobs, attempt, s, backend, reports)
-        broken: list[int] = []
-    except _Broken as exc:
-        broken, res = exc.args[0], exc.args[1]
-    except Exception as exc:  # noqa: BLE001 - a face must never crash the batch; cancel propagates (is_fatal)
-        if backend.is_fatal(exc):
-            raise
-        if isinstance(exc, MemoryEstimateError):
-            failure = (True, f"predicted out of memory: {exc}")
-        elif backend.is_oom(exc):
-            failure = (True, "out of memory")
-        else:
-            log.warning("fusion: face(s) %s failed: %r", [j.number for j in jobs], exc)
-            failure = (False, f"error: {type(exc).__name__}: {exc}")
-        res, broken = {}, []
-    # Leaving the except block drops the exception and its traceback, which hold the failed batch's tensors: only
-    # then can empty_cache() give the memory back before the retry (ComfyUI's VAE does the same).
-    dt = time.perf_counter() - t0
-    peak = backend.peak_bytes()
-    for j in jobs:
-        r = reports[j.number]
-        r.time_s += dt / len(jobs)
-        if peak is not None:
-            r.peak_memory = max(r.peak_memory or 0, peak)
+    res, broken, failure = _try_batch(jobs, attempt, s, backend, reports)
+    # _try_batch returned: the exception and its traceback, which hold the failed batch's tensors, are dropped, so
+    # empty_cache() can give the memory back before the retry (ComfyUI's VAE does the same).
+    _account(jobs, reports, time.perf_counter() - t0, backend.peak_bytes())
     if failure is not None:
         backend.empty_cache()
         is_oom, what = failure
@@ -308,4 +316,4 @@ def passed_through(job: CropJob, report: FaceReport, what: str) -> np.ndarray:
     report.status = "passthrough"
     report.warnings.append("face passed through unchanged")
     log.warning("fusion: %s passed through unchanged (%s)", what, "; ".join(report.warnings))
-    return warp_to_crop(job.image, job.face.affine, job.face.crop_size, interpolation="linear", border="reflect")
+    return warp_to_crop(job.image, job.face.affine, job.face.crop_size, WarpStyle("linear", "reflect"))

@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 import torch
 
-from ..faces.align import warp_to_crop
+from ..faces.align import WarpStyle, warp_to_crop
 from ..scheduling.vocabulary import MODEL_EXTENSIONS
 
 log = logging.getLogger(__name__)
@@ -209,8 +209,5 @@ def align_crop(image: np.ndarray, affine: np.ndarray, crop_size: int) -> np.ndar
         np.asarray(image, dtype=np.float32),
         affine,
         crop_size,
-        interpolation="linear",
-        border="constant",
-        border_value=_BORDER_GREY,
-        clip=True,
+        WarpStyle("linear", "constant", border_value=_BORDER_GREY, clip=True),
     )

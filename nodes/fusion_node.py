@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .checks import checked_inputs, model_names_valid
 from .glue import env, paths
-from .glue.fusion_backend import comfy_backend
+from .glue.fusion_backend import ComfyInputs, comfy_backend
 from .identity import check_swap_models, setup_swap
 from .input_specs import diffusion_links, fallback_input, guide_size_input, sampler_inputs, seed_input, swap_inputs
 from .model_patching import attempt_models
@@ -68,7 +68,7 @@ class ScheduledFusion:
         self.backend = backend
 
     @classmethod
-    def INPUT_TYPES(cls) -> dict[str, dict[str, tuple]]:
+    def INPUT_TYPES(cls) -> dict[str, dict[str, tuple[Any, ...]]]:
         return {
             "required": {
                 **diffusion_links(),
@@ -147,7 +147,7 @@ class ScheduledFusion:
         return model_names_valid(swap_model=swap_model, arcface_model=arcface_model)
 
     @checked_inputs("swap_model", "arcface_model")
-    def fuse(
+    def fuse(  # noqa: PLR0913 - ComfyUI passes each INPUT_TYPES input as a keyword
         self,
         model: Any,
         vae: Any,
@@ -216,9 +216,8 @@ class ScheduledFusion:
         if backend is None:
             env.require_comfy("ScheduledFusion")
             _check_comfy_inputs(model, vae, positive, negative)
-            backend = comfy_backend(
-                model, vae, positive, negative, widgets.sampler_args(), faces.count, attempt_models(model)
-            )
+            inputs = ComfyInputs(model, vae, positive, negative)
+            backend = comfy_backend(inputs, widgets.sampler_args(), faces.count, attempt_models(model))
         if widgets.denoise <= 0.0:
             backend = unsampled(backend)  # nothing to re-generate: skip the VAE round trip, which only blurs
         backend, swap_note = setup_swap(backend, swap_model, arcface_model, source_image, source_faces)

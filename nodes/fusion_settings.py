@@ -15,7 +15,7 @@ from ..fusion.fallback import FallbackConfig, FallbackMode
 from ..fusion.refine import FusionSettings
 from ..scheduling.keys import PLAN_KEY, PRESET_KEY
 from ..scheduling.vocabulary import PRESET_ORDER
-from .glue.fusion_backend import SamplerArgs
+from .glue.sampling import SamplerArgs
 from .model_patching import _transformer_option
 
 

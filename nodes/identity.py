@@ -65,7 +65,7 @@ def detect_source(source_image: Any) -> Any:
     installed."""
     import numpy as np
 
-    from ..faces.analyse import detect_batch, load_backend
+    from ..faces.analyse import FaceFinder, detect_batch, load_backend
     from ..faces.images import as_rgb_float, to_uint8
     from ..faces.models import ModelFileError
     from ..faces.select import Selection
@@ -78,6 +78,6 @@ def detect_source(source_image: Any) -> Any:
             f"could not detect the source face ({exc}); or connect FaceDetect's FACES of the source "
             "image to source_faces."
         ) from exc
-    faces = detect_batch(np.stack([to_uint8(frame[0])]), detector, None, Selection(max_faces=1))
+    faces = detect_batch(np.stack([to_uint8(frame[0])]), FaceFinder(detector, None, Selection(max_faces=1)))
     log.info("ScheduledFusion: %d source face(s) found in source_image (%s)", faces.count, detector.name)
     return faces

@@ -8,6 +8,7 @@ a scene), so the two nodes cannot drift apart. Input names never change (saved w
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
 
 from ..faces.types import FaceOrder
@@ -97,27 +98,30 @@ def seed_input(tooltip: str) -> Spec:
     return ("INT", {"default": 0, "min": 0, "max": SEED_MAX, "control_after_generate": True, "tooltip": tooltip})
 
 
-def build_selection(
-    order: str,
-    indices: str,
-    max_faces: int,
-    min_face_size: int,
-    score_threshold: float,
-    reference: Any,
-    similarity_threshold: float,
-) -> Any:
-    """The faces.select.Selection the selection widgets describe. reference: [D] unit embedding or None."""
-    from ..faces.select import Selection, parse_indices
+@dataclass(frozen=True)
+class SelectionWidgets:
+    """The selection widgets of FaceDetect and FaceTrack (selection_inputs), as the node received them."""
 
-    return Selection(
-        order=cast(FaceOrder, order),
-        indices=None if (idx := parse_indices(indices)) is None else tuple(idx),
-        max_faces=max_faces,
-        min_size=float(min_face_size),
-        score_threshold=score_threshold,
-        reference=reference,
-        similarity_threshold=similarity_threshold,
-    )
+    order: str
+    indices: str
+    max_faces: int
+    min_face_size: int
+    score_threshold: float
+    similarity_threshold: float
+
+    def selection(self, reference: Any) -> Any:
+        """The faces.select.Selection these widgets describe. reference: [D] unit embedding or None."""
+        from ..faces.select import Selection, parse_indices
+
+        return Selection(
+            order=cast(FaceOrder, self.order),
+            indices=None if (idx := parse_indices(self.indices)) is None else tuple(idx),
+            max_faces=self.max_faces,
+            min_size=float(self.min_face_size),
+            score_threshold=self.score_threshold,
+            reference=reference,
+            similarity_threshold=self.similarity_threshold,
+        )
 
 
 # ---------------------------------------------------------------------- diffusion inputs (ScheduledFusion, video)

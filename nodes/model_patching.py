@@ -23,13 +23,15 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..scheduling.keys import DISABLED_KEY, OVERRIDE_KEY, PLAN_KEY, PRESET_KEY, STEP_KEY, WRAPPER_KEY
 from ..scheduling.schedule import Schedule
 from .glue import env, patcher, paths, ui
-from .run_stats import STATS_EVENT, LiveStats, peak_memory_kind, peak_memory_start
+from .peak_memory import peak_memory_kind, peak_memory_start
+from .run_stats import STATS_EVENT, LiveStats
 from .sampler_steps import make_sampler_step_wrapper
 
 if TYPE_CHECKING:
@@ -162,14 +164,34 @@ def _start_cache_run(cache: Any, schedule: Schedule, executor: Any) -> None:
     cache.state.reset(window)
 
 
-def _make_run_wrapper(
-    telemetry: Any, schedule: Schedule, device: Any, label: str, live: LiveStats, cache: Any = None
-) -> Callable[..., Any]:
+@dataclass(frozen=True)
+class _RunSetup:
+    """What every run of one patched clone shares: its schedule, the device its peak memory is read on, and the
+    label of its summary line ("<model> (<family>)")."""
+
+    schedule: Schedule
+    device: Any
+    label: str
+
+
+@dataclass(frozen=True)
+class ScheduleExtras:
+    """What TokenSchedulerController adds to a schedule: the TOKEN_PLAN input (or None), the node id its live stats
+    name, and the preset in effect (what ScheduledFusion's OOM fallback strengthens; "" = none)."""
+
+    plan: Any = None
+    node_id: str | None = None
+    preset: str = ""
+
+
+def _make_run_wrapper(setup: _RunSetup, telemetry: Any, live: LiveStats, cache: Any = None) -> Callable[..., Any]:
     """OUTER_SAMPLE wrapper: reset per-run state, run sampling, log one summary line (also on error/cancel).
 
     A run that raised is "cancelled" (ComfyUI's interrupt) or "failed" in its summary line, its live stats' final
     summary and its telemetry file's summary record; its telemetry goes to `<name>.partial`, never over the complete
     file of an earlier run (scheduling/telemetry.py TelemetryFile)."""
+
+    schedule, device, label = setup.schedule, setup.device, setup.label
 
     def tokenfuse_outer_sample(executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         telemetry.reset()
@@ -363,12 +385,7 @@ def _attach_step_cache(m: Any, schedule: Schedule) -> Any:
 
 
 def schedule_model(
-    model: Any,
-    schedule: Schedule,
-    family: patcher.ModelFamily,
-    plan: Any = None,
-    node_id: str | None = None,
-    preset: str = "",
+    model: Any, schedule: Schedule, family: patcher.ModelFamily, extras: ScheduleExtras = ScheduleExtras()
 ) -> tuple[Any, Any]:
     """Return (patched clone, its RunTelemetry); the input model is never touched.
 
@@ -407,14 +424,14 @@ def schedule_model(
             "ignored and every step runs in full",
             family.name,
         )
-    if plan is not None:
-        patcher.set_transformer_option(m, PLAN_KEY, plan)
-    if preset:
-        patcher.set_transformer_option(m, PRESET_KEY, preset)  # lets ScheduledFusion's OOM fallback go stronger
+    if extras.plan is not None:
+        patcher.set_transformer_option(m, PLAN_KEY, extras.plan)
+    if extras.preset:
+        patcher.set_transformer_option(m, PRESET_KEY, extras.preset)  # lets ScheduledFusion's OOM fallback go stronger
     label = f"{family.name} ({family.family})"
-    live = LiveStats(node_id)
-    device = getattr(m, "load_device", None)
-    run_wrapper = _make_run_wrapper(telemetry, schedule, device, label, live, cache)
+    live = LiveStats(extras.node_id)
+    setup = _RunSetup(schedule, getattr(m, "load_device", None), label)
+    run_wrapper = _make_run_wrapper(setup, telemetry, live, cache)
     patcher.add_outer_sample_wrapper(m, WRAPPER_KEY, run_wrapper)
     patcher.add_wrapper(m, "PREDICT_NOISE", WRAPPER_KEY, _make_step_wrapper(telemetry, live))
     if not schedule.is_off or cache is not None:  # the patches' step index without a device sync per model call

@@ -15,7 +15,7 @@ from ..scheduling.schedule import Preset, Schedule, Strategy, parse_schedule_map
 from ..scheduling.widgets import schedule_from_widgets, widgets_from_text
 from .checks import checked_inputs
 from .glue import patcher
-from .model_patching import _check_model, schedule_model
+from .model_patching import ScheduleExtras, _check_model, schedule_model
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class TokenSchedulerController:
         }
 
     @checked_inputs()
-    def apply(
+    def apply(  # noqa: PLR0913 - ComfyUI passes each INPUT_TYPES input as a keyword
         self,
         model: Any,
         preset: str,
@@ -157,9 +157,8 @@ class TokenSchedulerController:
         schedule = schedule_from_widgets(preset, strategy, ratio, family.family, schedule_text)
         if schedule_text.strip():  # the report names the preset in effect ({"preset": ...} in the text sets it)
             preset = widgets_from_text(parse_schedule_mapping(schedule_text), preset, strategy, ratio)[0]
-        patched, _ = schedule_model(
-            model, schedule, family, token_plan, unique_id, preset if not schedule_text.strip() else ""
-        )
+        extras = ScheduleExtras(token_plan, unique_id, preset if not schedule_text.strip() else "")
+        patched, _ = schedule_model(model, schedule, family, extras)
         route = "attn1 patches" if family.route == "unet" else "attention override"
         plan_txt = "none"
         if token_plan is not None and family.route == "override" and patcher.text_first_patch_size(model) is None:

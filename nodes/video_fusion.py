@@ -291,39 +291,31 @@ def _fusion_backend(
     swap: tuple[str, str],
     backend: FusionBackend | None,
     anchors: Any,
-    relay: StepRelay,
-) -> tuple[Any, FusionBackend]:
-    """(crop-loop settings, the backend the crops sample through): ComfyUI's unless one is given, with the anchor
-    patch (when anchors), the denoise-0 shortcut (no sampling, no VAE) and the identity hooks, in that order."""
+) -> tuple[Any, FusionBackend, StepRelay]:
+    """(crop-loop settings, the backend the crops sample through, the relay its sampler steps reach the frame bar
+    by): ComfyUI's unless one is given, with the anchor patch (when anchors), the denoise-0 shortcut (no sampling, no
+    VAE) and the identity hooks, in that order."""
     from ..fusion.backend import unsampled
-    from .glue.fusion_backend import comfy_backend
+    from .glue.fusion_backend import ComfyInputs, comfy_backend
     from .identity import setup_swap
     from .model_patching import attempt_models
 
+    relay = StepRelay()
     fw = widgets.fusion_widgets()
     settings = fw.settings_for(links.model)
     if backend is None:  # no bar of its own: the frame bar is the visible one, moved per step through `relay`
         m = links.model
-        backend = comfy_backend(
-            m,
-            links.vae,
-            links.positive,
-            links.negative,
-            fw.sampler_args(),
-            1,
-            attempt_models(m),
-            step_bar=False,
-            on_step=relay,
-        )
+        inputs = ComfyInputs(m, links.vae, links.positive, links.negative)
+        backend = comfy_backend(inputs, fw.sampler_args(), 1, attempt_models(m), step_bar=relay)
     if anchors is not None:
         backend = with_anchors(backend, anchors)
     if fw.denoise <= 0.0:
         backend = unsampled(backend)
     backend, _ = setup_swap(backend, swap[0], swap[1], links.source_image, links.source_faces)
-    return settings, backend
+    return settings, backend, relay
 
 
-def fuse_video_run(
+def fuse_video_run(  # noqa: PLR0913 - TEMPORARY: runner/chunk_node.py calls it positionally; bundle with the runner rework
     links: VideoLinks,
     widgets: VideoWidgets,
     swap: tuple[str, str],
@@ -356,8 +348,7 @@ def fuse_video_run(
             from ..scheduling.anchor_attention import AnchorStore
 
             anchors = AnchorStore(pool=pool_for(widgets.anchor_attention))
-        relay = StepRelay()
-        settings, fused_backend = _fusion_backend(links, widgets, swap, backend, anchors, relay)
+        settings, fused_backend, relay = _fusion_backend(links, widgets, swap, backend, anchors)
         refine = crop_refine(settings, fused_backend, tracks.crop_factor, notes, relay)
     opts = widgets.fuse_options()
     bar = env.progress_bar(max(tracks.frame_count, 1))

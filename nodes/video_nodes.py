@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, get_args
 from ..faces.types import DetectorBackend
 from . import video_fusion
 from .checks import checked_inputs, model_names_valid
-from .face_nodes import _BACKEND_TIP, _folders, _reference_embedding, model_stamp
+from .detector_inputs import BACKEND_TIP, detector_folders, model_stamp, reference_embedding
 from .glue import env
 from .glue import video as video_glue
-from .input_specs import build_selection, device_input, float_input, identity_inputs, int_input, selection_inputs
+from .input_specs import SelectionWidgets, device_input, float_input, identity_inputs, int_input, selection_inputs
 from .video_fusion import ANCHOR_DEFAULT
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class FaceTrack:
         return {
             "required": {
                 "video": ("VIDEO", {"tooltip": "The video (core Load Video node); streamed, never decoded whole."}),
-                "backend": (list(get_args(DetectorBackend)), {"default": "auto", "tooltip": _BACKEND_TIP}),
+                "backend": (list(get_args(DetectorBackend)), {"default": "auto", "tooltip": BACKEND_TIP}),
                 **selection_inputs("track"),
                 "detect_size": int_input(
                     480,
@@ -87,7 +87,7 @@ class FaceTrack:
         }
 
     @checked_inputs()
-    def track(
+    def track(  # noqa: PLR0913 - ComfyUI passes each INPUT_TYPES input as a keyword
         self,
         video: Any,
         backend: str,
@@ -116,11 +116,10 @@ class FaceTrack:
 
         source = video_glue.stream_source(video)
         info = probe(source)
-        reference = None if reference_faces is None else _reference_embedding(reference_faces)
-        sel = build_selection(
-            order, indices, max_faces, min_face_size, score_threshold, reference, similarity_threshold
-        )
-        folders, name = _folders(backend, model_name.strip())
+        reference = None if reference_faces is None else reference_embedding(reference_faces)
+        widgets = SelectionWidgets(order, indices, max_faces, min_face_size, score_threshold, similarity_threshold)
+        sel = widgets.selection(reference)
+        folders, name = detector_folders(backend, model_name.strip())
         detector, embedder = load_backend(backend, folders, name, device, cancel=env.throw_if_interrupted)  # type: ignore[arg-type]
         if sel.reference is not None and embedder is None:
             raise ValueError(
@@ -207,7 +206,7 @@ class VideoFaceFusion:
         return model_names_valid(swap_model=swap_model, arcface_model=arcface_model)
 
     @checked_inputs("swap_model", "arcface_model")
-    def fuse(
+    def fuse(  # noqa: PLR0913 - ComfyUI passes each INPUT_TYPES input as a keyword
         self,
         video: Any,
         face_tracks: Any,

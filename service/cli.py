@@ -64,7 +64,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise WorkflowError("serve: --demo serves the demo graph, --workflow a workflow of yours: give one of them")
     from .access import TOKEN_ENV, access_error, token_digest
     from .app import ServiceConfig
-    from .deploy import serve_forever
+    from .deploy import ServeOptions, serve_forever
 
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
     refused = access_error(args.host, token)
@@ -90,7 +90,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config = ServiceConfig(**{**config.__dict__, "workflow": str(Path(args.workflow).resolve())})
     if args.video_workflow:
         config = ServiceConfig(**{**config.__dict__, "video_workflow": str(Path(args.video_workflow).resolve())})
-    serve_forever(config, args.ray, args.host, args.port, args.replicas, args.max_queued, args.retry_after)
+    opts = ServeOptions(args.ray, args.host, args.port, args.replicas, args.max_queued, args.retry_after)
+    serve_forever(config, opts)
     return 0
 
 

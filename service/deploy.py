@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from tokenfuse.service.access import access_error, is_loopback
@@ -31,19 +31,29 @@ def build_app(config: ServiceConfig, replicas: int, max_queued: int, retry_after
     return deployment.bind(asdict(config))
 
 
+@dataclass(frozen=True)
+class ServeOptions:
+    """Where and how the service runs (`serve`'s command line): the Ray address ("local": a cluster of its own), the
+    HTTP host and port, the replicas, how many requests may wait (more get 503) and that 503's Retry-After."""
+
+    address: str = "local"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    replicas: int = 1
+    max_queued: int = 8
+    retry_after_s: float = 2.0
+
+
 def serve_forever(
     config: ServiceConfig,
-    address: str = "local",
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    replicas: int = 1,
-    max_queued: int = 8,
-    retry_after_s: float = 2.0,
+    opts: ServeOptions = ServeOptions(),
     ready: threading.Event | None = None,
     stop: threading.Event | None = None,
 ) -> None:
-    """Start the service and block until SIGINT/SIGTERM (or `stop`), then shut down gracefully. Refuses (ValueError)
-    a `host` beyond loopback when config has no token (access_error)."""
+    """Start the service and block until SIGINT/SIGTERM (or `stop`), then shut down gracefully; `ready` is set once
+    it serves. Refuses (ValueError) a host beyond loopback when config has no token (access_error)."""
+    address, host, port, replicas = opts.address, opts.host, opts.port, opts.replicas
+    max_queued, retry_after_s = opts.max_queued, opts.retry_after_s
     if config.token_sha256 is None and not is_loopback(host):
         raise ValueError(access_error(host, None))
     from tokenfuse.runner.ray.cluster import connect

@@ -290,7 +290,7 @@ class FakeComfy:
 def _stats(node: str, step: int, steps: int) -> dict[str, Any]:
     """The pack's tokenfuse.stats payload (web/README.md); the last step's carries the run's summary line, whose
     peak text is made by the pack's own formatter for this process on CPU ("peak RSS N MiB (process)")."""
-    from tokenfuse.nodes.run_stats import peak_memory_start
+    from tokenfuse.nodes.peak_memory import peak_memory_start
 
     final = step == steps
     summary = f"TokenFuse: 24.5% q+k/v tokens saved, {peak_memory_start('cpu')[0]()} [sd15 balanced]" if final else None

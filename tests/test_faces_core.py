@@ -11,11 +11,11 @@ import cv2
 import numpy as np
 import pytest
 from tokenfuse.faces.align import FFHQ_512, align_affine, template, transform_points, warp_face
-from tokenfuse.faces.analyse import detect_batch, load_backend
+from tokenfuse.faces.analyse import FaceFinder, detect_batch, load_backend
 from tokenfuse.faces.detect import RetinaFaceDetector
 from tokenfuse.faces.draw import face_mask_image
 from tokenfuse.faces.embed import ARCFACE_112
-from tokenfuse.faces.importance import build_plan, importance_map, plan_preview
+from tokenfuse.faces.importance import build_plan, importance_map, level_grid, plan_preview
 from tokenfuse.faces.paste import BlendOptions, paste_frame
 from tokenfuse.faces.select import Selection
 from tokenfuse.faces.types import FaceSet
@@ -66,7 +66,7 @@ def backends(shared_assets: Path, tmp_path_factory: pytest.TempPathFactory) -> d
 
 
 def _detect(det, rgb: np.ndarray, **sel) -> FaceSet:
-    return detect_batch(rgb[None], det, None, Selection(**{"order": "left-right", **sel}))
+    return detect_batch(rgb[None], FaceFinder(det, None, Selection(**{"order": "left-right", **sel})))
 
 
 def test_default_backend_is_available() -> None:
@@ -181,7 +181,7 @@ def test_token_plan_saves_tokens_on_portraits(backends: dict, astronaut, t1) -> 
                 assert imp[int(y), int(x)] > 0.95
             assert imp[int(f.landmarks[2][1]), int(f.landmarks[2][0])] >= plan.protect_threshold
         assert imp[5, 5] == pytest.approx(0.1, abs=1e-3) or rgb is t1  # background corner at the floor
-        prev = plan_preview(rgb, plan, 0, (h // 8, w // 8), 16)
+        prev = plan_preview(rgb, plan, 0, level_grid(h // 8, w // 8, 16))
         assert prev.shape == rgb.shape and prev.dtype == np.uint8 and not np.array_equal(prev, rgb)
 
 
@@ -199,7 +199,7 @@ def test_no_face_and_tiny_frames(backends: dict, caplog: pytest.LogCaptureFixtur
         assert _detect(det, noise).count == 0
         assert _detect(det, noise[:10, :10]).count == 0  # below any detector's reach: no error, no face
     with caplog.at_level(logging.WARNING):
-        assert detect_batch(np.zeros((0, 32, 32, 3), np.uint8), det, None, Selection()).batch_size == 0
+        assert detect_batch(np.zeros((0, 32, 32, 3), np.uint8), FaceFinder(det, None, Selection())).batch_size == 0
 
 
 def test_masks_are_drawn_only_for_the_faces_kept(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -207,7 +207,7 @@ def test_masks_are_drawn_only_for_the_faces_kept(monkeypatch: pytest.MonkeyPatch
     photo of 256 faces at crop_size 2048 held 4 GiB for one face kept). Masks are drawn for the kept faces only,
     and are the same masks as before."""
     from tokenfuse.faces import analyse
-    from tokenfuse.faces.analyse import AlignOptions, faces_for_frame
+    from tokenfuse.faces.analyse import AlignOptions, FaceFinder, faces_for_frame
     from tokenfuse.faces.detect import Detection
     from tokenfuse.faces.masks import crop_mask
 
@@ -219,7 +219,8 @@ def test_masks_are_drawn_only_for_the_faces_kept(monkeypatch: pytest.MonkeyPatch
     drawn = []
     monkeypatch.setattr(analyse, "crop_mask", lambda *a, **k: drawn.append(a) or crop_mask(*a, **k))
     align = AlignOptions(crop_size=256)
-    faces = faces_for_frame(np.zeros((112, 1120, 3), np.uint8), None, None, Selection(max_faces=2), align, 0)  # type: ignore[arg-type]
+    finder = FaceFinder(None, None, Selection(max_faces=2), align, 0)  # type: ignore[arg-type]
+    faces = faces_for_frame(np.zeros((112, 1120, 3), np.uint8), finder)
     assert len(faces) == 2 and len(drawn) == 2
     for face in faces:
         expected = crop_mask(transform_points(face.landmarks, face.affine), 256, align.feather)

@@ -15,7 +15,8 @@ from test_fusion_geometry import astronaut_faceset
 from tokenfuse.faces.types import FaceSet
 from tokenfuse.fusion.run import CropHooks, FusionBackend
 from tokenfuse.nodes.fusion_node import ScheduledFusion
-from tokenfuse.nodes.glue.fusion_backend import SamplerArgs, comfy_backend
+from tokenfuse.nodes.glue.fusion_backend import ComfyInputs, comfy_backend
+from tokenfuse.nodes.glue.sampling import SamplerArgs
 from tokenfuse.nodes.model_patching import DISABLED_KEY, attempt_models, strip_tokenfuse
 
 
@@ -665,7 +666,7 @@ def test_the_node_bar_moves_at_every_sampler_step(fake_comfy: SimpleNamespace, f
     images, fs = astronaut_faceset(1, faces, crop_size=128)
     model = SimpleNamespace(load_device=torch.device("cpu"))
     sampler = SamplerArgs(steps, 5.0, "euler", "normal", 0.4)
-    backend = comfy_backend(model, FakeVae(), "p", "n", sampler, faces, attempt_models(model))
+    backend = comfy_backend(ComfyInputs(model, FakeVae(), "p", "n"), sampler, faces, attempt_models(model))
     args = dict(seed=0, steps=steps, cfg=5.0, sampler_name="euler", scheduler="normal", denoise=0.4, guide_size=128)
     ScheduledFusion(backend).fuse(
         *LINKS, torch.from_numpy(images), fs, **args, max_size=1024, crop_factor=1.0, feather=0.04,
@@ -688,7 +689,7 @@ def test_without_a_step_bar_the_backend_shows_nothing(fake_comfy: SimpleNamespac
     images, fs = astronaut_faceset(1, 1, crop_size=128)
     model = SimpleNamespace(load_device=torch.device("cpu"))
     sampler = SamplerArgs(4, 5.0, "euler", "normal", 0.4)
-    backend = comfy_backend(model, FakeVae(), "p", "n", sampler, 1, attempt_models(model), step_bar=False)
+    backend = comfy_backend(ComfyInputs(model, FakeVae(), "p", "n"), sampler, 1, attempt_models(model), step_bar=False)
     ScheduledFusion(backend).fuse(*LINKS, torch.from_numpy(images), fs, *WIDGETS)
     assert FakeProgressBar.shown == [] and fake_comfy.cancels >= 4
 

@@ -12,6 +12,7 @@ from tokenfuse.faces.model_paths import (
     ALLOW_ABSOLUTE_ENV,
     MAX_NAME_CHARS,
     MODELS_ENV,
+    ModelLookup,
     ModelPathError,
     resolve_model,
 )
@@ -39,16 +40,19 @@ def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
 
 def _error(name: str, folders: list[Path], **kw: object) -> str:
     with pytest.raises(ModelPathError) as err:
-        resolve_model(name, folders, what="test model", **kw)  # type: ignore[arg-type]
+        resolve_model(name, folders, ModelLookup("test model", **kw))  # type: ignore[arg-type]
     return str(err.value)
 
 
 def test_names_resolve_in_folder_order(tree: SimpleNamespace) -> None:
-    assert resolve_model("model.onnx", tree.folders, what="m") == (tree.a / "model.onnx").resolve()
-    assert resolve_model("only_b.onnx", tree.folders, what="m") == (tree.b / "only_b.onnx").resolve()
-    assert resolve_model("sub/deep.onnx", tree.folders, what="m") == (tree.a / "sub" / "deep.onnx").resolve()
-    assert resolve_model("model", tree.folders, what="m", candidates=lambda n: (n, f"{n}.onnx")).name == "model.onnx"
-    assert resolve_model("sub", tree.folders, what="m", want="dir") == (tree.a / "sub").resolve()
+    assert resolve_model("model.onnx", tree.folders, ModelLookup("m")) == (tree.a / "model.onnx").resolve()
+    assert resolve_model("only_b.onnx", tree.folders, ModelLookup("m")) == (tree.b / "only_b.onnx").resolve()
+    assert resolve_model("sub/deep.onnx", tree.folders, ModelLookup("m")) == (tree.a / "sub" / "deep.onnx").resolve()
+    assert (
+        resolve_model("model", tree.folders, ModelLookup("m", candidates=lambda n: (n, f"{n}.onnx"))).name
+        == "model.onnx"
+    )
+    assert resolve_model("sub", tree.folders, ModelLookup("m", want="dir")) == (tree.a / "sub").resolve()
 
 
 def test_dot_dot_escapes_are_refused(tree: SimpleNamespace) -> None:
@@ -57,7 +61,7 @@ def test_dot_dot_escapes_are_refused(tree: SimpleNamespace) -> None:
         assert str(tree.a) in msg and str(tree.b) in msg, msg  # names the folders searched
         assert str(tree.secret) not in msg
     # `..` that stays inside the folder is just a path
-    assert resolve_model("sub/../model.onnx", tree.folders, what="m") == (tree.a / "model.onnx").resolve()
+    assert resolve_model("sub/../model.onnx", tree.folders, ModelLookup("m")) == (tree.a / "model.onnx").resolve()
 
 
 def test_absolute_paths_only_with_the_operator_opt_in(tree: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,7 +69,7 @@ def test_absolute_paths_only_with_the_operator_opt_in(tree: SimpleNamespace, mon
     assert ALLOW_ABSOLUTE_ENV in msg and "absolute path" in msg
     assert ALLOW_ABSOLUTE_ENV in _error("~/secret.txt", tree.folders)
     monkeypatch.setenv(ALLOW_ABSOLUTE_ENV, "1")
-    assert resolve_model(str(tree.secret), tree.folders, what="m") == tree.secret.resolve()
+    assert resolve_model(str(tree.secret), tree.folders, ModelLookup("m")) == tree.secret.resolve()
     missing = _error(str(tree.root / "nope.onnx"), tree.folders)
     assert "not a readable file in the model folders searched" in missing and str(tree.a) in missing
 
@@ -76,18 +80,18 @@ def test_symlinks_leaving_the_folder_are_refused(tree: SimpleNamespace) -> None:
     (tree.a / "inside.onnx").symlink_to(tree.a / "model.onnx")
     for name in ("link.onnx", "out/secret.txt"):
         assert "not a readable file" in _error(name, tree.folders)
-    assert resolve_model("inside.onnx", tree.folders, what="m") == (tree.a / "model.onnx").resolve()
+    assert resolve_model("inside.onnx", tree.folders, ModelLookup("m")) == (tree.a / "model.onnx").resolve()
     # a model folder that is itself a symlink (models on another disk) is fine
     linked = tree.root / "linked_models"
     linked.symlink_to(tree.b, target_is_directory=True)
-    assert resolve_model("only_b.onnx", [linked], what="m") == (tree.b / "only_b.onnx").resolve()
+    assert resolve_model("only_b.onnx", [linked], ModelLookup("m")) == (tree.b / "only_b.onnx").resolve()
 
 
 def test_long_names_are_refused_before_any_file_access(tree: SimpleNamespace) -> None:
     msg = _error("x" * 1_000_000, tree.folders)
     assert f"the limit is {MAX_NAME_CHARS}" in msg and len(msg) < 300
     assert "x" * 100 not in msg
-    assert resolve_model("model.onnx", tree.folders, what="m")  # a normal name still works
+    assert resolve_model("model.onnx", tree.folders, ModelLookup("m"))  # a normal name still works
     assert len(_error("y" * MAX_NAME_CHARS, tree.folders)) < 600  # at the cap: looked up, echoed truncated
 
 
@@ -128,7 +132,9 @@ def test_model_dirs_honour_the_override_for_every_kind(tmp_path: Path, monkeypat
     (tmp_path / "insightface" / "escape.onnx").symlink_to(tmp_path / "insightface" / ".." / "elsewhere.onnx")
     (tmp_path / "elsewhere.onnx").write_bytes(b"x")
     assert paths.list_models("insightface", (".onnx",)) == ["models/pack/det_1.onnx", "swap.onnx"]
-    assert paths.model_path("insightface", "swap.onnx", "swap model") == (tmp_path / "insightface" / "swap.onnx")
+    assert paths.model_path("insightface", "swap.onnx", ModelLookup("swap model")) == (
+        tmp_path / "insightface" / "swap.onnx"
+    )
     # links back up (a `models -> .` shortcut) are followed once: before, each level listed every file again (83
     # entries for 2 files) and two such links never finished (every /object_info walked them)
     (tmp_path / "insightface" / "again").symlink_to(".")

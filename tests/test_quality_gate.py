@@ -110,7 +110,9 @@ def _probe(st: SimpleNamespace, with_plan: bool) -> tuple[dict[str, Any], Any]:
             variants[f"balanced/{strategy}"] = patches_of(scheduled(st.model, "balanced", strategy))
         variants.update({f"BROKEN {b}": broken_patches(st.model, b) for b in BREAKS})
         plan = crop_plan(st.photo.mask[None]) if with_plan else None
-        st.probes[with_plan] = st.gate.attention_fidelity(st.pack, st.model, st.photo, st.params, variants, plan)
+        st.probes[with_plan] = st.gate.attention_fidelity(
+            st.pack, st.model, st.photo, st.params, st.gate.Probe(variants, plan)
+        )
     return st.probes[with_plan]
 
 

@@ -208,14 +208,15 @@ def test_service_video_endpoint_and_overload(cluster: Any, clip: Path, single, t
     from dataclasses import asdict
 
     from tokenfuse.service.app import ServiceConfig
-    from tokenfuse.service.deploy import serve_forever
+    from tokenfuse.service.deploy import ServeOptions, serve_forever
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     config = ServiceConfig(core=asdict(SPEC), max_batch=1, batch_wait_s=0.0)
     ready, stop = threading.Event(), threading.Event()
-    kw = dict(address="local", port=port, max_queued=1, retry_after_s=3, ready=ready, stop=stop)
+    opts = ServeOptions(address="local", port=port, max_queued=1, retry_after_s=3)
+    kw = dict(opts=opts, ready=ready, stop=stop)
     server = threading.Thread(target=serve_forever, args=(config,), kwargs=kw, daemon=True)
     server.start()
     url = f"http://127.0.0.1:{port}"

@@ -436,7 +436,7 @@ def test_rescheduling_drops_the_earlier_plan_and_preset() -> None:
 def test_cuda_peak_never_resets_the_allocator_peak(monkeypatch: pytest.MonkeyPatch) -> None:
     """ScheduledFusion and the benches measure their own spans with max_memory_allocated: the run line must not reset
     it, and still reports this run's peak when the run set a new one."""
-    from tokenfuse.nodes.run_stats import peak_memory_start
+    from tokenfuse.nodes.peak_memory import peak_memory_start
 
     peaks = iter([1024 * 2**20, 3072 * 2**20, 3072 * 2**20])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -577,7 +577,7 @@ def test_serve_beyond_loopback_without_a_token_is_refused(monkeypatch: pytest.Mo
     assert digests == [app.token_digest(TOKEN)] * 2 + [None] * 4 and TOKEN not in repr(started)
     with pytest.raises(ValueError, match="exposes the service"):  # a direct caller of the real serve_forever too
         monkeypatch.undo()
-        deploy.serve_forever(app.ServiceConfig(), host="0.0.0.0")
+        deploy.serve_forever(app.ServiceConfig(), deploy.ServeOptions(host="0.0.0.0"))
 
 
 def test_with_a_token_every_request_needs_it_before_any_body_is_read() -> None:

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_fusion_geometry import ASTRONAUT_BOX, ASTRONAUT_LM, astronaut, make_face
-from tokenfuse.faces.align import warp_face, warp_to_crop
+from tokenfuse.faces.align import WarpStyle, warp_face, warp_to_crop
 from tokenfuse.faces.types import Face, FaceSet
 from tokenfuse.fusion.crops import aligned_crop, context_affine
 from tokenfuse.fusion.fallback import FallbackConfig
@@ -185,11 +185,13 @@ def test_fusion_passthrough_crops_keep_their_pixels() -> None:
 def test_warp_to_crop_names_its_modes() -> None:
     img = np.arange(4 * 4 * 3, dtype=np.float32).reshape(4, 4, 3) / 48.0
     shift = np.array([[1.0, 0.0, -2.0], [0.0, 1.0, 0.0]])  # image -> crop: the crop's column 0 is the frame's column 2
-    out = warp_to_crop(img, shift, 4, interpolation="nearest", border="constant", border_value=(9.0, 9.0, 9.0))
+    out = warp_to_crop(img, shift, 4, WarpStyle("nearest", "constant", border_value=(9.0, 9.0, 9.0)))
     assert np.array_equal(out[:, :2], img[:, 2:]) and (out[:, 2:] == 9.0).all()
-    rep = warp_to_crop(img, shift, 4, interpolation="linear", border="replicate")
+    rep = warp_to_crop(img, shift, 4, WarpStyle("linear", "replicate"))
     assert np.array_equal(rep[:, 2:], np.repeat(img[:, 3:4], 2, axis=1))
-    clipped = warp_to_crop(img * 3, shift, 4, interpolation="linear", border="reflect", clip=True)
+    clipped = warp_to_crop(img * 3, shift, 4, WarpStyle("linear", "reflect", clip=True))
     assert clipped.max() == 1.0
     with pytest.raises(ValueError, match="interpolation"):
-        warp_to_crop(img, shift, 4, interpolation="bogus", border="reflect")  # type: ignore[arg-type]
+        WarpStyle("bogus", "reflect")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="border"):
+        WarpStyle("linear", "bogus")  # type: ignore[arg-type]

@@ -128,7 +128,8 @@ def _probe_forward(block: BasicTransformerBlock, variants: dict[str, Patches], s
         # continue on the unpatched trajectory
         x = full + x
         x = block.attn2(block.norm2(x), context=context) + x
-        return x + block.ff(block.norm3(x))
+        out: torch.Tensor = x + block.ff(block.norm3(x))
+        return out
 
     return forward
 

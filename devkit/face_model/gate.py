@@ -18,7 +18,6 @@ self-attention scores 36.5 dB, shuffled V 40.4 dB), so two relative checks measu
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -66,7 +65,6 @@ def fuse_torch(
     model: TorchFaceModel,
     photo: q.Photo,
     params: q.FusionParams,
-    timer: Callable[[], float] | None = None,
     token_plan: Any = None,
 ) -> q.FaceRun:
     """ScheduledFusion (fallback off, cfg 1, euler/normal) on the photo's face with the plain-torch model.
@@ -108,18 +106,22 @@ def face_mse(run: q.FaceRun, base: q.FaceRun, photo: q.Photo) -> float:
     return float(np.mean((run.crop[sel].astype(np.float64) - base.crop[sel].astype(np.float64)) ** 2))
 
 
+@dataclass(frozen=True)
+class Probe:
+    """What attention_fidelity measures: each variant's patch chain (name -> Patches), and the token plan the node's
+    token_plan input gets (None: no plan)."""
+
+    variants: dict[str, Patches]
+    token_plan: Any = None
+
+
 def attention_fidelity(
-    pack: Any,
-    model: TorchFaceModel,
-    photo: q.Photo,
-    params: q.FusionParams,
-    variants: dict[str, Patches],
-    token_plan: Any = None,
+    pack: Any, model: TorchFaceModel, photo: q.Photo, params: q.FusionParams, probe: Probe
 ) -> tuple[dict[str, FidelityStats], q.FaceRun]:
     """One unscheduled ScheduledFusion run of `model` (no patches) with every variant's patch chain measured on each
     self-attention call (attention_probe.py). Returns the stats per variant and the run (= the unscheduled output)."""
-    with attention_probe(model.unet, variants) as stats:
-        run = fuse_torch(pack, replace(model, options={}), photo, params, token_plan=token_plan)
+    with attention_probe(model.unet, probe.variants) as stats:
+        run = fuse_torch(pack, replace(model, options={}), photo, params, token_plan=probe.token_plan)
     return stats, run
 
 

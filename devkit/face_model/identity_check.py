@@ -63,7 +63,8 @@ def donor_for(photos: list[str], i: int) -> int | None:
 def paste_face(output: np.ndarray, donor: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """output [S, S, 3] with donor [S, S, 3] (same alignment) blended in through mask [S, S] in 0..1."""
     m = np.clip(np.asarray(mask, np.float32), 0.0, 1.0)[..., None]
-    return (m * donor + (1.0 - m) * output).astype(np.float32)
+    out: np.ndarray = (m * donor + (1.0 - m) * output).astype(np.float32)
+    return out
 
 
 def scores(ref: np.ndarray, emb: np.ndarray) -> dict[str, float]:

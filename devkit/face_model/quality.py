@@ -135,8 +135,20 @@ def scheduled(pack: Any, model: Any, preset: str, strategy: str = "preset") -> A
     return patched
 
 
-def fuse(pack: Any, model: Any, vae: Any, cond: Any, photo: Photo, p: FusionParams, timed: Any) -> FaceRun:
-    """ScheduledFusion on one photo's main face (fallback off: a preset's damage must show, not be retried away)."""
+@dataclass(frozen=True)
+class ComfyStack:
+    """The ComfyUI objects a quality run samples with: MODEL (scheduled or not), VAE, and the conditioning used as
+    both positive and negative (the face model is unconditional)."""
+
+    model: Any
+    vae: Any
+    cond: Any
+
+
+def fuse(pack: Any, stack: ComfyStack, photo: Photo, p: FusionParams, timed: Any) -> FaceRun:
+    """ScheduledFusion on one photo's main face (fallback off: a preset's damage must show, not be retried away).
+    timed: the U-Net module whose forward time is summed (unet_timer)."""
+    model, vae, cond = stack.model, stack.vae, stack.cond
     with unet_timer(timed) as acc, torch.inference_mode():
         crops, _, _ = node(pack, "TokenFuseScheduledFusion").fuse(
             model=model,
@@ -276,7 +288,7 @@ def gate(summary: dict[str, dict[str, Any]], base: str = "unscheduled") -> dict[
 # ---------------------------------------------------------------------------------------------- artifact check
 def inject(crop: np.ndarray, mask: np.ndarray, kind: str, rng: np.random.Generator) -> np.ndarray:
     """A broken copy of a good output crop: the face region (mask > 0.5) made NaN / black / blown / noise / flat."""
-    out = crop.copy()
+    out: np.ndarray = crop.copy()
     sel, _ = face_region(mask)
     n = int(sel.sum())
     if kind == "nan":

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import env, sampling
+from .sampling import SamplerArgs
 
 if TYPE_CHECKING:
     from ...fusion.backend import FusionBackend
@@ -18,58 +19,43 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class SamplerArgs:
-    """KSampler's widgets, passed to comfy.sample.sample exactly as the node got them."""
+class ComfyInputs:
+    """The ComfyUI objects a fusion samples with: MODEL, VAE and the CONDITIONING pair, as linked to the node."""
 
-    steps: int
-    cfg: float
-    sampler_name: str
-    scheduler: str
-    denoise: float
+    model: Any
+    vae: Any
+    positive: Any
+    negative: Any
 
 
 def comfy_backend(
-    model: Any,
-    vae: Any,
-    positive: Any,
-    negative: Any,
+    inputs: ComfyInputs,
     sampler: SamplerArgs,
     total: int,
     model_for: Callable[[Attempt], tuple[Any, str]],
     *,
-    step_bar: bool = True,
-    on_step: Callable[[int, int], None] | None = None,
+    step_bar: bool | Callable[[int, int], None] = True,
 ) -> FusionBackend:
     """ComfyUI's sampler and VAE as a FusionBackend for `total` faces.
 
     model_for(attempt) -> (model, note): the MODEL for each fallback attempt (nodes/model_patching.attempt_models:
-    scheduling off / stronger preset clones). step_bar: a bar of faces x steps moved from the sampler callback at every
-    step (env.StepProgress; ScheduledFusion). False (the video path, whose bar counts frames): no bar; the sampler
-    callback and progress() are cancel points only, and `on_step(steps done, steps)` is called after every step
-    (the video path's frame bar: nodes/video_fusion.StepRelay).
+    scheduling off / stronger preset clones). step_bar: True, a bar of faces x steps moved from the sampler callback at
+    every step (env.StepProgress; ScheduledFusion). False: no bar; the sampler callback and progress() are cancel
+    points only. A callable on_step(steps done, steps): no bar, and it is called after every step (the video path's
+    frame bar: nodes/video_fusion.StepRelay).
     """
     from ...fusion.backend import FusionBackend
 
     env.require_comfy("ScheduledFusion")
+    model, vae = inputs.model, inputs.vae
     device = env.compute_device(model)
-    bar = env.StepProgress(total, sampler.steps) if step_bar else None
+    bar = env.StepProgress(total, sampler.steps) if step_bar is True else None
+    on_step = step_bar if callable(step_bar) else None
 
     def sample(m: Any, latent: Any, mask: Any, seeds: list[int], plan: Any) -> Any:
-        return sampling.sample(
-            m,
-            latent,
-            mask,
-            seeds,
-            plan,
-            steps=sampler.steps,
-            cfg=sampler.cfg,
-            sampler_name=sampler.sampler_name,
-            scheduler=sampler.scheduler,
-            positive=positive,
-            negative=negative,
-            denoise=sampler.denoise,
-            on_step=on_step if bar is None else bar.on_step(len(seeds)),
-        )
+        step = on_step if bar is None else bar.on_step(len(seeds))
+        call = sampling.SampleCall(sampler, inputs.positive, inputs.negative, plan, step)
+        return sampling.sample(m, latent, mask, seeds, call)
 
     return FusionBackend(
         encode=lambda px, tiled: sampling.vae_encode(vae, px, tiled),

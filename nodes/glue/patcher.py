@@ -25,7 +25,8 @@ def _wrapper_type(kind: str) -> str:
         try:
             from comfy.patcher_extension import WrappersMP
 
-            return getattr(WrappersMP, kind)
+            key: str = getattr(WrappersMP, kind)
+            return key
         except ImportError:
             pass
     return kind.lower()
@@ -68,7 +69,8 @@ def timestep_embedding() -> Callable[..., Any]:
     """ComfyUI's sinusoidal timestep embedding (what UNetModel._forward uses; the step cache's shallow forward too)."""
     from comfy.ldm.modules.diffusionmodules.util import timestep_embedding as embed
 
-    return embed
+    fn: Callable[..., Any] = embed
+    return fn
 
 
 def sigma_window(model: Any, start_percent: float, end_percent: float) -> tuple[float, float]:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
-from ...faces.model_paths import MODELS_ENV, WINDOWS_DEVICE_NAMES, Want, resolve_model
+from ...faces.model_paths import MODELS_ENV, WINDOWS_DEVICE_NAMES, ModelLookup, Want, resolve_model
 from .env import comfy_available
 
 ModelKind = Literal["facedetection", "insightface", "facerestore_models"]
@@ -73,18 +73,10 @@ def list_models(kind: ModelKind, extensions: tuple[str, ...]) -> list[str]:
     return sorted(out)
 
 
-def model_path(
-    kind: ModelKind,
-    name: str,
-    what: str,
-    *,
-    want: Want = "file",
-    candidates: Callable[[str], Sequence[str]] = lambda n: (n,),
-    fix: str = "",
-) -> Path:
+def model_path(kind: ModelKind, name: str, lookup: ModelLookup) -> Path:
     """The real path of model `name` of `kind` inside model_dirs(kind); ModelPathError (naming the folders searched)
     otherwise. Absolute names only with TOKENFUSE_ALLOW_ABSOLUTE_MODEL_PATHS=1."""
-    return resolve_model(name, model_dirs(kind), what=what, want=want, candidates=candidates, fix=fix)
+    return resolve_model(name, model_dirs(kind), lookup)
 
 
 def insightface_model(name: str, what: str) -> Path:
@@ -93,7 +85,7 @@ def insightface_model(name: str, what: str) -> Path:
     to download it (faces/model_sources.py)."""
     from ...faces.model_sources import get_it
 
-    return model_path("insightface", name, what, fix=get_it(name, "insightface"))
+    return model_path("insightface", name, ModelLookup(what, fix=get_it(name, "insightface")))
 
 
 def file_stamp(
@@ -109,7 +101,7 @@ def file_stamp(
     if not name or name == "none":
         return ""
     try:
-        path = model_path(kind, name, "model", want=want, candidates=candidates)
+        path = model_path(kind, name, ModelLookup("model", want=want, candidates=candidates))
         files = sorted(f for f in path.iterdir() if f.is_file()) if path.is_dir() else [path]
         stats = [(f.name, f.stat()) for f in files]
     except (OSError, ValueError):

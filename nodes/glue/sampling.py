@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ...scheduling.keys import PLAN_KEY
@@ -25,31 +26,43 @@ def sampler_choices() -> tuple[list[str], list[str]]:
     return ["euler", "euler_ancestral", "dpmpp_2m"], ["normal", "karras", "simple"]
 
 
-def sample(
-    model: Any,
-    latent: Any,
-    noise_mask: Any,
-    seeds: list[int],
-    plan: Any,
-    *,
-    steps: int,
-    cfg: float,
-    sampler_name: str,
-    scheduler: str,
-    positive: Any,
-    negative: Any,
-    denoise: float,
-    on_step: Callable[[int, int], None] | None = None,
-) -> Any:
+@dataclass(frozen=True)
+class SamplerArgs:
+    """KSampler's widgets, passed to comfy.sample.sample exactly as the node got them."""
+
+    steps: int
+    cfg: float
+    sampler_name: str
+    scheduler: str
+    denoise: float
+
+
+@dataclass(frozen=True)
+class SampleCall:
+    """What one sampling call adds to the latents: KSampler's widgets, the conditioning pair, the token plan and the
+    step callback.
+
+    plan: a crop-space TokenPlan or None; it reaches the attention patches through
+    transformer_options["tokenfuse_plan"] on a clone. on_step(steps done, steps of this run): called from the
+    sampler's callback after every step (the node's progress bar, env.StepProgress); the callback is also the cancel
+    point, checked first.
+    """
+
+    sampler: SamplerArgs
+    positive: Any
+    negative: Any
+    plan: Any = None
+    on_step: Callable[[int, int], None] | None = None
+
+
+def sample(model: Any, latent: Any, noise_mask: Any, seeds: list[int], call: SampleCall) -> Any:
     """Sample a batch of face latents through ComfyUI's own sampler path (comfy.sample.sample, as KSampler does).
 
     latent: [B, C, h, w]; noise_mask: [B, 1, S, S] in [0, 1] (1 = may change); seeds: one per batch item, so each
-    face's noise is the same whether it is sampled alone or in a batch. plan: a crop-space TokenPlan or None; it
-    reaches the attention patches through transformer_options["tokenfuse_plan"] on a clone.
-    on_step(steps done, steps of this run): called from the sampler's callback after every step (the node's progress
-    bar, env.StepProgress); the callback is also the cancel point, checked first.
+    face's noise is the same whether it is sampled alone or in a batch.
     """
     require_comfy("ScheduledFusion sampling")
+    plan, on_step, args = call.plan, call.on_step, call.sampler
     import comfy.sample
     import comfy.utils
     import torch
@@ -70,14 +83,14 @@ def sample(
     return comfy.sample.sample(
         m,
         noise,
-        steps,
-        cfg,
-        sampler_name,
-        scheduler,
-        positive,
-        negative,
+        args.steps,
+        args.cfg,
+        args.sampler_name,
+        args.scheduler,
+        call.positive,
+        call.negative,
         latent_image,
-        denoise=denoise,
+        denoise=args.denoise,
         noise_mask=noise_mask,
         callback=cancel_point,
         disable_pbar=quiet,

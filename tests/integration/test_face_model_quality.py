@@ -65,7 +65,9 @@ def _runs(st: SimpleNamespace, preset: str | None, photos: int | None = None) ->
     if key not in st.cache:
         model = st.fm.model if preset is None else st.q.scheduled(st.pack, st.fm.model, preset)
         cond = st.fm.conditioning()
-        st.cache[key] = [st.q.fuse(st.pack, model, st.fm.vae, cond, p, st.params, st.fm.model) for p in chosen]
+        st.cache[key] = [
+            st.q.fuse(st.pack, st.q.ComfyStack(model, st.fm.vae, cond), p, st.params, st.fm.model) for p in chosen
+        ]
     return st.cache[key]
 
 

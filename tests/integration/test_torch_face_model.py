@@ -103,7 +103,7 @@ def test_scheduled_fusion_matches_comfy(st: SimpleNamespace, preset: str | None)
     params = st.q.FusionParams(steps=6, denoise=0.45, guide=256, seed=3)
     comfy_model = st.fm.model if preset is None else st.q.scheduled(st.pack, st.fm.model, preset)
     torch_model = st.tm if preset is None else st.ts.scheduled(st.tm, preset)
-    ref = st.q.fuse(st.pack, comfy_model, st.fm.vae, st.fm.conditioning(), photo, params, st.fm.model)
+    ref = st.q.fuse(st.pack, st.q.ComfyStack(comfy_model, st.fm.vae, st.fm.conditioning()), photo, params, st.fm.model)
     ours = st.gate.fuse_torch(st.pack, torch_model, photo, params)
     assert np.abs(ours.crop - ref.crop).max() <= 1e-4
     assert st.q.psnr(ref.crop, photo.input_crop, photo.mask) < 60.0  # the face was actually resampled

@@ -73,13 +73,14 @@ def _crops(st: SimpleNamespace, frames: list[int]) -> np.ndarray:
 
 def _refine(st: SimpleNamespace, anchors: Any) -> Any:
     """VideoFaceFusion's refine on ComfyUI's backend (nodes/video_fusion.py), with the anchor patch when anchors."""
-    from tokenfuse.nodes.glue.fusion_backend import SamplerArgs, comfy_backend
+    from tokenfuse.nodes.glue.fusion_backend import ComfyInputs, comfy_backend
+    from tokenfuse.nodes.glue.sampling import SamplerArgs
     from tokenfuse.nodes.model_patching import attempt_models
     from tokenfuse.nodes.video_fusion import VideoWidgets, crop_refine, with_anchors
 
     cond, model = st.fm.conditioning(), st.fm.model
     sampler = SamplerArgs(STEPS, 1.0, "euler", "normal", DENOISE)
-    backend = comfy_backend(model, st.fm.vae, cond, cond, sampler, 1, attempt_models(model))
+    backend = comfy_backend(ComfyInputs(model, st.fm.vae, cond, cond), sampler, 1, attempt_models(model))
     if anchors is not None:
         backend = with_anchors(backend, anchors)
     widgets = VideoWidgets(
