@@ -69,7 +69,7 @@ class LaggedComplexity:
     def __init__(self) -> None:
         self._by: dict[Any, tuple[Any, int, float, _Pending | None, float]] = {}  # key -> run, step, sigma, stat, value
 
-    def __call__(
+    def __call__(  # noqa: PLR0913 - hot path: called per attention call (adaptive ratio); a per-call argument object would allocate
         self, key: Any, run: Any, step: int, sigma: float, x: torch.Tensor, h: int, w: int, now: bool = False
     ) -> float:
         entry = self._by.get(key)

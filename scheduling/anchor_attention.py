@@ -159,7 +159,7 @@ def _sigma(options: dict[str, Any]) -> float | None:
     return float(sig)
 
 
-def _anchor_row(store: AnchorStore, batch: AnchorBatch, own: torch.Tensor, row: int, i: int, key: Any) -> torch.Tensor:
+def _anchor_row(store: AnchorStore, batch: AnchorBatch, own: torch.Tensor, row: int, i: int, key: Any) -> torch.Tensor:  # noqa: PLR0913 - hot path: called per batch row of every attention call; a per-call argument object would allocate
     """The anchor tokens [M, C] joined to row `row` (item i of the batch) at this (site, sigma, cond kind) key: the
     store's (an earlier call's anchors), else captured in this call, else the row's own pooled tokens (no track, or
     none recorded: counted missing). Capturing items record their own tokens first."""

@@ -149,7 +149,7 @@ def measure(
     return best[0] + scale * best[2], best[1] + scale * best[3], host
 
 
-def check_level(
+def check_level(  # noqa: PLR0913 - hot path: its cache lookup runs per attention call (device-aware presets); a per-call argument object would allocate
     n: torch.Tensor,
     reduce: Reduce,
     level: int,

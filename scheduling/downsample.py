@@ -86,7 +86,7 @@ def kv_downsample_functions(
     return lambda x: pool_keeping(x, h, w, kernel, mode, free_cells, full_tokens)
 
 
-def pool_keeping(
+def pool_keeping(  # noqa: PLR0913 - hot path: the K/V pooling of every attention call (eager closure and traced); a per-call argument object would allocate
     x: torch.Tensor,
     h: int,
     w: int,

@@ -97,7 +97,7 @@ class ReduceState:
 
         return self.plans.get(plan, key + (device,), make)  # the device itself: no string per call
 
-    def plan_keep(
+    def plan_keep(  # noqa: PLR0913 - hot path: called per attention call with a plan (todo); a per-call argument object would allocate
         self, plan: Any, h: int, w: int, batch: int, kernel: tuple[int, int], device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(free_cells, full_tokens) of a plan's protected cells on `device` (downsample.protected_cell_tokens)."""
@@ -118,7 +118,7 @@ class ReduceState:
         )
         return bonus, int(prot_cpu.sum(1).max())
 
-    def plan_pool_fn(
+    def plan_pool_fn(  # noqa: PLR0913 - hot path: called per attention call with a plan (todo); a per-call argument object would allocate
         self, plan: Any, h: int, w: int, batch: int, ratio: float, device: torch.device
     ) -> Callable[[torch.Tensor], torch.Tensor]:
         """The plan-aware K/V pooling closure (protected cells keep full resolution), built once per (plan, grid,
@@ -161,7 +161,7 @@ def kv_targets(
 
 
 class Reducer(Protocol):
-    def __call__(
+    def __call__(  # noqa: PLR0913 - hot path: the strategies' reduce, called per attention call; a per-call argument object would allocate
         self,
         state: ReduceState,
         n: torch.Tensor,

@@ -170,7 +170,7 @@ class RunTelemetry:
         self.per_step: dict[tuple[int, int], list[int]] = {}
         self.window: dict[int, list[int]] = {}
 
-    def record(
+    def record(  # noqa: PLR0913 - hot path: called per attention call (eager, traced and DiT patches); a per-call argument object would allocate
         self,
         block: str,
         level: int,

@@ -129,7 +129,7 @@ def calibrated(st: UnetState, n: torch.Tensor, options: dict[str, Any], call: Ca
     return check.kept
 
 
-def reduced(
+def reduced(  # noqa: PLR0913 - hot path: called per attention call the table does not settle; a per-call argument object would allocate
     st: UnetState, call: Call, row: Row, n: torch.Tensor, ctx: Any, val: Any, options: dict[str, Any]
 ) -> tuple[torch.Tensor, Any, Any]:
     """(n, ctx, val) of a call the table does not settle for shared K/V: the adaptive ratio (lowvram presets) and the

@@ -21,7 +21,7 @@ from ..unet_table import EAGER, Call, TraceAction
 Pool = tuple[int, int, tuple[int, int], str, torch.Tensor | None, torch.Tensor | None]
 
 
-def reduce(
+def reduce(  # noqa: PLR0913 - hot path: Reducer, called per attention call; a per-call argument object would allocate
     state: ReduceState,
     n: torch.Tensor,
     ctx: Any,
@@ -43,7 +43,7 @@ def reduce(
     return n, new_ctx, new_val
 
 
-def settle(state: ReduceState, call: Call, n: torch.Tensor, plan: Any, ratio: float, step: int) -> Call:
+def settle(state: ReduceState, call: Call, n: torch.Tensor, plan: Any, ratio: float, step: int) -> Call:  # noqa: PLR0913 - hot path: Settle, called from the attention patch per settled call; a per-call argument object would allocate
     """The call with its prebuilt K/V pooling (`fn`) and, with a plan, (free cells, full-resolution tokens)."""
     h, w = call.h, call.w
     if plan is None:

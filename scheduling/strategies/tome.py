@@ -34,7 +34,7 @@ def _partition(h: int, w: int, sx: int, sy: int, seed: int, device: torch.device
     return src, dst, to_device(src, device), to_device(dst, device)
 
 
-def tome_parts(
+def tome_parts(  # noqa: PLR0913 - hot path: called per attention call (reduce and settle); a per-call argument object would allocate
     state: ReduceState, n: torch.Tensor, plan: Any, h: int, w: int, ratio: float, step: int
 ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None]:
     """(src indices, dst indices, merge count r, protected [B, N] bool or None) of a tome call, all on n's device.
@@ -55,7 +55,7 @@ def tome_parts(
     return src_dev, dst_dev, r, prot_dev
 
 
-def reduce(
+def reduce(  # noqa: PLR0913 - hot path: Reducer, called per attention call; a per-call argument object would allocate
     state: ReduceState,
     n: torch.Tensor,
     ctx: Any,
@@ -77,7 +77,7 @@ def reduce(
     return merged, new_ctx, new_val
 
 
-def settle(state: ReduceState, call: Call, n: torch.Tensor, plan: Any, ratio: float, step: int) -> Call:
+def settle(state: ReduceState, call: Call, n: torch.Tensor, plan: Any, ratio: float, step: int) -> Call:  # noqa: PLR0913 - hot path: Settle, called from the attention patch per settled call; a per-call argument object would allocate
     """The call with this step's partition and r (held for a compiled step window)."""
     return call._replace(ratio=ratio, parts=Tome(*tome_parts(state, n, plan, call.h, call.w, ratio, step)))
 

@@ -24,7 +24,7 @@ class TopK(NamedTuple):
     bonus: torch.Tensor | None
 
 
-def reduce(
+def reduce(  # noqa: PLR0913 - hot path: Reducer, called per attention call; a per-call argument object would allocate
     state: ReduceState,
     n: torch.Tensor,
     ctx: Any,
@@ -44,7 +44,7 @@ def reduce(
     return n, new_ctx, new_val
 
 
-def settle(state: ReduceState, call: Call, n: torch.Tensor, plan: Any, ratio: float, step: int) -> Call:
+def settle(state: ReduceState, call: Call, n: torch.Tensor, plan: Any, ratio: float, step: int) -> Call:  # noqa: PLR0913 - hot path: Settle, called from the attention patch per settled call; a per-call argument object would allocate
     """The call with its kept count and ROI bonus (the selection itself is data-dependent: made per call)."""
     h, w = call.h, call.w
     bonus, min_keep = (None, 0) if plan is None else state.topk_bonus(plan, h, w, n.shape[0], n.device)
