@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -149,6 +150,18 @@ def measure(
     return best[0] + scale * best[2], best[1] + scale * best[3], host
 
 
+@dataclass(frozen=True)
+class _Probe:
+    """What measuring one undecided key needs (check_level's arguments, bundled once per miss under _LOCK): the call's
+    input n [B, N, C], its K/V reduction, the attention's heads and head width, and the timer (None: `measure`)."""
+
+    n: torch.Tensor
+    reduce: Reduce
+    heads: int
+    dim_head: int
+    measure_fn: Callable[..., tuple[float, float, float]] | None
+
+
 def check_level(  # noqa: PLR0913 - hot path: its cache lookup runs per attention call (device-aware presets); a per-call argument object would allocate
     n: torch.Tensor,
     reduce: Reduce,
@@ -171,27 +184,20 @@ def check_level(  # noqa: PLR0913 - hot path: its cache lookup runs per attentio
         return got
     with _LOCK:
         got = _CACHE.get(full_key)
-        return got if got is not None else _decide(n, reduce, level, heads, dim_head, full_key, measure_fn)
+        return got if got is not None else _decide(_Probe(n, reduce, heads, dim_head, measure_fn), level, full_key)
 
 
-def _decide(
-    n: torch.Tensor,
-    reduce: Reduce,
-    level: int,
-    heads: int,
-    dim_head: int,
-    full_key: tuple[Any, ...],
-    measure_fn: Callable[..., tuple[float, float, float]] | None,
-) -> LevelCheck:
+def _decide(probe: _Probe, level: int, full_key: tuple[Any, ...]) -> LevelCheck:
     """check_level's answer for a key this process has not decided: the stored one, else measured and stored (or,
     when another process stored first meanwhile, that one). Under _LOCK."""
+    n = probe.n
     stored = calibration_store.load(full_key, n.device, LevelCheck._fields)
     if stored is not None:  # decided by an earlier process on this machine: the same decision, the same samples
         check = _from_record(stored, earlier=True)
         _CACHE[full_key] = check
         return check
     t0 = time.perf_counter()
-    check = _measured(n, reduce, level, heads, dim_head, measure_fn)
+    check = _measured(probe, level)
     # stored even when not measured: one answer per key, whichever process got there first
     theirs = calibration_store.save(full_key, n.device, check._asdict(), LevelCheck._fields)
     if theirs is not None:  # another process on this machine decided first: its decision, its samples
@@ -207,17 +213,11 @@ def _decide(
     return check
 
 
-def _measured(
-    n: torch.Tensor,
-    reduce: Reduce,
-    level: int,
-    heads: int,
-    dim_head: int,
-    measure_fn: Callable[..., tuple[float, float, float]] | None,
-) -> LevelCheck:
+def _measured(probe: _Probe, level: int) -> LevelCheck:
     """This process's own answer: measured, and the decision rule of the module docstring applied."""
+    n = probe.n
     try:
-        full, reduced, host = (measure_fn or measure)(n, reduce, heads, dim_head)
+        full, reduced, host = (probe.measure_fn or measure)(n, probe.reduce, probe.heads, probe.dim_head)
     except Exception as exc:  # an unforeseen shape or backend: keep the reduction the preset asks for
         return LevelCheck(level, n.shape[1], True, float("nan"), float("nan"), f"not measured ({type(exc).__name__})")
     saved = full - reduced

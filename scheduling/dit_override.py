@@ -49,10 +49,12 @@ class DitPlan(NamedTuple):
     min_keep: int
 
 
-def plan_bonus(plan: Any, text_tokens: int, grid_h: int, grid_w: int, batch: int, device: torch.device) -> DitPlan:
+def plan_bonus(plan: Any, text_tokens: int, grid_h: int, grid_w: int, x: torch.Tensor) -> DitPlan:
     """The plan on a [text (T), latent grid (grid_h x grid_w, row-major)] sequence, as the U-Net top-K reads it.
 
-    Built on the CPU and copied to `device` once: the protected count is read on the host, never from the device."""
+    x: the model call's latent [B, C, H, W] (its batch size and device). Built on the CPU and copied to x's device
+    once: the protected count is read on the host, never from the device."""
+    batch, device = int(x.shape[0]), x.device
     imp = plan.level_importance(grid_h, grid_w, batch).cpu()
     protected = imp >= float(plan.protect_threshold)
     text = torch.full((batch, text_tokens), TEXT_BONUS, dtype=imp.dtype)
@@ -75,7 +77,7 @@ def build_plan_wrapper(patch_size: int) -> Callable[..., Any]:
         gh, gw = -(-int(x.shape[-2]) // patch_size), -(-int(x.shape[-1]) // patch_size)
         key = (id(plan), text_tokens, gh, gw, int(x.shape[0]), x.device)
         if not last or last[0][0] != key or last[0][1] is not plan:
-            last[:] = [(key, plan, plan_bonus(plan, text_tokens, gh, gw, int(x.shape[0]), x.device))]
+            last[:] = [(key, plan, plan_bonus(plan, text_tokens, gh, gw, x))]
         return last[0][2]
 
     mapped_eager = eager_under_compile(mapped)

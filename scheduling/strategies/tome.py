@@ -29,7 +29,12 @@ class Tome(NamedTuple):
     protected: torch.Tensor | None
 
 
-def _partition(h: int, w: int, sx: int, sy: int, seed: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+PartitionKey = tuple[int, int, int, int, int, torch.device]  # (h, w, sx, sy, seed, device): the partitions cache key
+
+
+def _partition(key: PartitionKey) -> tuple[torch.Tensor, ...]:
+    """(src, dst) on the CPU and on the device of a cache key (the key itself: no argument object on a miss)."""
+    h, w, sx, sy, seed, device = key
     src, dst = random_partition(h, w, sx, sy, seed)
     return src, dst, to_device(src, device), to_device(dst, device)
 
@@ -44,9 +49,8 @@ def tome_parts(  # noqa: PLR0913 - hot path: called per attention call (reduce a
     schedule, batch, dev = state.schedule, n.shape[0], n.device
     sx, sy = schedule.sx, schedule.sy
     seed = (schedule.seed * 1_000_003 + max(step, 0)) & 0x7FFF_FFFF
-    src_cpu, dst_cpu, src_dev, dst_dev = state.partitions.get_or(
-        (h, w, sx, sy, seed, dev), lambda: _partition(h, w, sx, sy, seed, dev)
-    )
+    key: PartitionKey = (h, w, sx, sy, seed, dev)
+    src_cpu, dst_cpu, src_dev, dst_dev = state.partitions.get_or(key, lambda: _partition(key))
     prot_cpu = prot_dev = None
     if plan is not None:
         prot_cpu = state.roi(plan, h, w, batch)[1]
