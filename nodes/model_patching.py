@@ -363,16 +363,14 @@ def _check_model(model: Any) -> None:
 
 def _attach_step_cache(m: Any, schedule: Schedule) -> Any:
     """Attach the step cache's hooks to the clone `m` (U-Net only); returns the hooks (their state is per run)."""
-    from ..scheduling.step_cache import build_step_cache
+    from ..scheduling.step_cache import StepCacheKeys, build_step_cache
 
     hooks = build_step_cache(
         schedule.cache_interval,
         schedule.cache_depth,
         schedule.cache_threshold,
         patcher.timestep_embedding(),
-        PLAN_KEY,
-        DISABLED_KEY,
-        STEP_KEY,
+        StepCacheKeys(PLAN_KEY, DISABLED_KEY, STEP_KEY),
     )
     # ours first: it keeps the deep feature as the U-Net made it; a cached step re-applies every output_block_patch
     # (e.g. FreeU's in-place scaling) on a copy of it, as the full step did. Appended after FreeU, it kept the

@@ -83,24 +83,26 @@ def face_drift(x: torch.Tensor, ref: torch.Tensor, weights: torch.Tensor | None)
 
 
 def shallow_forward(
-    unet: Any,
-    deep: torch.Tensor,
-    deep_transformer_index: int,
-    depth: int,
-    embed: EmbedFn,
-    x: torch.Tensor,
-    timesteps: torch.Tensor,
-    context: torch.Tensor | None,
-    y: torch.Tensor | None,
-    transformer_options: dict[str, Any],
+    cache: _Cache, unet: Any, call: _CallPlan, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> torch.Tensor:
-    """A cached step: ComfyUI's UNetModel._forward with the deep part replaced by `deep`.
+    """A cached step: ComfyUI's UNetModel._forward with the deep part replaced by `deep` (the cached `call`'s).
+
+    args / kwargs: UNetModel.forward's executor call, (x, timesteps, context, y, control, transformer_options);
+    the depth and the time embedding come from the clone's `cache`.
 
     Runs the time embedding (and its patches), input blocks 0..depth-1, then output blocks n-depth..n-1 on `deep`
     (the feature that entered output block n-depth at the last full step, [B, C_d, H_d, W_d]) and the skips of the
     input blocks just run, then `out`. Same block/patch/transformer_index bookkeeping as the real forward, so the
     attention patches see the blocks they would see on a full step. x: [B, C, H, W] -> [B, C_out, H, W].
     """
+    deep, deep_transformer_index = call.deep, call.transformer_index
+    if deep is None:
+        raise ValueError("shallow_forward: a full call has no deep feature to reuse")
+    depth, embed = cache.state.depth, cache.embed
+    x, timesteps = args[0], args[1]
+    context = args[2] if len(args) > 2 else kwargs.get("context")
+    y = args[3] if len(args) > 3 else kwargs.get("y")
+    transformer_options: dict[str, Any] = args[5] if len(args) > 5 else kwargs["transformer_options"]
     transformer_options["original_shape"] = list(x.shape)
     transformer_options["transformer_index"] = 0
     patches = transformer_options.get("patches", {})
@@ -241,8 +243,11 @@ def _stand_aside(cache: _Cache, reason: str) -> None:
         log.info("TokenFuse step cache: every U-Net call full from here on in this run (%s)", reason)
 
 
-def _is_full_step(cache: _Cache, i: int, x: torch.Tensor, key: CacheKey, plan: Any, n_steps: int, sigma: float) -> bool:
-    """Whether step i runs the whole U-Net (decided once per step; the threshold can promote a cached step)."""
+def _is_full_step(cache: _Cache, step: tuple[int, int, float], x: torch.Tensor, key: CacheKey, plan: Any) -> bool:
+    """Whether step i runs the whole U-Net (decided once per step; the threshold can promote a cached step).
+
+    step: (step i, steps, sigma) of the call, as `_step_of` returns it."""
+    i, n_steps, sigma = step
     state = cache.state
     if i not in state.decided:
         full = (
@@ -312,10 +317,10 @@ def _plan_call(cache: _Cache, unet: Any, args: tuple[Any, ...], kwargs: dict[str
         state.full_calls += 1
         return None
     n_blocks = len(unet.output_blocks)
-    i, n_steps, sigma = _step_of(cache, opts)
+    step = _step_of(cache, opts)
     key = (tuple(opts.get("uuids", ()) or ()), tuple(opts.get("cond_or_uncond", ()) or ()), tuple(x.shape))
     entry = state.entries.get(key)
-    full = _is_full_step(cache, i, x, key, opts.get(cache.plan_key), n_steps, sigma)
+    full = _is_full_step(cache, step, x, key, opts.get(cache.plan_key))
     if not full and entry is not None and entry.deep is not None:
         state.cached_calls += 1
         opts[SHALLOW_KEY] = (state.depth, n_blocks)  # the blocks this call runs (the attention telemetry's replay)
@@ -333,26 +338,32 @@ def _keep_full(cache: _Cache, key: CacheKey, x: torch.Tensor) -> None:
     entry.x = x if state.threshold > 0 else None
 
 
+@dataclass(frozen=True)
+class StepCacheKeys:
+    """The transformer_options keys the step cache reads (scheduling/keys.py; passed in by the node layer).
+
+    plan / disabled: the keys of the TOKEN_PLAN and of "TokenFuse off"; step: the key of the run's SamplingSteps, or
+    None (see `build_step_cache`)."""
+
+    plan: str
+    disabled: str
+    step: str | None = None
+
+
 def build_step_cache(
-    interval: int,
-    depth: int,
-    threshold: float,
-    embed: EmbedFn,
-    plan_key: str,
-    disabled_key: str,
-    step_key: str | None = None,
+    interval: int, depth: int, threshold: float, embed: EmbedFn, keys: StepCacheKeys
 ) -> StepCacheHooks:
     """Hooks for one model clone (see the module docstring).
 
-    embed: ComfyUI's timestep_embedding (passed in so this module never imports ComfyUI); plan_key / disabled_key:
-    the transformer_options keys of the TOKEN_PLAN and of "TokenFuse off" (scheduling/keys.py); step_key: the key of
-    the run's SamplingSteps. With it a call's step costs no device sync; a multi-evaluation sampler's later
-    evaluations see the next step (ComfyUI calls the callback after a step's first evaluation: heun's second
-    evaluation at sigma[i + 1] sees i + 1, as the sigma lookup did). Without it (or when absent from a call's
-    options) the step comes from the call's sigma (`step_index`: one host read per model call).
+    embed: ComfyUI's timestep_embedding (passed in so this module never imports ComfyUI); keys: the
+    transformer_options keys it reads (`StepCacheKeys`). With keys.step (the run's SamplingSteps) a call's step costs
+    no device sync; a multi-evaluation sampler's later evaluations see the next step (ComfyUI calls the callback
+    after a step's first evaluation: heun's second evaluation at sigma[i + 1] sees i + 1, as the sigma lookup did).
+    Without it (or when absent from a call's options) the step comes from the call's sigma (`step_index`: one host
+    read per model call).
     """
     state = StepCacheState(interval=interval, depth=depth, threshold=threshold)
-    cache = _Cache(state, embed, plan_key, disabled_key, step_key)
+    cache = _Cache(state, embed, keys.plan, keys.disabled, keys.step)
 
     def step_cache_output_patch(
         h: torch.Tensor, hsp: torch.Tensor, transformer_options: dict[str, Any]
@@ -378,12 +389,7 @@ def build_step_cache(
         if call is None:
             return executor(*args, **kwargs)
         if call.deep is not None:
-            context = args[2] if len(args) > 2 else kwargs.get("context")
-            y = args[3] if len(args) > 3 else kwargs.get("y")
-            opts = args[5] if len(args) > 5 else kwargs["transformer_options"]
-            return shallow_forward(
-                unet, call.deep, call.transformer_index, depth, embed, args[0], args[1], context, y, opts
-            )
+            return shallow_forward(cache, unet, call, args, kwargs)
         out = executor(*args, **kwargs)
         keep_full_eager(call.key, args[0])
         return out

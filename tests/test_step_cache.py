@@ -13,7 +13,7 @@ import torch
 from tokenfuse.scheduling.keys import DISABLED_KEY, PLAN_KEY
 from tokenfuse.scheduling.plan import TokenPlan
 from tokenfuse.scheduling.schedule import Schedule, ScheduleError, parse_schedule_text, preset_schedule
-from tokenfuse.scheduling.step_cache import build_step_cache, face_drift, plan_full_steps, step_index
+from tokenfuse.scheduling.step_cache import StepCacheKeys, build_step_cache, face_drift, plan_full_steps, step_index
 from torch import nn
 
 EMB = 16
@@ -128,7 +128,7 @@ def run(unet, hooks, xs, sigmas, opts_extra=None, control=None, forward=None):
 
 
 def hooks_for(interval=3, depth=2, threshold=0.0):
-    h = build_step_cache(interval, depth, threshold, embed, PLAN_KEY, DISABLED_KEY)
+    h = build_step_cache(interval, depth, threshold, embed, StepCacheKeys(PLAN_KEY, DISABLED_KEY))
     h.state.reset()
     return h
 

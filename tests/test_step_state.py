@@ -15,7 +15,7 @@ from tokenfuse.scheduling.dit_override import build_attention_override
 from tokenfuse.scheduling.keys import DISABLED_KEY, PLAN_KEY, STEP_KEY
 from tokenfuse.scheduling.patches import build_unet_patches
 from tokenfuse.scheduling.schedule import Schedule
-from tokenfuse.scheduling.step_cache import build_step_cache
+from tokenfuse.scheduling.step_cache import StepCacheKeys, build_step_cache
 from tokenfuse.scheduling.step_state import SamplingSteps
 from tokenfuse.scheduling.telemetry import RunTelemetry
 
@@ -114,7 +114,7 @@ def test_step_cache_takes_its_steps_from_the_state() -> None:
     meta_ss = torch.empty(sig.shape, device="meta")
     outs, deep = [], []
     for use_state in (False, True):
-        hooks = build_step_cache(3, 2, 0.0, embed, PLAN_KEY, DISABLED_KEY, STEP_KEY)
+        hooks = build_step_cache(3, 2, 0.0, embed, StepCacheKeys(PLAN_KEY, DISABLED_KEY, STEP_KEY))
         hooks.state.reset()
         for b in [*unet.input_blocks, unet.middle_block, *unet.output_blocks]:
             b.calls = 0

@@ -16,7 +16,7 @@ import torch
 from tokenfuse.nodes.model_patching import strip_tokenfuse
 from tokenfuse.nodes.scheduler_node import TokenSchedulerController
 from tokenfuse.scheduling.keys import DISABLED_KEY, PLAN_KEY
-from tokenfuse.scheduling.step_cache import build_step_cache, plan_full_steps
+from tokenfuse.scheduling.step_cache import StepCacheKeys, build_step_cache, plan_full_steps
 
 pytestmark = pytest.mark.integration
 NODE = TokenSchedulerController()
@@ -128,7 +128,7 @@ def test_shallow_forward_reproduces_comfy_forward(comfy, random_model, family) -
         ref = unet(x, t, context=ctx, y=y, transformer_options={})
         n = len(unet.input_blocks)
         for depth in sorted({1, 2, n // 2, n - 1}):  # shallowest, default, middle, deepest
-            hooks = build_step_cache(2, depth, 0.0, timestep_embedding, PLAN_KEY, DISABLED_KEY)
+            hooks = build_step_cache(2, depth, 0.0, timestep_embedding, StepCacheKeys(PLAN_KEY, DISABLED_KEY))
             hooks.state.reset()
             outs = []
             for i in range(3):
@@ -189,7 +189,7 @@ def test_cached_steps_apply_freeu_once_like_the_full_step(comfy, random_model) -
     with torch.inference_mode():
         ref = unet(x, t, context=ctx, transformer_options={"patches": {"output_block_patch": [freeu_patch]}})
         for depth in (2, 3, len(unet.input_blocks) - 1):  # depth >= 3 reaches FreeU's channel counts
-            hooks = build_step_cache(3, depth, 0.0, timestep_embedding, PLAN_KEY, DISABLED_KEY)
+            hooks = build_step_cache(3, depth, 0.0, timestep_embedding, StepCacheKeys(PLAN_KEY, DISABLED_KEY))
             hooks.state.reset()
             outs = []
             for i in range(3):
