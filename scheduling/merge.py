@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -134,27 +135,28 @@ def bipartite_soft_matching_2d(
     return merge, unmerge
 
 
-def tome_functions(
-    x: torch.Tensor,
-    h: int,
-    w: int,
-    ratio: float,
-    *,
-    sx: int = 2,
-    sy: int = 2,
-    seed: int = 0,
-    protected: torch.Tensor | None = None,
-    partition: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> tuple[MergeFn, MergeFn]:
-    """(merge, unmerge) for x [B, h*w, C] removing ~ratio*N tokens; identity when nothing can be merged.
+@dataclass(frozen=True)
+class TomeDraw:
+    """How `tome_functions` draws its merge: the seed of the src/dst partition and the tokens that never merge
+    (protected: CPU bool [B, N], from the ROI plan, or None)."""
 
-    protected: CPU bool [B, N] (from the ROI plan) or None. partition: precomputed CPU (src_idx, dst_idx), e.g. from a
-    cache; made from `seed` otherwise. A grid of width or height 1, or one smaller than a cell, gives identity.
+    seed: int = 0
+    protected: torch.Tensor | None = None
+
+
+def tome_functions(
+    x: torch.Tensor, h: int, w: int, ratio: float, draw: TomeDraw | None = None
+) -> tuple[MergeFn, MergeFn]:
+    """(merge, unmerge) for x [B, h*w, C] removing ~ratio*N tokens over 2x2 cells; identity when nothing can be
+    merged. draw: the partition's seed and the protected tokens (None: seed 0, none protected). A grid of width or
+    height 1 gives identity.
     """
+    sx = sy = 2
+    seed, protected = (draw.seed, draw.protected) if draw is not None else (0, None)
     n = x.shape[1]
-    if ratio <= 0.0 or n != h * w or h < sy or w < sx or (sx == 1 and sy == 1):
+    if ratio <= 0.0 or n != h * w or h < sy or w < sx:
         return do_nothing, do_nothing
-    src_cpu, dst_cpu = partition if partition is not None else random_partition(h, w, sx, sy, seed)
+    src_cpu, dst_cpu = random_partition(h, w, sx, sy, seed)
     r = min(int(n * ratio), max_merge_count(protected, src_cpu, dst_cpu))
     if r <= 0:
         return do_nothing, do_nothing

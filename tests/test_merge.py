@@ -7,6 +7,7 @@ import torch
 from tokenfuse.devkit.partition_ref import mask_partition
 from tokenfuse.scheduling import merge as merge_mod
 from tokenfuse.scheduling.merge import (
+    TomeDraw,
     bipartite_soft_matching_2d,
     do_nothing,
     max_merge_count,
@@ -31,7 +32,7 @@ def test_ratio_zero_and_degenerate_grids_are_identity() -> None:
 @pytest.mark.parametrize("h,w", [(8, 8), (7, 5), (9, 12), (3, 11), (13, 13)])
 def test_merge_unmerge_shapes_on_odd_and_non_square_grids(h: int, w: int) -> None:
     x = _grid_tokens(2, h, w, 24)
-    m, u = tome_functions(x, h, w, 0.5, seed=3)
+    m, u = tome_functions(x, h, w, 0.5, TomeDraw(seed=3))
     y = m(x)
     r = h * w - y.shape[1]
     assert r == min(int(h * w * 0.5), len(random_partition(h, w, 2, 2, 3)[0]))
@@ -63,7 +64,7 @@ def test_protected_tokens_are_never_merged() -> None:
     face[3:8, 4:9] = True
     protected[:] = face.flatten()
     protected[1, :10] = True  # the two images may differ
-    m, u = tome_functions(x, h, w, 0.7, seed=4, protected=protected)
+    m, u = tome_functions(x, h, w, 0.7, TomeDraw(seed=4, protected=protected))
     y = m(x)
     assert y.shape[1] < h * w
     z = u(y)
@@ -80,7 +81,7 @@ def test_merge_count_cap_keeps_protection_when_ratio_asks_for_more() -> None:
     protected[0, dst[0]] = False
     assert max_merge_count(protected, src, dst) == 5
     x = _grid_tokens(1, h, w, 4)
-    m, u = tome_functions(x, h, w, 0.75, protected=protected)
+    m, u = tome_functions(x, h, w, 0.75, TomeDraw(protected=protected))
     assert m(x).shape[1] == h * w - 5
     assert torch.equal(u(m(x))[protected], x[protected])
 
@@ -91,8 +92,8 @@ def test_seeded_partition_is_deterministic_and_leaves_global_rng_alone() -> None
     b = random_partition(16, 16, 2, 2, seed=7)
     c = random_partition(16, 16, 2, 2, seed=8)
     x = _grid_tokens(2, 16, 16, 8)
-    y1 = tome_functions(x, 16, 16, 0.5, seed=7)[0](x)
-    y2 = tome_functions(x, 16, 16, 0.5, seed=7)[0](x)
+    y1 = tome_functions(x, 16, 16, 0.5, TomeDraw(seed=7))[0](x)
+    y2 = tome_functions(x, 16, 16, 0.5, TomeDraw(seed=7))[0](x)
     assert torch.equal(torch.get_rng_state(), state)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert not torch.equal(a[1], c[1])
@@ -104,7 +105,7 @@ def test_seeded_partition_is_deterministic_and_leaves_global_rng_alone() -> None
 def test_cond_and_uncond_share_one_partition() -> None:
     half = _grid_tokens(1, 9, 9, 8, seed=9)
     x = torch.cat([half, half])  # CFG batch: identical halves must merge identically
-    m, u = tome_functions(x, 9, 9, 0.5, seed=1)
+    m, u = tome_functions(x, 9, 9, 0.5, TomeDraw(seed=1))
     y = m(x)
     assert torch.equal(y[0], y[1])
     assert torch.equal(u(y)[0], u(y)[1])
