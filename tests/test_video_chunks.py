@@ -15,7 +15,7 @@ from tokenfuse.video.chunks import fuse_chunk, join_chunks, plan_chunks
 from tokenfuse.video.encode import EncodeOptions
 from tokenfuse.video.fuse_pass import FuseJob, FuseOptions, fuse_video
 from tokenfuse.video.standin import standin_refine
-from tokenfuse.video.track_pass import track_video
+from tokenfuse.video.track_pass import TrackHooks, track_video
 from tokenfuse.video.tracks import make_detect
 from video_clips import audio_packets, cut_clip, read_frames, video_pts
 
@@ -34,7 +34,9 @@ def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def runs(clip: Path, tmp_path_factory: pytest.TempPathFactory):
     d = tmp_path_factory.mktemp("runs")
     pts: list[int | None] = []
-    ft = track_video(clip, make_detect(RetinaFaceDetector(), detect_size=160), on_frame=lambda f: pts.append(f.pts))
+    ft = track_video(
+        clip, make_detect(RetinaFaceDetector(), detect_size=160), hooks=TrackHooks(on_frame=lambda f: pts.append(f.pts))
+    )
     single = fuse_video(clip, d / "single.mp4", FuseJob(ft, standin_refine, LOSSLESS))
     plan = plan_chunks(ft, 3, LOSSLESS)
     stats = [fuse_chunk(clip, d / f"c{c.index}.mp4", FuseJob(ft, standin_refine, LOSSLESS), c, pts) for c in plan]

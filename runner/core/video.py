@@ -87,12 +87,14 @@ class CoreSpec:
 def analyse(path: Path, spec: CoreSpec) -> tuple[FaceTracks, list[int | None]]:
     """The track pass over the whole video, once: its tracks and every frame's pts (for the chunks' seeks)."""
     from ...faces.analyse import load_backend
-    from ...video.track_pass import track_video
+    from ...video.track_pass import TrackHooks, track_video
     from ...video.tracks import make_detect
 
     detector, _ = load_backend(spec.detector, [], device="cpu")  # type: ignore[arg-type]
     pts: list[int | None] = []
-    tracks = track_video(path, make_detect(detector, spec.detect_size), on_frame=lambda f: pts.append(f.pts))
+    tracks = track_video(
+        path, make_detect(detector, spec.detect_size), hooks=TrackHooks(on_frame=lambda f: pts.append(f.pts))
+    )
     return tracks, pts
 
 
