@@ -143,7 +143,7 @@ def test_join_keeps_every_frame_of_matroska_chunks(tmp_path: Path) -> None:
     silently lost the chunk (8 of 15 frames here)."""
     from fractions import Fraction
 
-    from tokenfuse.video.encode import VideoWriter
+    from tokenfuse.video.encode import FrameFormat, VideoWriter
     from tokenfuse.video.types import Frame
     from video_clips import encode_clip
 
@@ -155,7 +155,9 @@ def test_join_keeps_every_frame_of_matroska_chunks(tmp_path: Path) -> None:
         decoded = [(f.pts, f.to_ndarray(format="rgb24")) for f in c.decode(video=0)]
     paths = [tmp_path / "c0.mkv", tmp_path / "c1.mkv"]
     for path, part in zip(paths, (decoded[:8], decoded[8:]), strict=True):
-        with VideoWriter(path, 64, 48, Fraction(30), tb, (), EncodeOptions(crf=0, preset="ultrafast")) as w:
+        with VideoWriter(
+            path, FrameFormat(64, 48, Fraction(30), tb), options=EncodeOptions(crf=0, preset="ultrafast")
+        ) as w:
             for i, (pts, rgb) in enumerate(part):
                 w.write(Frame(i, rgb, pts, tb))
             w.finish()

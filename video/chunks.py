@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .decode import Source, VideoReader, probe
-from .encode import _FORMATS, VideoWriter, copyable_subtitles, mux_options, temp_path
+from .encode import _FORMATS, CopiedStreams, FrameFormat, VideoWriter, copyable_subtitles, mux_options, temp_path
 from .fuse_pass import FuseJob, FuseOptions, VideoStats, _Fuser
 from .keyframes import REASON_NONE, choose_keyframes
 from .pipe import Prefetch, WriterThread
@@ -175,7 +175,7 @@ def fuse_chunk(source: Source, out_path: str | Path, job: FuseJob, chunk: Chunk,
     info = probe(source)
     with (
         VideoWriter(
-            out_path, tracks.width, tracks.height, info.rate, info.time_base, (), opts.encode, sar=info.sar
+            out_path, FrameFormat(tracks.width, tracks.height, info.rate, info.time_base, info.sar), options=opts.encode
         ) as video_writer,
         WriterThread(video_writer) as writer,
     ):
@@ -319,14 +319,8 @@ def _join_reencode(
     with VideoReader(source, keep_audio=True) as inp:
         with VideoWriter(
             out_path,
-            info.width,
-            info.height,
-            info.rate,
-            info.time_base,
-            inp.audio,
-            subtitle_streams=inp.subtitles,
-            metadata=metadata,
-            sar=info.sar,
+            FrameFormat(info.width, info.height, info.rate, info.time_base, info.sar),
+            CopiedStreams(inp.audio, subtitles=inp.subtitles, metadata=metadata),
         ) as writer:
             for path in chunk_paths:
                 with VideoReader(path) as reader:

@@ -27,7 +27,7 @@ from ..faces.paste import BlendOptions, paste_frame
 from ..faces.types import Face
 from .clock import NULL_CLOCK, StageClock
 from .decode import Source, VideoReader, no_frames_error, probe
-from .encode import EncodeOptions, VideoWriter, remux_copy
+from .encode import CopiedStreams, EncodeOptions, FrameFormat, VideoWriter, remux_copy
 from .flow import FlowOptions, KeyChange, grey, propagate
 from .keyframes import REASON_NONE, KeyframeOptions, choose_keyframes
 from .pipe import Prefetch, WriterThread, frames_and_audio
@@ -414,14 +414,9 @@ def fuse_video(source: Source, out_path: str | Path, job: FuseJob, *, clock: Sta
         with (
             VideoWriter(
                 out_path,
-                tracks.width,
-                tracks.height,
-                rate,
-                reader.time_base,
-                reader.audio,
+                FrameFormat(tracks.width, tracks.height, rate, reader.time_base, sar),
+                CopiedStreams(reader.audio, subtitles=reader.subtitles),
                 opts.encode,
-                reader.subtitles,
-                sar=sar,
             ) as video_writer,
             WriterThread(video_writer, clock=clock) as writer,
         ):
