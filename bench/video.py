@@ -359,9 +359,9 @@ def main(argv: list[str] | None = None) -> None:
     from tokenfuse.faces.detect import RetinaFaceDetector
     from tokenfuse.video.clock import STAGES, StageClock
     from tokenfuse.video.encode import EncodeOptions
-    from tokenfuse.video.fuse_pass import FuseOptions, fuse_video
+    from tokenfuse.video.fuse_pass import FuseJob, FuseOptions, fuse_video
     from tokenfuse.video.keyframes import KeyframeOptions
-    from tokenfuse.video.track_pass import track_video
+    from tokenfuse.video.track_pass import TrackHooks, track_video
     from tokenfuse.video.tracks import make_detect
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tokenfuse_bench_video_"))
@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
             encode=EncodeOptions(crf=args.crf, preset=args.preset),
         )
         progress = (lambda d, t: print(f"\r  pass 2 {d}/{t}", end="", flush=True)) if "warmup" not in out.name else None
-        return fuse_video(clip, out, tracks, fake_refine, opts, progress=progress, clock=clock or StageClock()), 0
+        return fuse_video(clip, out, FuseJob(tracks, fake_refine, opts, progress), clock=clock or StageClock()), 0
 
     # Not timed: every timed case once on a short clip, pass 1 included, so no row pays first-call costs (the
     # detector's session, the model load, the sampler's and the encoder's first allocations, the patches' set-up).
@@ -419,7 +419,10 @@ def main(argv: list[str] | None = None) -> None:
         clock1 = StageClock()
         t0, c1 = time.perf_counter(), time.process_time()
         tracks = track_video(
-            clip, detect, progress=lambda d, t: print(f"\r  pass 1 {d}/{t}", end="", flush=True), clock=clock1
+            clip,
+            detect,
+            hooks=TrackHooks(progress=lambda d, t: print(f"\r  pass 1 {d}/{t}", end="", flush=True)),
+            clock=clock1,
         )
         t_track, c_track = (time.perf_counter() - t0) / n, (time.process_time() - c1) / n
         print()

@@ -116,7 +116,7 @@ def main() -> None:
     from tokenfuse.faces.detect import RetinaFaceDetector
     from tokenfuse.video.chunks import track_keyframes
     from tokenfuse.video.encode import EncodeOptions
-    from tokenfuse.video.fuse_pass import FuseOptions, fuse_video
+    from tokenfuse.video.fuse_pass import FuseJob, FuseOptions, fuse_video
     from tokenfuse.video.keyframes import KeyframeOptions
     from tokenfuse.video.track_pass import track_video
     from tokenfuse.video.tracks import make_detect
@@ -149,7 +149,7 @@ def main() -> None:
     for detail, sigma in variants:
         out = out_dir / f"replay_{detail}_{sigma}.mp4"
         flow = replace(opts.flow, detail=detail, detail_sigma=sigma or opts.flow.detail_sigma)
-        stats = fuse_video(clip, out, tracks, refine, replace(opts, flow=flow))
+        stats = fuse_video(clip, out, FuseJob(tracks, refine, replace(opts, flow=flow)))
         name = (
             f"keyframes replay, detail={detail}"
             + (f" sigma {sigma}" if detail == "refined" else "")

@@ -89,14 +89,9 @@ def detect_linked_batch(u8: Any, finder: FaceFinder, sigma: float, bar: Any) -> 
     if sigma <= 0 or len(u8) < 2:
         return None
     from ..video.batch_faces import BatchLinkOptions, detect_linked, shot_starts
-    from ..video.tracks import make_detect
 
     opts = BatchLinkOptions(sigma_frames=sigma)
     starts = shot_starts(list(u8), opts)
     if len(starts) == len(u8) - 1:
         return None
-    sel, align = finder.sel, finder.align
-    detect = make_detect(finder.detector, finder.detect_size, sel.score_threshold, finder.embedder)
-    return detect_linked(
-        u8, starts, detect, sel, align.crop_size, align.crop_factor, align.feather, opts, lambda: bar.update(1)
-    )
+    return detect_linked(u8, starts, finder, opts, lambda: bar.update(1))

@@ -329,7 +329,7 @@ def fuse_video_run(  # noqa: PLR0913 - TEMPORARY: runner/chunk_node.py calls it 
     on links.model / vae / conditioning (nodes/glue/fusion_backend.py).
     """
     from ..video.chunks import fuse_chunk
-    from ..video.fuse_pass import fuse_video
+    from ..video.fuse_pass import FuseJob, fuse_video
     from ..video.track_pass import FaceTracks
 
     tracks = links.face_tracks
@@ -359,9 +359,9 @@ def fuse_video_run(  # noqa: PLR0913 - TEMPORARY: runner/chunk_node.py calls it 
     try:
         with series:
             if window is None:
-                stats = fuse_video(source, out_path, tracks, refine, opts, progress=shown)
+                stats = fuse_video(source, out_path, FuseJob(tracks, refine, opts, shown))
             else:
-                stats = fuse_chunk(source, out_path, tracks, refine, window[0], window[1], opts, progress=shown)
+                stats = fuse_chunk(source, out_path, FuseJob(tracks, refine, opts, shown), window[0], window[1])
     finally:
         if anchors is not None:
             # The anchors' tokens live on the sampling device (up to ~0.9 GB per track for SD1.5 at 512, `full`)

@@ -111,7 +111,7 @@ class FaceTrack:
         from ..faces.analyse import load_backend
         from ..video.decode import probe
         from ..video.preview import draw_tracks, fit_width, preview_indices
-        from ..video.track_pass import TrackOptions, track_video
+        from ..video.track_pass import TrackHooks, TrackOptions, track_video
         from ..video.tracks import make_detect
 
         source = video_glue.stream_source(video)
@@ -137,8 +137,10 @@ class FaceTrack:
             source,
             make_detect(detector, detect_size, score_threshold, embedder),
             opts,
-            progress=lambda done, total: bar.update_absolute(done, total or None),
-            on_frame=lambda f: kept.__setitem__(f.index, f.rgb) if f.index in wanted else None,
+            TrackHooks(
+                progress=lambda done, total: bar.update_absolute(done, total or None),
+                on_frame=lambda f: kept.__setitem__(f.index, f.rgb) if f.index in wanted else None,
+            ),
         )
         shots = [fit_width(draw_tracks(kept[i], tracks, i)) for i in sorted(kept)]
         if shots:

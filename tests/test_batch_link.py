@@ -10,6 +10,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from tokenfuse.faces.analyse import AlignOptions
 from tokenfuse.faces.select import Selection
 from tokenfuse.nodes.face_nodes import FaceDetect
 from tokenfuse.video.batch_faces import BatchLinkOptions, link_batch, shot_starts
@@ -133,7 +134,7 @@ def test_tracks_never_cross_a_shot_break() -> None:
     """Same box in two shots: two tracks, each frame keeps its own detection (no smoothing across the break)."""
     lm = np.array([[30, 40], [70, 40], [50, 60], [35, 80], [65, 80]], np.float32)
     obs = [[FaceObs(np.array([10, 10, 90, 100], np.float32), 0.9, lm + np.float32(k % 2))] for k in range(6)]
-    faces, report = link_batch(obs, [3], Selection(), 512, 1.0, 0.08, BatchLinkOptions(sigma_frames=5.0))
+    faces, report = link_batch(obs, [3], Selection(), AlignOptions(512, 1.0, 0.08), BatchLinkOptions(sigma_frames=5.0))
     assert report.shots == ((0, 3), (3, 3)) and report.tracks == 2
     assert all(len(f) == 1 for f in faces)
     np.testing.assert_allclose(faces[2][0].landmarks, lm)  # each frame keeps its own detection

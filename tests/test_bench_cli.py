@@ -423,8 +423,8 @@ def test_video_warms_every_timed_case_up_before_the_first_timed_row(
         calls.append(f"track {clip.name}")
         return tracks
 
-    def fuse_video(clip: Path, out: Path, tr: Any, refine: Any, opts: Any, progress: Any = None, **k: Any) -> Any:
-        calls.append(f"fuse {out.name} kps {opts.keyframes.per_second}")
+    def fuse_video(clip: Path, out: Path, job: Any, **k: Any) -> Any:
+        calls.append(f"fuse {out.name} kps {job.opts.keyframes.per_second}")
         return stats
 
     import tokenfuse.faces.detect

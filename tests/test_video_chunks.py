@@ -13,9 +13,9 @@ import pytest
 from tokenfuse.faces.detect import RetinaFaceDetector
 from tokenfuse.video.chunks import fuse_chunk, join_chunks, plan_chunks
 from tokenfuse.video.encode import EncodeOptions
-from tokenfuse.video.fuse_pass import FuseOptions, fuse_video
+from tokenfuse.video.fuse_pass import FuseJob, FuseOptions, fuse_video
 from tokenfuse.video.standin import standin_refine
-from tokenfuse.video.track_pass import track_video
+from tokenfuse.video.track_pass import TrackHooks, track_video
 from tokenfuse.video.tracks import make_detect
 from video_clips import audio_packets, cut_clip, read_frames, video_pts
 
@@ -34,10 +34,12 @@ def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def runs(clip: Path, tmp_path_factory: pytest.TempPathFactory):
     d = tmp_path_factory.mktemp("runs")
     pts: list[int | None] = []
-    ft = track_video(clip, make_detect(RetinaFaceDetector(), detect_size=160), on_frame=lambda f: pts.append(f.pts))
-    single = fuse_video(clip, d / "single.mp4", ft, standin_refine, LOSSLESS)
+    ft = track_video(
+        clip, make_detect(RetinaFaceDetector(), detect_size=160), hooks=TrackHooks(on_frame=lambda f: pts.append(f.pts))
+    )
+    single = fuse_video(clip, d / "single.mp4", FuseJob(ft, standin_refine, LOSSLESS))
     plan = plan_chunks(ft, 3, LOSSLESS)
-    stats = [fuse_chunk(clip, d / f"c{c.index}.mp4", ft, standin_refine, c, pts, LOSSLESS) for c in plan]
+    stats = [fuse_chunk(clip, d / f"c{c.index}.mp4", FuseJob(ft, standin_refine, LOSSLESS), c, pts) for c in plan]
     join = join_chunks(clip, [d / f"c{c.index}.mp4" for c in plan], d / "joined.mp4")
     return ft, plan, single, stats, join, d
 
@@ -85,7 +87,7 @@ def test_join_reencodes_when_headers_differ(runs, clip: Path, tmp_path: Path) ->
     tb_pts: list[int | None] = []
     with av.open(str(clip)) as c:
         tb_pts = [f.pts for f in c.decode(video=0)]
-    fuse_chunk(clip, tmp_path / "c1.mp4", ft, standin_refine, plan[1], tb_pts, other)
+    fuse_chunk(clip, tmp_path / "c1.mp4", FuseJob(ft, standin_refine, other), plan[1], tb_pts)
     paths = [d / "c0.mp4", tmp_path / "c1.mp4", d / "c2.mp4"]
     join = join_chunks(clip, paths, tmp_path / "joined.mp4")
     assert not join.copied and "header" in join.reason
@@ -107,7 +109,7 @@ def test_boundary_between_key_frames(runs, clip: Path, tmp_path: Path) -> None:
     assert plan[0].last > cut and plan[1].first < cut, plan
     paths = [tmp_path / f"c{c.index}.mp4" for c in plan]
     for c, p in zip(plan, paths, strict=True):
-        fuse_chunk(clip, p, ft, standin_refine, c, pts, LOSSLESS)
+        fuse_chunk(clip, p, FuseJob(ft, standin_refine, LOSSLESS), c, pts)
     join_chunks(clip, paths, tmp_path / "joined.mp4")
     one, joined = read_frames(d / "single.mp4"), read_frames(tmp_path / "joined.mp4")
     assert all(np.array_equal(a, b) for a, b in zip(one, joined, strict=True))
@@ -124,7 +126,7 @@ def test_join_writes_the_given_container_tags(runs, clip: Path, tmp_path: Path, 
             pts = [f.pts for f in c.decode(video=0)]
         other = FuseOptions(crop_size=128, encode=EncodeOptions(crf=30, preset="veryfast"))
         ft = runs[0]
-        fuse_chunk(clip, tmp_path / "c1.mp4", ft, standin_refine, plan[1], pts, other)
+        fuse_chunk(clip, tmp_path / "c1.mp4", FuseJob(ft, standin_refine, other), plan[1], pts)
         paths[1] = tmp_path / "c1.mp4"
     tags = {"prompt": '{"1": {"class_type": "LoadVideo", "inputs": {"file": "clip.mp4"}}}'}
     join = join_chunks(clip, paths, tmp_path / "tagged.mp4", tags)
@@ -141,7 +143,7 @@ def test_join_keeps_every_frame_of_matroska_chunks(tmp_path: Path) -> None:
     silently lost the chunk (8 of 15 frames here)."""
     from fractions import Fraction
 
-    from tokenfuse.video.encode import VideoWriter
+    from tokenfuse.video.encode import FrameFormat, VideoWriter
     from tokenfuse.video.types import Frame
     from video_clips import encode_clip
 
@@ -153,7 +155,9 @@ def test_join_keeps_every_frame_of_matroska_chunks(tmp_path: Path) -> None:
         decoded = [(f.pts, f.to_ndarray(format="rgb24")) for f in c.decode(video=0)]
     paths = [tmp_path / "c0.mkv", tmp_path / "c1.mkv"]
     for path, part in zip(paths, (decoded[:8], decoded[8:]), strict=True):
-        with VideoWriter(path, 64, 48, Fraction(30), tb, (), EncodeOptions(crf=0, preset="ultrafast")) as w:
+        with VideoWriter(
+            path, FrameFormat(64, 48, Fraction(30), tb), options=EncodeOptions(crf=0, preset="ultrafast")
+        ) as w:
             for i, (pts, rgb) in enumerate(part):
                 w.write(Frame(i, rgb, pts, tb))
             w.finish()

@@ -13,6 +13,7 @@ import pytest
 from tokenfuse.video.encode import (
     CODECS,
     EncodeOptions,
+    FrameFormat,
     VideoWriteError,
     VideoWriter,
     available_codecs,
@@ -31,7 +32,7 @@ def _frames(n: int = 6) -> list[np.ndarray]:
 
 
 def _write(path: Path, frames: list[np.ndarray], opts: EncodeOptions) -> Path:
-    with VideoWriter(path, 160, 128, Fraction(15), TB, options=opts) as w:
+    with VideoWriter(path, FrameFormat(160, 128, Fraction(15), TB), options=opts) as w:
         for i, rgb in enumerate(frames):
             w.write(Frame(i, rgb, i * 67, TB))  # 15 fps in milliseconds: uneven steps survive only exact pts
         return w.finish()

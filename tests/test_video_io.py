@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tokenfuse.video.decode import VideoReader, VideoReadError, probe, upright
-from tokenfuse.video.encode import EncodeOptions, VideoWriter, even_size
+from tokenfuse.video.encode import CopiedStreams, EncodeOptions, FrameFormat, VideoWriter, even_size
 from video_clips import (
     audio_packets,
     encode_clip,
@@ -28,7 +28,9 @@ def reencode(src: Path, dst: Path, progress_stop: int | None = None) -> int:
     """Decode src and encode every frame unchanged with VideoWriter (audio copied). Returns frames written."""
     info = probe(src)
     with VideoReader(src, keep_audio=True) as reader:
-        with VideoWriter(dst, info.width, info.height, info.rate, reader.time_base, reader.audio, FAST) as w:
+        with VideoWriter(
+            dst, FrameFormat(info.width, info.height, info.rate, reader.time_base), CopiedStreams(reader.audio), FAST
+        ) as w:
             for frame in reader:
                 if progress_stop is not None and frame.index == progress_stop:
                     raise KeyboardInterrupt("cancelled by the test")

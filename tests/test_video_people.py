@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tokenfuse.faces.select import Selection
 from tokenfuse.video.encode import EncodeOptions
-from tokenfuse.video.fuse_pass import FuseOptions, fuse_video
+from tokenfuse.video.fuse_pass import FuseJob, FuseOptions, fuse_video
 from tokenfuse.video.keyframes import KeyframeOptions
 from tokenfuse.video.track_pass import TrackOptions, track_video
 from tokenfuse.video.tracks import FaceObs, link_tracks, seed_offsets, select_tracks
@@ -121,7 +121,7 @@ def test_every_piece_of_a_person_gets_the_same_seed(tmp_path: Path, seed: int, w
         return crops
 
     opts = FuseOptions(crop_size=64, seed=seed, keyframes=KeyframeOptions(per_second=2.0))
-    fuse_video(src, tmp_path / "out.mp4", ft, refine, opts)
+    fuse_video(src, tmp_path / "out.mp4", FuseJob(ft, refine, opts))
     assert sorted(set(seen)) == want  # was 7, 8, 9: A's second piece had its own
 
 
@@ -164,7 +164,7 @@ def test_a_face_passing_behind_another_is_pasted_under_it(tmp_path: Path) -> Non
         return np.stack([np.broadcast_to(np.float32(colours[s]), c.shape) for c, s in zip(crops, seeds, strict=True)])
 
     opts = FuseOptions(crop_size=64, keyframes=KeyframeOptions(per_second=0.0), encode=EncodeOptions(crf=0))
-    fuse_video(src, tmp_path / "out.mp4", ft, refine, opts)
+    fuse_video(src, tmp_path / "out.mp4", FuseJob(ft, refine, opts))
     frames = read_frames(tmp_path / "out.mp4")
     hidden = [t for t in range(18) if not a.detected[t - a.start]]
     centre = [frames[t][60, 100].astype(int) for t in hidden]  # B's face centre

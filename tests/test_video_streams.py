@@ -16,7 +16,7 @@ from tokenfuse.faces.detect import RetinaFaceDetector
 from tokenfuse.video.chunks import fuse_chunk, join_chunks, plan_chunks
 from tokenfuse.video.decode import probe
 from tokenfuse.video.encode import EncodeOptions
-from tokenfuse.video.fuse_pass import FuseOptions, fuse_video
+from tokenfuse.video.fuse_pass import FuseJob, FuseOptions, fuse_video
 from tokenfuse.video.keyframes import KeyframeOptions
 from tokenfuse.video.track_pass import FaceTracks, track_video
 from tokenfuse.video.tracks import make_detect
@@ -141,13 +141,13 @@ def test_output_says_its_bt709_matrix_and_keeps_the_colours(tmp_path: Path, fram
     assert src_tags == (1, 1, 1, 1)
     ft = track_video(src, detect)
     assert len(ft.tracks) == 1
-    fuse_video(src, tmp_path / "out.mp4", ft, lambda crops, seeds: crops, OPTS)
+    fuse_video(src, tmp_path / "out.mp4", FuseJob(ft, lambda crops, seeds: crops, OPTS))
     tags, yuv = _green_yuv(tmp_path / "out.mp4")
     assert tags == (1, 1, 1, 1)
     assert max(abs(a - b) for a, b in zip(yuv, src_yuv, strict=True)) <= 3, (yuv, src_yuv)
     # an untagged (BT.601-decoded) input is written in BT.709 too, and says so: players show the same colours
     plain = _clip(tmp_path / "plain.mp4", frames)
-    fuse_video(plain, tmp_path / "plain_out.mp4", track_video(plain, detect), lambda crops, seeds: crops, OPTS)
+    fuse_video(plain, tmp_path / "plain_out.mp4", FuseJob(track_video(plain, detect), lambda crops, seeds: crops, OPTS))
     with av.open(str(tmp_path / "plain_out.mp4")) as c:
         rgb = next(c.decode(video=0)).to_ndarray(format="rgb24")
     assert np.abs(rgb[72, 8].astype(int) - GREEN).max() <= 6, rgb[72, 8]
@@ -158,13 +158,13 @@ def test_anamorphic_pixels_stay_anamorphic(tmp_path: Path, frames, detect) -> No
     src = _clip(tmp_path / "dv.mp4", frames, sar=Fraction(64, 45))
     assert probe(src).sar == Fraction(64, 45)
     ft = track_video(src, detect)
-    fuse_video(src, tmp_path / "out.mp4", ft, fake_refine, OPTS)
+    fuse_video(src, tmp_path / "out.mp4", FuseJob(ft, fake_refine, OPTS))
     assert probe(tmp_path / "out.mp4").sar == Fraction(64, 45)
     pts: list[int | None] = list(range(N))
     (chunk,) = plan_chunks(ft, 1, OPTS)
-    fuse_chunk(src, tmp_path / "c0.mp4", ft, fake_refine, chunk, pts, OPTS)
+    fuse_chunk(src, tmp_path / "c0.mp4", FuseJob(ft, fake_refine, OPTS), chunk, pts)
     assert probe(tmp_path / "c0.mp4").sar == Fraction(64, 45)
-    fuse_video(src, tmp_path / "copy.mp4", FaceTracks("dv", 176, 144, N, 10.0, (), ()), fake_refine, OPTS)
+    fuse_video(src, tmp_path / "copy.mp4", FuseJob(FaceTracks("dv", 176, 144, N, 10.0, (), ()), fake_refine, OPTS))
     assert probe(tmp_path / "copy.mp4").sar == Fraction(64, 45)
     assert probe(_clip(tmp_path / "square.mp4", frames[:2])).sar is None
 
@@ -176,7 +176,7 @@ def test_audio_tracks_keep_language_title_and_default(tmp_path: Path, frames, de
     assert [(t["language"], d) for _, t, d, _ in want] == [("eng", False), ("jpn", True)]
     ft = track_video(src, detect)
     for name in ("out.mp4", "out.mkv"):
-        fuse_video(src, tmp_path / name, ft, fake_refine, OPTS)
+        fuse_video(src, tmp_path / name, FuseJob(ft, fake_refine, OPTS))
         assert [(t, d) for _, t, d, _ in _audio(tmp_path / name)] == [(t, d) for _, t, d, _ in want], name
 
 
@@ -193,11 +193,13 @@ def test_audio_mp4_cannot_hold_is_transcoded_not_a_crash(
     ((in_codec, _, _, seconds),) = _audio(src)
     assert in_codec == "amrnb"
     ft = track_video(src, detect)
-    stats = fuse_video(src, tmp_path / "out.mp4", ft, fake_refine, OPTS)
+    stats = fuse_video(src, tmp_path / "out.mp4", FuseJob(ft, fake_refine, OPTS))
     ((out_codec, _, _, out_seconds),) = _audio(tmp_path / "out.mp4")
     assert stats.frames == N and out_codec == "aac" and abs(out_seconds - seconds) < 0.15, (out_seconds, seconds)
     assert "audio stream #1 (amrnb) cannot be copied" in caplog.text and "transcoded to AAC" in caplog.text
-    copied = fuse_video(src, tmp_path / "copy.mp4", FaceTracks("p", 176, 144, N, 10.0, (), ()), fake_refine, OPTS)
+    copied = fuse_video(
+        src, tmp_path / "copy.mp4", FuseJob(FaceTracks("p", 176, 144, N, 10.0, (), ()), fake_refine, OPTS)
+    )
     assert not copied.copied and [c for c, *_ in _audio(tmp_path / "copy.mp4")] == ["aac"]  # re-encoded instead
     assert len(read_frames(tmp_path / "copy.mp4")) == N
 
@@ -210,7 +212,7 @@ def test_chunked_join_keeps_subtitles(tmp_path: Path, frames, detect) -> None:
     plan = plan_chunks(ft, 2, OPTS)
     paths = [tmp_path / f"c{c.index}.mp4" for c in plan]
     for c, p in zip(plan, paths, strict=True):
-        fuse_chunk(src, p, ft, fake_refine, c, pts, OPTS)
+        fuse_chunk(src, p, FuseJob(ft, fake_refine, OPTS), c, pts)
 
     def subs(path: Path) -> list[bytes]:
         with av.open(str(path)) as c:

@@ -21,12 +21,13 @@ import cv2
 import numpy as np
 
 from ..faces.align import transform_points
+from ..faces.analyse import AlignOptions, FaceFinder
 from ..faces.masks import crop_mask
 from ..faces.select import Selection
 from ..faces.types import Face
 from .scenes import CutDetector
 from .smooth import jitter, raw_affines, scale_affine, smooth_track
-from .tracks import FaceObs, LinkOptions, Track, link_tracks, selection_order
+from .tracks import FaceObs, LinkOptions, Track, link_tracks, make_detect, selection_order
 
 
 @dataclass(frozen=True)
@@ -97,16 +98,16 @@ def link_batch(
     per_frame: Sequence[Sequence[FaceObs]],
     starts: list[int],
     sel: Selection,
-    crop_size: int,
-    crop_factor: float,
-    feather: float,
+    align: AlignOptions,
     opts: BatchLinkOptions = BatchLinkOptions(),
 ) -> tuple[tuple[tuple[Face, ...], ...], BatchLinkReport]:
     """Detections of each frame (all of them, before selection) -> the selected faces of each frame.
 
     starts: shot starts from shot_starts (no track crosses one). Within a frame the faces keep their track's rank
-    in sel.order, so index k is the same person in every frame of a shot. Returns (faces per frame, report).
+    in sel.order, so index k is the same person in every frame of a shot. align: the crop size, crop factor and mask
+    feather of the faces (FaceFinder.align). Returns (faces per frame, report).
     """
+    crop_size, crop_factor, feather = align.crop_size, align.crop_factor, align.feather
     n = len(per_frame)
     tracks = link_tracks(per_frame, starts, opts.link)
     kept = selection_order(tracks, sel)
@@ -154,22 +155,21 @@ def _face(tr: Track, k: int, crop_size: int, feather: float) -> Face:
 def detect_linked(
     frames: np.ndarray,
     starts: list[int],
-    detect: Callable[[np.ndarray], list[FaceObs]],
-    sel: Selection,
-    crop_size: int,
-    crop_factor: float,
-    feather: float,
+    finder: FaceFinder,
     opts: BatchLinkOptions = BatchLinkOptions(),
     on_frame: Callable[[], None] | None = None,
 ) -> tuple[tuple[tuple[Face, ...], ...], BatchLinkReport]:
     """frames [B, H, W, 3] uint8 -> (selected faces per frame, report): detect every frame, link within shots.
 
-    starts: shot_starts(frames). detect: tracks.make_detect over the node's detector (score threshold applied
-    there, embeddings when the backend has them).
+    starts: shot_starts(frames). finder: the node's detector, embedder, selection and alignment; each frame is
+    detected through tracks.make_detect over them (score threshold applied there, embeddings when the backend has
+    them).
     """
+    sel = finder.sel
+    detect = make_detect(finder.detector, finder.detect_size, sel.score_threshold, finder.embedder)
     per_frame = []
     for rgb in frames:
         per_frame.append(detect(rgb))
         if on_frame is not None:
             on_frame()
-    return link_batch(per_frame, starts, sel, crop_size, crop_factor, feather, opts)
+    return link_batch(per_frame, starts, sel, finder.align, opts)

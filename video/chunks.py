@@ -29,13 +29,12 @@ from typing import Any
 import numpy as np
 
 from .decode import Source, VideoReader, probe
-from .encode import _FORMATS, VideoWriter, copyable_subtitles, mux_options, temp_path
-from .fuse_pass import FuseOptions, Refine, VideoStats, _Fuser
+from .encode import _FORMATS, CopiedStreams, FrameFormat, VideoWriter, copyable_subtitles, mux_options, temp_path
+from .fuse_pass import FuseJob, FuseOptions, VideoStats, _Fuser
 from .keyframes import REASON_NONE, choose_keyframes
 from .pipe import Prefetch, WriterThread
-from .progress import FrameProgress
 from .streams import add_copy
-from .track_pass import FaceTracks, Progress
+from .track_pass import FaceTracks
 from .types import Frame
 
 log = logging.getLogger(__name__)
@@ -165,29 +164,22 @@ def read_frames(source: Source, first: int, last: int, pts: list[int | None]) ->
                 yield f
 
 
-def fuse_chunk(
-    source: Source,
-    out_path: str | Path,
-    tracks: FaceTracks,
-    refine: Refine,
-    chunk: Chunk,
-    pts: list[int | None],
-    opts: FuseOptions,
-    progress: Progress | None = None,
-) -> VideoStats:
+def fuse_chunk(source: Source, out_path: str | Path, job: FuseJob, chunk: Chunk, pts: list[int | None]) -> VideoStats:
     """Write frames [chunk.start, chunk.stop) of the fused video to out_path (video only, the input's
-    timestamps; audio is added by `join_chunks`). Same pixels as those frames of fuse_pass.fuse_video."""
+    timestamps; audio is added by `join_chunks`). Same pixels as those frames of fuse_pass.fuse_video.
+    job: the whole video's tracks, the refine, options and progress (reported over the chunk's frames)."""
+    tracks, opts, progress = job.tracks, job.opts, job.progress
     t0 = time.perf_counter()
     out_path = Path(out_path)
     window = range(chunk.start, chunk.stop)
     info = probe(source)
     with (
         VideoWriter(
-            out_path, tracks.width, tracks.height, info.rate, info.time_base, (), opts.encode, sar=info.sar
+            out_path, FrameFormat(tracks.width, tracks.height, info.rate, info.time_base, info.sar), options=opts.encode
         ) as video_writer,
         WriterThread(video_writer) as writer,
     ):
-        fuser = _Fuser(tracks, refine, opts, writer, window, progress=FrameProgress(progress, len(window)))
+        fuser = _Fuser(job, writer, window)
         with Prefetch(read_frames(source, chunk.first, chunk.last, pts)) as frames:
             for frame in frames:
                 fuser.add(frame)
@@ -327,14 +319,8 @@ def _join_reencode(
     with VideoReader(source, keep_audio=True) as inp:
         with VideoWriter(
             out_path,
-            info.width,
-            info.height,
-            info.rate,
-            info.time_base,
-            inp.audio,
-            subtitle_streams=inp.subtitles,
-            metadata=metadata,
-            sar=info.sar,
+            FrameFormat(info.width, info.height, info.rate, info.time_base, info.sar),
+            CopiedStreams(inp.audio, subtitles=inp.subtitles, metadata=metadata),
         ) as writer:
             for path in chunk_paths:
                 with VideoReader(path) as reader:

@@ -202,15 +202,37 @@ def mux_options(fmt: str, metadata: dict[str, str] | None = None) -> dict[str, s
     return {"movflags": "+faststart+use_metadata_tags" if metadata else "+faststart"}
 
 
+@dataclass(frozen=True)
+class FrameFormat:
+    """The written video's frames and clock: width/height (odd sizes padded, see module doc), rate: nominal frame
+    rate (x264 rate control; None = 30), time_base: the input video stream's (pts of written frames are in it), sar:
+    the input's sample aspect ratio (VideoInfo.sar), kept in the output."""
+
+    width: int
+    height: int
+    rate: Fraction | None
+    time_base: Fraction
+    sar: Fraction | None = None
+
+
+@dataclass(frozen=True)
+class CopiedStreams:
+    """What a VideoWriter carries over from the input besides the frames: the av audio streams whose packets will
+    be passed to `mux_audio`, the subtitle streams (those the container can hold: `subtitles`), and the container
+    metadata (None: none)."""
+
+    audio: list[Any] | tuple[Any, ...] = ()
+    subtitles: list[Any] | tuple[Any, ...] = ()
+    metadata: dict[str, str] | None = None
+
+
 class VideoWriter:
     """Write RGB frames as H.264 (or options.codec) plus copied audio packets to `path` (.mp4/.m4v/.mov/.mkv).
 
-    width/height: the frames' size (odd sizes padded, see module doc). rate: nominal frame rate (x264 rate
-    control); time_base: the input video stream's, pts of written frames are in it. audio_streams: input
-    av audio streams whose packets will be passed to `mux_audio` (subtitle_streams likewise, those the container can
-    hold: `subtitles`). sar: the input's sample aspect ratio (VideoInfo.sar), kept in the output.
+    frame_format: the frames' size, rate, time base and sample aspect ratio (FrameFormat); streams: the input's
+    audio and subtitle streams and metadata carried over (CopiedStreams).
 
-        with VideoWriter(out, w, h, rate, tb, reader.audio) as writer:
+        with VideoWriter(out, FrameFormat(w, h, rate, tb), CopiedStreams(reader.audio)) as writer:
             writer.write(frame); writer.mux_audio(reader.pop_audio())
             writer.finish()          # without it (an exception, a cancel) the output is deleted
     """
@@ -218,16 +240,13 @@ class VideoWriter:
     def __init__(
         self,
         path: str | os.PathLike[str],
-        width: int,
-        height: int,
-        rate: Fraction | None,
-        time_base: Fraction,
-        audio_streams: list[Any] | tuple[Any, ...] = (),
+        frame_format: FrameFormat,
+        streams: CopiedStreams = CopiedStreams(),
         options: EncodeOptions = EncodeOptions(),
-        subtitle_streams: list[Any] | tuple[Any, ...] = (),
-        metadata: dict[str, str] | None = None,
-        sar: Fraction | None = None,
     ) -> None:
+        ff = frame_format
+        width, height, rate, time_base, sar = ff.width, ff.height, ff.rate, ff.time_base, ff.sar
+        audio_streams, subtitle_streams, metadata = streams.audio, streams.subtitles, streams.metadata
         import av
         from av.video.stream import VideoStream
 

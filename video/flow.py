@@ -176,7 +176,7 @@ def warp_change(target_grey: np.ndarray, key: KeyChange, max_residual: float = 2
     return sample(key.change, big), valid
 
 
-def propagate(
+def propagate(  # noqa: PLR0913 - hot path: called per propagated frame of every track; a per-call argument object would allocate
     target_grey: np.ndarray,
     frame: int,
     keys: list[KeyChange],
@@ -232,7 +232,7 @@ def mask_box(mask: np.ndarray, margin: int = 4) -> tuple[slice, slice]:
     )
 
 
-def _combine(
+def _combine(  # noqa: PLR0913 - hot path: propagate's second half, per propagated frame; its arguments are that frame's arrays, a bundle would allocate per frame
     frame: int,
     keys: list[KeyChange],
     flows: list[np.ndarray],
@@ -343,7 +343,7 @@ def _mix(warped: list[np.ndarray], valids: list[np.ndarray], weights: list[float
     return out
 
 
-def _refined_detail(
+def _refined_detail(  # noqa: PLR0913 - hot path: per propagated frame (refined detail); its arguments are that frame's arrays, a bundle would allocate per frame
     target: np.ndarray,
     change: np.ndarray,
     refined: list[np.ndarray],

@@ -27,7 +27,7 @@ from ..faces.paste import BlendOptions, paste_frame
 from ..faces.types import Face
 from .clock import NULL_CLOCK, StageClock
 from .decode import Source, VideoReader, no_frames_error, probe
-from .encode import EncodeOptions, VideoWriter, remux_copy
+from .encode import CopiedStreams, EncodeOptions, FrameFormat, VideoWriter, remux_copy
 from .flow import FlowOptions, KeyChange, grey, propagate
 from .keyframes import REASON_NONE, KeyframeOptions, choose_keyframes
 from .pipe import Prefetch, WriterThread, frames_and_audio
@@ -65,6 +65,18 @@ class FuseOptions:
     feather: float = 0.08
     max_buffer_frames: int = 48
     chunk_frames: int = 16
+
+
+@dataclass(frozen=True)
+class FuseJob:
+    """What one fusion pass fuses and with what: pass 1's face tracks, the refine (one diffusion run per call),
+    the fusion options, and progress(frames written, total), called for every frame written and every `tick`
+    (None: no reports; see fuse_video)."""
+
+    tracks: FaceTracks
+    refine: Refine
+    opts: FuseOptions = FuseOptions()
+    progress: Progress | None = None
 
 
 @dataclass
@@ -146,17 +158,15 @@ class _Fuser:
 
     def __init__(
         self,
-        tracks: FaceTracks,
-        refine: Refine,
-        opts: FuseOptions,
+        job: FuseJob,
         writer: VideoWriter | WriterThread,
         window: range | None = None,
         clock: StageClock = NULL_CLOCK,
-        progress: FrameProgress | None = None,
     ) -> None:
+        tracks, refine, opts = job.tracks, job.refine, job.opts
         self.ft, self.refine, self.opts, self.writer, self.window = tracks, refine, opts, writer, window
         self.clock = clock
-        self.progress = progress if progress is not None else FrameProgress(None, 0)
+        self.progress = FrameProgress(job.progress, tracks.frame_count if window is None else len(window))
         self._refine_kw = {"tick": self.progress.tick} if takes_tick(refine) else {}
         self._read = 0
         s = opts.crop_size
@@ -363,24 +373,17 @@ def _inverse(affine: np.ndarray) -> np.ndarray:
     return cv2.invertAffineTransform(np.asarray(affine, np.float64))
 
 
-def fuse_video(
-    source: Source,
-    out_path: str | Path,
-    tracks: FaceTracks,
-    refine: Refine,
-    opts: FuseOptions = FuseOptions(),
-    progress: Progress | None = None,
-    *,
-    clock: StageClock = NULL_CLOCK,
-) -> VideoStats:
+def fuse_video(source: Source, out_path: str | Path, job: FuseJob, *, clock: StageClock = NULL_CLOCK) -> VideoStats:
     """Pass 2 (see module doc): write the fused video to out_path (.mp4/.mov/.mkv) and return what was done.
 
+    job: the tracks, refine, options and progress of the run (FuseJob).
     clock: gets each stage's time (video/clock.py STAGES: decode, crop, diffusion, flow, propagation, paste, encode).
 
-    progress(frames written, total) is called for every frame written and for every `tick` a refine that takes one
-    calls (video/progress.py). The output exists only when the run finished: an exception (a cancel from
+    job.progress(frames written, total) is called for every frame written and for every `tick` a refine that takes
+    one calls (video/progress.py). The output exists only when the run finished: an exception (a cancel from
     `progress`, a refine error, a corrupt frame) leaves nothing at out_path.
     """
+    tracks, opts, progress = job.tracks, job.opts, job.progress
     t0 = time.perf_counter()
     out_path = Path(out_path)
     total = tracks.frame_count
@@ -411,18 +414,13 @@ def fuse_video(
         with (
             VideoWriter(
                 out_path,
-                tracks.width,
-                tracks.height,
-                rate,
-                reader.time_base,
-                reader.audio,
+                FrameFormat(tracks.width, tracks.height, rate, reader.time_base, sar),
+                CopiedStreams(reader.audio, subtitles=reader.subtitles),
                 opts.encode,
-                reader.subtitles,
-                sar=sar,
             ) as video_writer,
             WriterThread(video_writer, clock=clock) as writer,
         ):
-            fuser = _Fuser(tracks, refine, opts, writer, clock=clock, progress=FrameProgress(progress, total))
+            fuser = _Fuser(job, writer, clock=clock)
             rest: list[Any] = []  # the packets demuxed after the last frame: muxed after the last frame is written
             with Prefetch(frames_and_audio(reader), clock=clock) as items:
                 for frame, audio in items:

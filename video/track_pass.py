@@ -63,21 +63,31 @@ class FaceTracks:
         return [i for i, tr in enumerate(self.tracks) if tr.covers(frame)]
 
 
+@dataclass(frozen=True)
+class TrackHooks:
+    """Who watches pass 1 as it streams: progress(frames read, total) every chunk_frames frames and once at the
+    end (total 0 when the container announces none); on_frame sees every decoded frame (e.g. to keep a few for a
+    preview) and must not keep them all."""
+
+    progress: Progress | None = None
+    chunk_frames: int = 32
+    on_frame: Callable[[Frame], None] | None = None
+
+
 def track_video(
     source: Source,
     detect: DetectFn,
     opts: TrackOptions = TrackOptions(),
-    progress: Progress | None = None,
-    chunk_frames: int = 32,
-    on_frame: Callable[[Frame], None] | None = None,
+    hooks: TrackHooks = TrackHooks(),
     *,
     clock: StageClock = NULL_CLOCK,
 ) -> FaceTracks:
     """Stream a video once and return its face tracks (see module doc).
 
-    on_frame: sees every decoded frame (e.g. to keep a few for a preview); must not keep them all.
+    hooks: the progress callback (and its step) and the per-frame callback (TrackHooks).
     clock: gets the time of "decode" and of "detect" (detection, scene cuts, linking and smoothing).
     """
+    progress, chunk_frames, on_frame = hooks.progress, hooks.chunk_frames, hooks.on_frame
     t0 = time.perf_counter()
     info = probe(source)
     total = info.frames_expected or 0

@@ -87,12 +87,14 @@ class CoreSpec:
 def analyse(path: Path, spec: CoreSpec) -> tuple[FaceTracks, list[int | None]]:
     """The track pass over the whole video, once: its tracks and every frame's pts (for the chunks' seeks)."""
     from ...faces.analyse import load_backend
-    from ...video.track_pass import track_video
+    from ...video.track_pass import TrackHooks, track_video
     from ...video.tracks import make_detect
 
     detector, _ = load_backend(spec.detector, [], device="cpu")  # type: ignore[arg-type]
     pts: list[int | None] = []
-    tracks = track_video(path, make_detect(detector, spec.detect_size), on_frame=lambda f: pts.append(f.pts))
+    tracks = track_video(
+        path, make_detect(detector, spec.detect_size), hooks=TrackHooks(on_frame=lambda f: pts.append(f.pts))
+    )
     return tracks, pts
 
 
@@ -102,11 +104,11 @@ def fuse_file(
     """One video, one process: track pass then fuse pass (the single-worker path; the service's video endpoint;
     `run --engine core` without --ray). progress(frames done, total) during the fuse pass. Returns the report
     fields (frames, faces, key frames, diffusion runs, ..., time_s). Raises on a bad input."""
-    from ...video.fuse_pass import fuse_video
+    from ...video.fuse_pass import FuseJob, fuse_video
 
     t0 = time.perf_counter()
     tracks, _ = analyse(path, spec)
-    stats = fuse_video(path, out_path, tracks, refine or spec.make_refine(), spec.fuse_options(), progress)
+    stats = fuse_video(path, out_path, FuseJob(tracks, refine or spec.make_refine(), spec.fuse_options(), progress))
     row: dict[str, Any] = {
         **stats.counts(),
         "tracks": len(tracks.tracks),
@@ -145,6 +147,7 @@ class VideoWorker:
     ) -> tuple[bytes, dict[str, Any], int]:
         """The chunk's MP4 (video only) as bytes, its stats and this worker's pid."""
         from ...video.chunks import fuse_chunk
+        from ...video.fuse_pass import FuseJob
 
         path = self._videos.get(key)
         if path is None:  # a video's bytes are written once per worker, whatever number of its chunks run here
@@ -154,7 +157,7 @@ class VideoWorker:
             path.write_bytes(data)
             self._videos = {key: path}
         out = self._files / f"chunk_{chunk.index}.mp4"
-        stats = fuse_chunk(path, out, tracks, self.refine, chunk, pts, self.opts)
+        stats = fuse_chunk(path, out, FuseJob(tracks, self.refine, self.opts), chunk, pts)
         blob = out.read_bytes()
         out.unlink()
         return blob, stats.counts(), self.pid
@@ -169,7 +172,7 @@ def chunk_count(tracks: FaceTracks, spec: CoreSpec, workers: int) -> int:
 def _prepare(pool: RayPool, index: int, item: Item, spec: CoreSpec) -> ChunkedVideo:
     """Analyse a video on the driver and plan its chunks (or finish it: a bad input, a video without faces)."""
     from ...video.chunks import plan_chunks
-    from ...video.fuse_pass import fuse_video
+    from ...video.fuse_pass import FuseJob, fuse_video
 
     v = ChunkedVideo(index, item, {"item": item.key, "name": item.name, "kind": item.kind}, time.perf_counter())
     if item.kind != "video":
@@ -181,7 +184,7 @@ def _prepare(pool: RayPool, index: int, item: Item, spec: CoreSpec) -> ChunkedVi
         if not tracks.tracks:  # nothing to fuse: copied through on the driver
             with tempfile.TemporaryDirectory(prefix="tokenfuse_copy_") as tmp:
                 out = Path(tmp) / v.out_name
-                stats = fuse_video(item.path, out, tracks, spec.make_refine(), spec.fuse_options())
+                stats = fuse_video(item.path, out, FuseJob(tracks, spec.make_refine(), spec.fuse_options()))
                 v.files = [(v.out_name, out.read_bytes())]
             v.row.update(stats.counts(), status="ok", chunks=[], join="copied (no face tracks)", time_s=v.elapsed())
             return v

@@ -176,7 +176,7 @@ def driver_tracks(path: Path, widgets: dict[str, Any], threads: int = 1) -> tupl
 
     from ...faces.analyse import load_backend
     from ...faces.select import Selection, parse_indices
-    from ...video.track_pass import TrackOptions, track_video
+    from ...video.track_pass import TrackHooks, TrackOptions, track_video
     from ...video.tracks import make_detect
 
     idx = parse_indices(str(widgets.get("indices", "")))
@@ -201,7 +201,7 @@ def driver_tracks(path: Path, widgets: dict[str, Any], threads: int = 1) -> tupl
         detector, _ = load_backend(widgets.get("backend", "auto"), [], device=widgets.get("device", "cpu"))
         detect = make_detect(detector, int(widgets.get("detect_size", 480)), sel.score_threshold, None)
         pts: list[int | None] = []
-        tracks = track_video(path, detect, opts, on_frame=lambda f: pts.append(f.pts))
+        tracks = track_video(path, detect, opts, TrackHooks(on_frame=lambda f: pts.append(f.pts)))
     finally:
         torch.set_num_threads(before)
     return tracks, pts
