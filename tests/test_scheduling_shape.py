@@ -101,7 +101,7 @@ def test_one_registry_covers_the_strategy_vocabulary() -> None:
 
 
 def strategy_names_in(path: Path) -> list[str]:
-    """'file:line name' of each string literal naming a strategy (a branch on a strategy's name)."""
+    """'file:line name' of each string literal naming a strategy (code that switches on a strategy's name)."""
     names = set(get_args(Strategy))
     tree = ast.parse(path.read_text(encoding="utf-8"))
     return [
