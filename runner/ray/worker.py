@@ -127,7 +127,7 @@ class RunnerWorker:
         item: Item,
         data: bytes,
     ) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
-        from ..run import process_item
+        from ..run import StagedPrompt, process_item
 
         fixed = {nid: self._inputs.stage(constant_key(n, b), n, b) for nid, (n, b) in constants.items()}
         self._jobs += 1
@@ -135,7 +135,7 @@ class RunnerWorker:
         staged = self._inputs.stage(key, item.path.name, data)
         local = Item(path=self._inputs.path(key), name=item.name, kind=item.kind)
         try:
-            row, files = process_item(self.comfy, prompt, slot, fixed, local, staged=staged)
+            row, files = process_item(self.comfy, StagedPrompt(prompt, slot, fixed), local, staged=staged)
         finally:
             self._inputs.drop(key)
             self.comfy.clear_outputs()  # read into `files` already

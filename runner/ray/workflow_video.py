@@ -16,11 +16,10 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..items import Item
-from ..run import RunLog, Summary
+from ..run import RunTarget, Summary, Workflow
 from .dispatch import Outcome, dispatch
 from .pool import RayPool
 from .video_chunks import ChunkedVideo, join_video, record_chunk
@@ -126,26 +125,18 @@ def _joined_row(v: ChunkedVideo, metadata: dict[str, str]) -> tuple[dict[str, An
 
 
 def run_workflow_videos_ray(
-    pool: RayPool,
-    prompt: dict[str, dict[str, Any]],
-    slot: str,
-    constants: dict[str, Path],
-    items: list[Item],
-    output: Path,
-    chunks: int = 0,
-    resume: bool = False,
-    progress: bool = True,
-    retries: int = 2,
-    on_dispatch: Any = None,
+    pool: RayPool, workflow: Workflow, target: RunTarget, chunks: int = 0, on_dispatch: Any = None
 ) -> Summary:
     """Video items of a workflow over the pool's RunnerWorkers (module docstring). chunks: per video (0 = one per
     worker; a single worker with chunks 0 or 1 runs items whole). Same report, resume and summary as run_items_ray;
-    on_dispatch(job, actor, attempt): test hook (job: a (video, Chunk) pair or a _Whole)."""
+    on_dispatch(job, actor, attempt): test hook (job: a (video, Chunk) pair or a _Whole). A lost worker's job is
+    sent again at most twice."""
     ray = pool.ray
+    prompt, slot, constants, items = workflow.prompt, workflow.slot, workflow.constants, workflow.items
     graph = find_video_graph(prompt, slot)
     reason = _whole_reason(graph, len(pool.actors), chunks)
     cpus = max(1, int(pool.spec.num_cpus))
-    run = RunLog(output, len(items), resume, progress)
+    run = target.log(len(items))
     prompt_ref = ray.put(prompt)
     const_ref = ray.put({nid: (p.name, p.read_bytes()) for nid, p in constants.items()})
     chunk_ref = None if isinstance(graph, str) else ray.put(chunk_prompt(prompt, graph, "runner"))
@@ -178,7 +169,7 @@ def run_workflow_videos_ray(
         return actor.run_chunk.remote(chunk_ref, slot, const_ref, v.key, v.refs[0], name, v.refs[1], chunk, v.refs[2])
 
     try:
-        for out in dispatch(pool, jobs(), submit, retries, on_dispatch):
+        for out in dispatch(pool, jobs(), submit, 2, on_dispatch):
             if isinstance(out.job, _Whole):
                 row, files = _whole_row(out, out.job.reason)
                 run.finish(out.job.index, out.job.item, row, files)
