@@ -64,12 +64,23 @@ def chunk_plan_count(frame_count: int, fps: float, chunks: int, workers: int) ->
     return max(1, min(chunks or workers, longest))
 
 
-def _prepare(
-    pool: RayPool, index: int, item: Item, prompt: dict[str, dict[str, Any]], graph: VideoGraph, chunks: int, cpus: int
-) -> _WorkflowVideo | _Whole:
+@dataclass(frozen=True)
+class _Planning:
+    """What the driver plans every video of a chunked run with (built once per run): the workflow's prompt, its
+    video graph, chunks per video (0 = one per worker) and the torch threads of the track pass (cpus)."""
+
+    prompt: dict[str, dict[str, Any]]
+    graph: VideoGraph
+    chunks: int
+    cpus: int
+
+
+def _prepare(pool: RayPool, index: int, item: Item, planning: _Planning) -> _WorkflowVideo | _Whole:
     """Track pass and chunk plan on the driver; a _Whole when this item runs whole; a failed _WorkflowVideo
     (files == []) on a bad input."""
     from ...video.chunks import plan_chunks
+
+    prompt, graph, chunks, cpus = planning.prompt, planning.graph, planning.chunks, planning.cpus
 
     row = {"item": item.key, "name": item.name, "kind": item.kind}
     v = _WorkflowVideo(index, item, row, time.perf_counter(), name=output_name(prompt, graph, item.name))
@@ -141,14 +152,16 @@ def run_workflow_videos_ray(
     const_ref = ray.put({nid: (p.name, p.read_bytes()) for nid, p in constants.items()})
     chunk_ref = None if isinstance(graph, str) else ray.put(chunk_prompt(prompt, graph, "runner"))
 
+    planning = None if isinstance(graph, str) else _Planning(prompt, graph, chunks, cpus)
+
     def jobs() -> Iterator[Any]:
         for index, item in enumerate(items, 1):
             if run.skip_done(index, item):
                 continue
-            if reason or isinstance(graph, str):
+            if reason or planning is None:
                 yield _Whole(index, item, reason)
                 continue
-            v = _prepare(pool, index, item, prompt, graph, chunks, cpus)
+            v = _prepare(pool, index, item, planning)
             if isinstance(v, _Whole):
                 yield v
             elif v.files is not None:
