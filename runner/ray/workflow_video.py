@@ -23,6 +23,7 @@ from ..run import RunTarget, Summary, Workflow
 from .dispatch import Outcome, dispatch
 from .pool import RayPool
 from .video_chunks import ChunkedVideo, join_video, record_chunk
+from .worker import ChunkSetup, ChunkTask
 from .workflow_chunks import (
     VideoGraph,
     chunk_prompt,
@@ -149,8 +150,11 @@ def run_workflow_videos_ray(
     cpus = max(1, int(pool.spec.num_cpus))
     run = target.log(len(items))
     prompt_ref = ray.put(prompt)
-    const_ref = ray.put({nid: (p.name, p.read_bytes()) for nid, p in constants.items()})
-    chunk_ref = None if isinstance(graph, str) else ray.put(chunk_prompt(prompt, graph, "runner"))
+    consts = {nid: (p.name, p.read_bytes()) for nid, p in constants.items()}
+    const_ref = ray.put(consts)
+    chunk_ref = (
+        None if isinstance(graph, str) else ray.put(ChunkSetup(chunk_prompt(prompt, graph, "runner"), slot, consts))
+    )
 
     planning = None if isinstance(graph, str) else _Planning(prompt, graph, chunks, cpus)
 
@@ -178,8 +182,8 @@ def run_workflow_videos_ray(
                 raise OSError(f"cannot read input: {e}") from e
             return actor.run.remote(prompt_ref, slot, const_ref, job.item, data)
         v, chunk = job
-        name = v.item.path.name
-        return actor.run_chunk.remote(chunk_ref, slot, const_ref, v.key, v.refs[0], name, v.refs[1], chunk, v.refs[2])
+        task = ChunkTask(v.key, v.item.path.name, chunk)
+        return actor.run_chunk.remote(chunk_ref, task, v.refs[0], v.refs[1], v.refs[2])
 
     try:
         for out in dispatch(pool, jobs(), submit, 2, on_dispatch):
