@@ -29,7 +29,7 @@ from .errors import WorkflowError
 from .items import Item, expand, item_slot, resolve
 from .output_folder import refuse_non_folder
 from .report import item_names
-from .run import EXIT_USAGE, Summary, run_items
+from .run import EXIT_USAGE, RunTarget, Summary, Workflow, run_items
 
 if TYPE_CHECKING:
     from .comfy.protocol import Comfy
@@ -285,6 +285,9 @@ class _Job:
     items: list[Item]
     kind: str
 
+    def workflow(self) -> Workflow:
+        return Workflow(self.prompt, self.slot, self.constants, self.items)
+
 
 def _open_comfy(args: argparse.Namespace, extra_nodes: dict[str, type] | None) -> Comfy:
     """The ComfyUI of a run without --ray: a server (--server URL) or embedded in this process."""
@@ -337,7 +340,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         args,
         workflow,
         comfy,
-        lambda job: run_items(comfy, job.prompt, job.slot, job.constants, job.items, output, args.resume, progress),
+        lambda job: run_items(comfy, job.workflow(), RunTarget(output, args.resume, progress)),
     )
 
 
@@ -371,12 +374,10 @@ def _run_on_pool(args: argparse.Namespace, pool: RayPool, job: _Job) -> Summary:
     if job.kind == "video":
         from .ray.workflow_video import run_workflow_videos_ray
 
-        return run_workflow_videos_ray(
-            pool, job.prompt, job.slot, job.constants, job.items, output, args.chunks, args.resume, progress
-        )
+        return run_workflow_videos_ray(pool, job.workflow(), RunTarget(output, args.resume, progress), args.chunks)
     from .ray.dispatch import run_items_ray
 
-    return run_items_ray(pool, job.prompt, job.slot, job.constants, job.items, output, args.resume, progress)
+    return run_items_ray(pool, job.workflow(), RunTarget(output, args.resume, progress))
 
 
 def _bind_job(

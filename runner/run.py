@@ -47,6 +47,41 @@ class Summary:
         return f"{self.ok} ok, {self.failed} failed, {self.skipped} skipped (resume){state}, {self.seconds:.1f} s"
 
 
+@dataclass(frozen=True)
+class Workflow:
+    """What a run executes: the API prompt, its item loader's node id (slot), the loaders bound to one file each
+    (constants: node id -> file, e.g. a reference face) and the items."""
+
+    prompt: dict[str, dict[str, Any]]
+    slot: str
+    constants: dict[str, Path]
+    items: list[Item]
+
+
+@dataclass(frozen=True)
+class RunTarget:
+    """Where and how a run files its items: the output folder, resume (skip the items its report says are done and
+    append to it) and progress (the progress line on stderr)."""
+
+    output: Path
+    resume: bool = False
+    progress: bool = True
+
+    def log(self, total: int) -> RunLog:
+        """The RunLog of a run of `total` items into this target."""
+        return RunLog(self.output, total, self.resume, self.progress)
+
+
+@dataclass(frozen=True)
+class StagedPrompt:
+    """A prompt ready for one ComfyUI's items: the API prompt, its item loader's node id (slot) and the constant
+    loaders' files as staged in that ComfyUI's input folder (fixed: node id -> staged name)."""
+
+    prompt: dict[str, dict[str, Any]]
+    slot: str
+    fixed: dict[str, str]
+
+
 class ProgressLine:
     """`[3/10] name  step 4/20` on one terminal line (stderr); plain lines when stderr is not a terminal."""
 
@@ -166,13 +201,7 @@ def _free_path(dst: Path, taken: set[str]) -> Path:
 
 
 def process_item(
-    comfy: Comfy,
-    prompt: dict[str, dict[str, Any]],
-    slot: str,
-    fixed: dict[str, str],
-    item: Item,
-    step: Any = None,
-    staged: str | None = None,
+    comfy: Comfy, bound: StagedPrompt, item: Item, step: Any = None, staged: str | None = None
 ) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
     """Stage, bind and execute one item; returns its report row (without `outputs`) and its output files (name,
     bytes). Never raises for a bad item: the row says failed and why. staged: the item's name in the ComfyUI's input
@@ -182,7 +211,7 @@ def process_item(
     t0 = time.perf_counter()
     try:
         name = comfy.stage(item.path) if staged is None else staged
-        result = comfy.execute(bind(prompt, {**fixed, slot: name}), step)
+        result = comfy.execute(bind(bound.prompt, {**bound.fixed, bound.slot: name}), step)
         row["time_s"] = round(time.perf_counter() - t0, 3)
         row["peak_memory_mib"] = None if result.peak_memory_mib is None else round(result.peak_memory_mib, 1)
         row["memory_kind"] = result.memory_kind
@@ -270,18 +299,10 @@ class RunLog:
         return self.summary
 
 
-def run_items(
-    comfy: Comfy,
-    prompt: dict[str, dict[str, Any]],
-    slot: str,
-    constants: dict[str, Path],
-    items: list[Item],
-    output: Path,
-    resume: bool = False,
-    progress: bool = True,
-) -> Summary:
+def run_items(comfy: Comfy, workflow: Workflow, target: RunTarget) -> Summary:
     """Run every item; returns the summary (its exit_code: 0 all ok, 1 some failed, 130 interrupted)."""
-    run = RunLog(output, len(items), resume, progress)
+    items = workflow.items
+    run = target.log(len(items))
     stop = {"requested": False}
 
     def on_sigint(signum: int, frame: Any) -> None:
@@ -296,7 +317,8 @@ def run_items(
     # reported, the ComfyUI closed (its work folder removed), exit 130; by default it killed the run on the spot.
     previous = {sig: signal.signal(sig, on_sigint) for sig in STOP_SIGNALS} if _main_thread() else {}
     try:
-        fixed = {nid: comfy.stage(path) for nid, path in constants.items()}
+        fixed = {nid: comfy.stage(path) for nid, path in workflow.constants.items()}
+        bound = StagedPrompt(workflow.prompt, workflow.slot, fixed)
         for index, item in enumerate(items, 1):
             if stop["requested"]:
                 run.summary.interrupted = True
@@ -304,7 +326,7 @@ def run_items(
             if run.skip_done(index, item):
                 continue
             run.bar.item(index, item.name)
-            row, files = process_item(comfy, prompt, slot, fixed, item, run.bar.step)
+            row, files = process_item(comfy, bound, item, run.bar.step)
             if run.finish(index, item, row, files):
                 break
     finally:

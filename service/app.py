@@ -354,7 +354,7 @@ class FusionReplica:
                 return 200, {**report, "width": info.width, "height": info.height}, out.read_bytes()
             if self.video_prompt is None:
                 return 400, {"status": "failed", "error": NO_VIDEO_WORKFLOW}, b""
-            from tokenfuse.runner.run import process_item
+            from tokenfuse.runner.run import StagedPrompt, process_item
 
             comfy = self.comfy
             staged = comfy.stage(path)
@@ -362,9 +362,7 @@ class FusionReplica:
                 with self._executing([ticket]):
                     row, files = process_item(
                         comfy,
-                        self.video_prompt,
-                        self.video_slot,
-                        {},
+                        StagedPrompt(self.video_prompt, self.video_slot, {}),
                         Item(path, "request", "video"),
                         self._watch,
                         staged,

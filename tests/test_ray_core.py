@@ -31,6 +31,7 @@ from tokenfuse.runner.core.video import CoreSpec, VideoWorker, fuse_file, run_vi
 from tokenfuse.runner.items import expand  # noqa: E402
 from tokenfuse.runner.ray.cluster import _alive, connect  # noqa: E402
 from tokenfuse.runner.ray.pool import RayPool  # noqa: E402
+from tokenfuse.runner.run import RunTarget  # noqa: E402
 from video_clips import audio_packets, cut_clip, read_frames, trim_copy, video_pts  # noqa: E402
 
 # Lossless x264 (crf 0): "frame for frame equal" is an exact pixel comparison after decoding.
@@ -102,7 +103,7 @@ def test_chunks_spread_over_two_workers_equal_one_worker(cluster: Any, clip: Pat
     shorts = [trim_copy(clip, tmp_path / f"short_{k}.mp4", 1.0) for k in "ab"]
     pool = RayPool("local", 2, SPEC, VideoWorker)
     try:
-        summary = run_videos_ray(pool, expand([*shorts, clip]), tmp_path / "out", SPEC, progress=False)
+        summary = run_videos_ray(pool, expand([*shorts, clip]), SPEC, RunTarget(tmp_path / "out", progress=False))
     finally:
         pool.close()
     assert summary.exit_code == 0 and summary.ok == 3, summary.failures
@@ -145,7 +146,7 @@ def test_killed_worker_mid_chunk_is_retried_elsewhere(cluster: Any, clip: Path, 
     pool = RayPool("local", 2, SPEC, VideoWorker)
     try:
         summary = run_videos_ray(
-            pool, expand([bad, clip]), tmp_path / "out", SPEC, progress=False, on_dispatch=kill_chunk0
+            pool, expand([bad, clip]), SPEC, RunTarget(tmp_path / "out", progress=False), on_dispatch=kill_chunk0
         )
     finally:
         pool.close()
@@ -174,7 +175,7 @@ def test_cli_core_engine_over_ray_equals_one_worker(cluster: Any, clip: Path, tm
     demo = CoreSpec(refine="demo", steps=4, crop_size=128, crf=0, chunks=1)
     pool = RayPool("local", 1, demo, VideoWorker)
     try:
-        assert run_videos_ray(pool, expand([clip]), tmp_path / "one", demo, progress=False).exit_code == 0
+        assert run_videos_ray(pool, expand([clip]), demo, RunTarget(tmp_path / "one", progress=False)).exit_code == 0
     finally:
         pool.close()
     (one_row,) = rows(tmp_path / "one")

@@ -25,7 +25,7 @@ from tokenfuse.runner.comfy.convert import is_api_prompt, node_info, ui_to_api, 
 from tokenfuse.runner.errors import WorkflowError
 from tokenfuse.runner.items import expand, item_slot, resolve
 from tokenfuse.runner.report import ReportWriter, done_keys, item_names, summarize_texts
-from tokenfuse.runner.run import RunLog, Summary, save_outputs
+from tokenfuse.runner.run import RunLog, RunTarget, Summary, Workflow, save_outputs
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
@@ -550,13 +550,15 @@ def test_cli_sends_video_workflows_under_ray_to_the_chunked_path(
 
     calls: dict[str, tuple[Any, ...]] = {}
 
-    def chunked(engine: Any, prompt: dict, slot: str, constants: dict, items: list, out: Path, *rest: Any) -> Summary:
-        calls["chunked"] = (prompt[slot]["class_type"], [i.name for i in items], out, *rest)
-        return Summary(ok=len(items))
+    def chunked(engine: Any, workflow: Workflow, target: RunTarget, chunks: int) -> Summary:
+        wf = workflow
+        calls["chunked"] = (wf.prompt[wf.slot]["class_type"], [i.name for i in wf.items], target, chunks)
+        return Summary(ok=len(wf.items))
 
-    def per_item(engine: Any, prompt: dict, slot: str, constants: dict, items: list, out: Path, *rest: Any) -> Summary:
-        calls["per_item"] = (prompt[slot]["class_type"], [i.name for i in items])
-        return Summary(ok=len(items), failed=1, failures=["x"])
+    def per_item(engine: Any, workflow: Workflow, target: RunTarget) -> Summary:
+        wf = workflow
+        calls["per_item"] = (wf.prompt[wf.slot]["class_type"], [i.name for i in wf.items])
+        return Summary(ok=len(wf.items), failed=1, failures=["x"])
 
     monkeypatch.setattr(cli, "_open_pool", lambda args: Engine())
     monkeypatch.setattr(workflow_video, "run_workflow_videos_ray", chunked)
@@ -569,8 +571,8 @@ def test_cli_sends_video_workflows_under_ray_to_the_chunked_path(
     argv = ["run", str(video_wf), str(clip), "--ray", "local", "--workers", "2", "--chunks", "3"]
     assert cli.main([*argv, "-o", str(out), "--quiet"]) == 0
     assert "per_item" not in calls and Engine.closed
-    kind, names, out_dir, chunks, resume, progress = calls["chunked"]
-    assert (kind, names, out_dir, chunks, resume, progress) == ("LoadVideo", ["talk"], out, 3, False, False)
+    kind, names, target, chunks = calls["chunked"]
+    assert (kind, names, target, chunks) == ("LoadVideo", ["talk"], RunTarget(out, False, False), 3)
     photo_wf = REPO / "workflows" / "tokenfuse_face_refine_sd15_4gb.json"
     assert cli.main(["run", str(photo_wf), str(photo), "--ray", "local", "-o", str(out), "--quiet"]) == 1
     assert calls["per_item"] == ("LoadImage", ["face"])
@@ -720,7 +722,7 @@ def test_an_items_files_include_what_the_pack_wrote_besides_the_save_nodes(tmp_p
     so it lands in `<output>/<item>/tokenfuse/`."""
     from tokenfuse.runner.comfy.protocol import ExecResult, OutputFile
     from tokenfuse.runner.items import Item
-    from tokenfuse.runner.run import process_item
+    from tokenfuse.runner.run import StagedPrompt, process_item
 
     class Engine:
         def stage(self, path: Path) -> str:
@@ -734,7 +736,7 @@ def test_an_items_files_include_what_the_pack_wrote_besides_the_save_nodes(tmp_p
     photo = tmp_path / "a.png"
     photo.write_bytes(b"x")
     prompt = {"1": {"class_type": "LoadImage", "inputs": {"image": ""}}}
-    row, files = process_item(Engine(), prompt, "1", {}, Item(path=photo, name="a", kind="image"))  # type: ignore[arg-type]
+    row, files = process_item(Engine(), StagedPrompt(prompt, "1", {}), Item(path=photo, name="a", kind="image"))  # type: ignore[arg-type]
     assert row["status"] == "ok"
     assert files == [("fused_00001_.png", b"png"), ("tokenfuse/run.jsonl", b'{"summary": {}}\n')]
     assert save_outputs(files, tmp_path / "out" / "a")[1] == str(tmp_path / "out" / "a" / "tokenfuse" / "run.jsonl")

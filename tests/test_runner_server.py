@@ -29,7 +29,7 @@ from PIL import Image  # noqa: E402
 from tokenfuse.runner.comfy.client import NO_WEBSOCKET, ServerComfy  # noqa: E402
 from tokenfuse.runner.comfy.server_ws import NO_MEMORY, PromptEvents  # noqa: E402
 from tokenfuse.runner.items import expand  # noqa: E402
-from tokenfuse.runner.run import run_items  # noqa: E402
+from tokenfuse.runner.run import RunTarget, Workflow, run_items  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # The keys of an ok row of the embedded engine (runner/run.py process_item + report.summarize_texts).
@@ -77,7 +77,9 @@ def test_rows_progress_faces_and_memory(photos: list[Path], tmp_path: Path) -> N
         result = engine.execute(_prompt(image=engine.stage(photos[0])), lambda v, t: steps.append((v, t)))
         assert result.ok, result.error
         assert steps == [(1, 3), (2, 3), (3, 3)]  # from the websocket's progress messages, in order
-        summary = run_items(engine, _prompt(), "1", {}, expand(photos), tmp_path / "out", progress=False)
+        summary = run_items(
+            engine, Workflow(_prompt(), "1", {}, expand(photos)), RunTarget(tmp_path / "out", progress=False)
+        )
         peaks = [float(t.split("peak RSS ")[1].split(" MiB")[0]) for t in fake.peak_texts]
     assert summary.exit_code == 0, summary.failures
     rows = [json.loads(line) for line in (tmp_path / "out" / "report.jsonl").read_text().splitlines()]
@@ -107,7 +109,11 @@ def test_node_error_and_validation_error(photos: list[Path], tmp_path: Path) -> 
     with fake_comfy(tmp_path / "server") as fake:
         engine = ServerComfy(fake.url)
         refused = engine.execute(_prompt(image="never_uploaded.png"))
-        summary = run_items(engine, _prompt(), "1", {}, expand([broken, photos[0]]), tmp_path / "out", progress=False)
+        summary = run_items(
+            engine,
+            Workflow(_prompt(), "1", {}, expand([broken, photos[0]])),
+            RunTarget(tmp_path / "out", progress=False),
+        )
     assert not refused.ok and refused.error == (
         "Prompt outputs failed validation; node 1 (LoadImage): Value not in list: image: 'never_uploaded.png' not in []"
     )
@@ -125,8 +131,12 @@ def test_a_partly_invalid_prompt_fails_the_item(photos: list[Path], tmp_path: Pa
     prompt["4"] = {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "__invalid__"}}
     with fake_comfy(tmp_path / "server") as fake:
         engine = ServerComfy(fake.url)
-        summary = run_items(engine, prompt, "1", {}, expand(photos[:1]), tmp_path / "out", progress=False)
-        again = run_items(engine, prompt, "1", {}, expand(photos[:1]), tmp_path / "out", True, False)
+        summary = run_items(
+            engine, Workflow(prompt, "1", {}, expand(photos[:1])), RunTarget(tmp_path / "out", progress=False)
+        )
+        again = run_items(
+            engine, Workflow(prompt, "1", {}, expand(photos[:1])), RunTarget(tmp_path / "out", True, False)
+        )
         deleted = [body["delete"][0] for path, body in fake.requests if path == "/queue"]
     assert summary.exit_code == 1 and summary.failed == 1 and summary.ok == 0, summary
     (row, redo) = [json.loads(line) for line in (tmp_path / "out" / "report.jsonl").read_text().splitlines()]
@@ -144,7 +154,9 @@ def test_two_save_nodes_with_the_same_file_name_keep_both_files(photos: list[Pat
     prompt["4"] = {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "right/img"}}
     with fake_comfy(tmp_path / "server") as fake:
         summary = run_items(
-            ServerComfy(fake.url), prompt, "1", {}, expand(photos[:1]), tmp_path / "out", progress=False
+            ServerComfy(fake.url),
+            Workflow(prompt, "1", {}, expand(photos[:1])),
+            RunTarget(tmp_path / "out", progress=False),
         )
     assert summary.exit_code == 0, summary.failures
     (row,) = [json.loads(line) for line in (tmp_path / "out" / "report.jsonl").read_text().splitlines()]
@@ -282,12 +294,14 @@ def test_a_server_that_went_away_stops_the_run_resumably(photos: list[Path], tmp
     items = expand(photos)
     with fake_comfy(tmp_path / "server") as fake:
         engine = ServerComfy(fake.url)
-    summary = run_items(engine, _prompt(), "1", {}, items, tmp_path / "out", progress=False)
+    summary = run_items(engine, Workflow(_prompt(), "1", {}, items), RunTarget(tmp_path / "out", progress=False))
     assert summary.interrupted and summary.exit_code == 130 and summary.failed == 0, summary
     (row,) = [json.loads(line) for line in (tmp_path / "out" / "report.jsonl").read_text().splitlines()]
     assert row["status"] == "interrupted" and "did not answer" in row["error"], row
     with fake_comfy(tmp_path / "server2") as fake:
-        again = run_items(ServerComfy(fake.url), _prompt(), "1", {}, items, tmp_path / "out", True, False)
+        again = run_items(
+            ServerComfy(fake.url), Workflow(_prompt(), "1", {}, items), RunTarget(tmp_path / "out", True, False)
+        )
     assert again.exit_code == 0 and again.ok == 2, again
 
 

@@ -148,6 +148,7 @@ def spec_from_args(args: argparse.Namespace) -> CoreSpec:
 
 def cmd_run_core(args: argparse.Namespace) -> int:
     """`run --engine core`: every positional argument is a video source; exit codes as `run`."""
+    from ..run import RunTarget
     from .video import run_videos_local, run_videos_ray
 
     used = [flag for name, flag in CONFLICTS if getattr(args, name)]
@@ -168,14 +169,14 @@ def cmd_run_core(args: argparse.Namespace) -> int:
     if wrong:
         raise WorkflowError(f"--engine core takes videos; {wrong[0].path} is an image (use a photo workflow)")
     if not args.ray:
-        summary = run_videos_local(items, output, spec, args.resume, not args.quiet)
+        summary = run_videos_local(items, spec, RunTarget(output, args.resume, not args.quiet))
     else:
         from ..ray.pool import RayPool
         from .video import VideoWorker
 
         pool = RayPool(args.ray, args.workers, spec, worker_cls=VideoWorker)
         try:
-            summary = run_videos_ray(pool, items, output, spec, args.resume, not args.quiet)
+            summary = run_videos_ray(pool, items, spec, RunTarget(output, args.resume, not args.quiet))
         finally:
             pool.close()
     for failure in summary.failures:

@@ -38,15 +38,13 @@ def demo_refine(
     steps: int = 20,
     denoise: float = 0.45,
     preset: str = "balanced",
-    crop_factor: float = 1.0,
-    device: str = "cpu",
     threads: int = 0,
 ) -> Refine:
     """refine(crops [N, S, S, 3] float32 0..1, seeds [N]) -> refined crops with the small trained face model.
 
-    preset: TokenFuse scheduling preset on the model ("off" = none); crop_factor: the tracks' crop factor (the face
-    mask is drawn from the FFHQ template at it); threads: torch threads (0 = leave as is; the Ray workers get one
-    per CPU they hold). S should be the model's training size (256) or a multiple of 8 near it.
+    preset: TokenFuse scheduling preset on the model ("off" = none); threads: torch threads (0 = leave as is; the Ray
+    workers get one per CPU they hold). Runs on the CPU; the tracks' crop factor is 1.0 (the face mask is drawn from
+    the FFHQ template at it). S should be the model's training size (256) or a multiple of 8 near it.
     """
     import torch
 
@@ -55,7 +53,7 @@ def demo_refine(
 
     if threads > 0:
         torch.set_num_threads(threads)
-    model = _face_model(device)
+    model = _face_model("cpu")
     if preset != "off":
         model = scheduled(model, preset)
     backend = fusion_backend(model, steps, denoise)
@@ -64,7 +62,7 @@ def demo_refine(
         s = int(crops.shape[1])
         settings = FusionSettings(guide_size=s, max_size=s, crop_factor=1.0, feather=0.04, faces_per_batch=1)
         with torch.inference_mode():
-            out, reports = refine_crops(np.ascontiguousarray(crops, np.float32), seeds, settings, backend, crop_factor)
+            out, reports = refine_crops(np.ascontiguousarray(crops, np.float32), seeds, settings, backend, 1.0)
         for seed, report in zip(seeds, reports, strict=True):
             if report.status == "passthrough":
                 log.warning("core engine: a crop passed through unchanged (seed %d): %s", seed, report.warnings)

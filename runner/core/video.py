@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ...video.fuse_pass import FuseOptions, Refine
     from ...video.track_pass import FaceTracks, Progress
     from ..ray.pool import RayPool
-    from ..run import Summary
+    from ..run import RunTarget, Summary
 
 log = logging.getLogger("tokenfuse.runner")
 
@@ -197,23 +197,16 @@ def _prepare(pool: RayPool, index: int, item: Item, spec: CoreSpec) -> ChunkedVi
 
 
 def run_videos_ray(
-    pool: RayPool,
-    items: list[Item],
-    output: Path,
-    spec: CoreSpec,
-    resume: bool = False,
-    progress: bool = True,
-    retries: int = 2,
-    on_dispatch: Any = None,
+    pool: RayPool, items: list[Item], spec: CoreSpec, target: RunTarget, on_dispatch: Any = None
 ) -> Summary:
     """Every video item over the pool's VideoWorker actors (module docstring). The chunks of all items form one
     stream of jobs: while the workers fuse one item's chunks, the driver analyses the next item, so several short
     videos (one chunk each) also run side by side. Same report, resume and summary as run.run_items;
-    on_dispatch(chunk, actor, attempt): test hook (tests kill a worker there)."""
+    on_dispatch(chunk, actor, attempt): test hook (tests kill a worker there). A lost worker's chunk is sent again
+    at most twice."""
     from ..ray.dispatch import dispatch
-    from ..run import RunLog
 
-    run = RunLog(output, len(items), resume, progress)
+    run = target.log(len(items))
 
     def jobs() -> Iterator[tuple[ChunkedVideo, Chunk]]:
         for index, item in enumerate(items, 1):
@@ -232,7 +225,7 @@ def run_videos_ray(
 
     hook = None if on_dispatch is None else (lambda job, actor, attempt: on_dispatch(job[1], actor, attempt))
     try:
-        for out in dispatch(pool, jobs(), submit, retries, hook):
+        for out in dispatch(pool, jobs(), submit, 2, hook):
             v = out.job[0]
             record_chunk(v, out)
             if len(v.chunks) == len(v.plan):
@@ -243,15 +236,11 @@ def run_videos_ray(
     return run.summary
 
 
-def run_videos_local(
-    items: list[Item], output: Path, spec: CoreSpec, resume: bool = False, progress: bool = True
-) -> Summary:
+def run_videos_local(items: list[Item], spec: CoreSpec, target: RunTarget) -> Summary:
     """Every video item in this process, one after the other (`run --engine core` without --ray): same outputs
     (`<output>/<name>/<name>_fused.mp4`), report rows, resume and summary as run_videos_ray. A bad input fails its
     item only; Ctrl-C (KeyboardInterrupt) ends the run after writing the report of the items done."""
-    from ..run import RunLog
-
-    run = RunLog(output, len(items), resume, progress)
+    run = target.log(len(items))
     refine = spec.make_refine()  # built once: the demo model stays loaded between videos
     try:
         for index, item in enumerate(items, 1):

@@ -7,11 +7,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..items import Item
-from ..run import RunLog, Summary
+from ..run import RunTarget, Summary, Workflow
 from .pool import RayPool
 
 log = logging.getLogger("tokenfuse.runner")
@@ -110,22 +109,13 @@ def dispatch(
         yield Outcome(job, attempt, actor, value, lost.pop(id(job), []))
 
 
-def run_items_ray(
-    pool: RayPool,
-    prompt: dict[str, dict[str, Any]],
-    slot: str,
-    constants: dict[str, Path],
-    items: list[Item],
-    output: Path,
-    resume: bool = False,
-    progress: bool = True,
-    retries: int = 2,
-    on_dispatch: Any = None,
-) -> Summary:
+def run_items_ray(pool: RayPool, workflow: Workflow, target: RunTarget, on_dispatch: Any = None) -> Summary:
     """Like run.run_items, on the pool's RunnerWorker actors (one item per idle worker; see `dispatch` for lost
-    workers). on_dispatch(item, actor, attempt): test hook (tests kill a worker there)."""
+    workers; a job is sent again at most twice). on_dispatch(item, actor, attempt): test hook (tests kill a worker
+    there)."""
     ray = pool.ray
-    run = RunLog(output, len(items), resume, progress)
+    prompt, slot, constants, items = workflow.prompt, workflow.slot, workflow.constants, workflow.items
+    run = target.log(len(items))
     const_ref = ray.put({nid: (p.name, p.read_bytes()) for nid, p in constants.items()})
     prompt_ref = ray.put(prompt)
     todo = [(index, item) for index, item in enumerate(items, 1) if not run.skip_done(index, item)]
@@ -139,7 +129,7 @@ def run_items_ray(
         return actor.run.remote(prompt_ref, slot, const_ref, item, data)
 
     try:
-        for out in dispatch(pool, todo, submit, retries, on_dispatch and (lambda j, a, n: on_dispatch(j[1], a, n))):
+        for out in dispatch(pool, todo, submit, 2, on_dispatch and (lambda j, a, n: on_dispatch(j[1], a, n))):
             index, item = out.job
             if out.value is not None:
                 row, files = out.value

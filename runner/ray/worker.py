@@ -25,6 +25,27 @@ class WorkerSpec:
     num_cpus: float = 1.0
 
 
+@dataclass(frozen=True)
+class ChunkSetup:
+    """What every chunk of a chunked workflow run shares (put in Ray's object store once per run): the chunk prompt
+    (runner/ray/workflow_chunks.chunk_prompt), its video loader's node id (slot) and the constant loaders' files
+    (node id -> (file name, bytes))."""
+
+    prompt: dict[str, dict[str, Any]]
+    slot: str
+    constants: dict[str, tuple[str, bytes]]
+
+
+@dataclass(frozen=True)
+class ChunkTask:
+    """One chunk to run: key names the video (its bytes are staged once per worker, whatever number of its chunks
+    run here), filename is the video's file name, chunk its video.chunks.Chunk."""
+
+    key: str
+    filename: str
+    chunk: Any
+
+
 class WorkerFiles:
     """A worker's inputs, written from the bytes the driver sends and staged in its ComfyUI's input folder.
 
@@ -127,7 +148,7 @@ class RunnerWorker:
         item: Item,
         data: bytes,
     ) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
-        from ..run import process_item
+        from ..run import StagedPrompt, process_item
 
         fixed = {nid: self._inputs.stage(constant_key(n, b), n, b) for nid, (n, b) in constants.items()}
         self._jobs += 1
@@ -135,7 +156,7 @@ class RunnerWorker:
         staged = self._inputs.stage(key, item.path.name, data)
         local = Item(path=self._inputs.path(key), name=item.name, kind=item.kind)
         try:
-            row, files = process_item(self.comfy, prompt, slot, fixed, local, staged=staged)
+            row, files = process_item(self.comfy, StagedPrompt(prompt, slot, fixed), local, staged=staged)
         finally:
             self._inputs.drop(key)
             self.comfy.clear_outputs()  # read into `files` already
@@ -143,22 +164,17 @@ class RunnerWorker:
         return row, files
 
     def run_chunk(
-        self,
-        prompt: dict[str, dict[str, Any]],
-        slot: str,
-        constants: dict[str, tuple[str, bytes]],
-        key: str,
-        data: bytes,
-        filename: str,
-        tracks: Any,
-        chunk: Any,
-        pts: list[int | None],
+        self, setup: ChunkSetup, task: ChunkTask, data: bytes, tracks: Any, pts: list[int | None]
     ) -> tuple[bytes | None, dict[str, Any], int]:
-        """One time chunk of a video workflow (runner/ray/workflow_chunks.py): prompt is the chunk prompt, key names the
-        video (its bytes are staged once per worker, whatever number of its chunks run here). Returns the chunk's
-        MP4 (video only; None when the prompt failed), its stats (or {"error": ...}) and this worker's pid."""
+        """One time chunk of a video workflow (runner/ray/workflow_chunks.py): data is the video's bytes, tracks and
+        pts its whole-video tracks and frame pts (each its own ObjectRef on the driver: Ray resolves top-level
+        arguments only). Returns the chunk's MP4 (video only; None when the prompt failed), its stats (or
+        {"error": ...}) and this worker's pid."""
         from ..run import bind, output_name
         from .chunk_node import JOBS, ChunkJob
+
+        prompt, slot, constants = setup.prompt, setup.slot, setup.constants
+        key, filename, chunk = task.key, task.filename, task.chunk
 
         names = {
             nid: self._inputs.stage(constant_key(n, b), n, b) for nid, (n, b) in constants.items() if nid in prompt

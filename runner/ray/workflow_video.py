@@ -16,14 +16,14 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..items import Item
-from ..run import RunLog, Summary
+from ..run import RunTarget, Summary, Workflow
 from .dispatch import Outcome, dispatch
 from .pool import RayPool
 from .video_chunks import ChunkedVideo, join_video, record_chunk
+from .worker import ChunkSetup, ChunkTask
 from .workflow_chunks import (
     VideoGraph,
     chunk_prompt,
@@ -65,12 +65,23 @@ def chunk_plan_count(frame_count: int, fps: float, chunks: int, workers: int) ->
     return max(1, min(chunks or workers, longest))
 
 
-def _prepare(
-    pool: RayPool, index: int, item: Item, prompt: dict[str, dict[str, Any]], graph: VideoGraph, chunks: int, cpus: int
-) -> _WorkflowVideo | _Whole:
+@dataclass(frozen=True)
+class _Planning:
+    """What the driver plans every video of a chunked run with (built once per run): the workflow's prompt, its
+    video graph, chunks per video (0 = one per worker) and the torch threads of the track pass (cpus)."""
+
+    prompt: dict[str, dict[str, Any]]
+    graph: VideoGraph
+    chunks: int
+    cpus: int
+
+
+def _prepare(pool: RayPool, index: int, item: Item, planning: _Planning) -> _WorkflowVideo | _Whole:
     """Track pass and chunk plan on the driver; a _Whole when this item runs whole; a failed _WorkflowVideo
     (files == []) on a bad input."""
     from ...video.chunks import plan_chunks
+
+    prompt, graph, chunks, cpus = planning.prompt, planning.graph, planning.chunks, planning.cpus
 
     row = {"item": item.key, "name": item.name, "kind": item.kind}
     v = _WorkflowVideo(index, item, row, time.perf_counter(), name=output_name(prompt, graph, item.name))
@@ -126,38 +137,35 @@ def _joined_row(v: ChunkedVideo, metadata: dict[str, str]) -> tuple[dict[str, An
 
 
 def run_workflow_videos_ray(
-    pool: RayPool,
-    prompt: dict[str, dict[str, Any]],
-    slot: str,
-    constants: dict[str, Path],
-    items: list[Item],
-    output: Path,
-    chunks: int = 0,
-    resume: bool = False,
-    progress: bool = True,
-    retries: int = 2,
-    on_dispatch: Any = None,
+    pool: RayPool, workflow: Workflow, target: RunTarget, chunks: int = 0, on_dispatch: Any = None
 ) -> Summary:
     """Video items of a workflow over the pool's RunnerWorkers (module docstring). chunks: per video (0 = one per
     worker; a single worker with chunks 0 or 1 runs items whole). Same report, resume and summary as run_items_ray;
-    on_dispatch(job, actor, attempt): test hook (job: a (video, Chunk) pair or a _Whole)."""
+    on_dispatch(job, actor, attempt): test hook (job: a (video, Chunk) pair or a _Whole). A lost worker's job is
+    sent again at most twice."""
     ray = pool.ray
+    prompt, slot, constants, items = workflow.prompt, workflow.slot, workflow.constants, workflow.items
     graph = find_video_graph(prompt, slot)
     reason = _whole_reason(graph, len(pool.actors), chunks)
     cpus = max(1, int(pool.spec.num_cpus))
-    run = RunLog(output, len(items), resume, progress)
+    run = target.log(len(items))
     prompt_ref = ray.put(prompt)
-    const_ref = ray.put({nid: (p.name, p.read_bytes()) for nid, p in constants.items()})
-    chunk_ref = None if isinstance(graph, str) else ray.put(chunk_prompt(prompt, graph, "runner"))
+    consts = {nid: (p.name, p.read_bytes()) for nid, p in constants.items()}
+    const_ref = ray.put(consts)
+    chunk_ref = (
+        None if isinstance(graph, str) else ray.put(ChunkSetup(chunk_prompt(prompt, graph, "runner"), slot, consts))
+    )
+
+    planning = None if isinstance(graph, str) else _Planning(prompt, graph, chunks, cpus)
 
     def jobs() -> Iterator[Any]:
         for index, item in enumerate(items, 1):
             if run.skip_done(index, item):
                 continue
-            if reason or isinstance(graph, str):
+            if reason or planning is None:
                 yield _Whole(index, item, reason)
                 continue
-            v = _prepare(pool, index, item, prompt, graph, chunks, cpus)
+            v = _prepare(pool, index, item, planning)
             if isinstance(v, _Whole):
                 yield v
             elif v.files is not None:
@@ -174,11 +182,11 @@ def run_workflow_videos_ray(
                 raise OSError(f"cannot read input: {e}") from e
             return actor.run.remote(prompt_ref, slot, const_ref, job.item, data)
         v, chunk = job
-        name = v.item.path.name
-        return actor.run_chunk.remote(chunk_ref, slot, const_ref, v.key, v.refs[0], name, v.refs[1], chunk, v.refs[2])
+        task = ChunkTask(v.key, v.item.path.name, chunk)
+        return actor.run_chunk.remote(chunk_ref, task, v.refs[0], v.refs[1], v.refs[2])
 
     try:
-        for out in dispatch(pool, jobs(), submit, retries, on_dispatch):
+        for out in dispatch(pool, jobs(), submit, 2, on_dispatch):
             if isinstance(out.job, _Whole):
                 row, files = _whole_row(out, out.job.reason)
                 run.finish(out.job.index, out.job.item, row, files)

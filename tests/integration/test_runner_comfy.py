@@ -143,7 +143,7 @@ def test_every_workflow_runs_through_the_runner(
     from tokenfuse.runner.cli import apply_sets
     from tokenfuse.runner.comfy.convert import ui_to_api
     from tokenfuse.runner.items import expand, item_slot, resolve
-    from tokenfuse.runner.run import run_items
+    from tokenfuse.runner.run import RunTarget, Workflow, run_items
 
     prompt = _substitute(ui_to_api(json.loads(path.read_text(encoding="utf-8")), engine.node_defs()))
     apply_sets(prompt, ["TokenFuseScheduledFusion.steps=1"])
@@ -152,7 +152,7 @@ def test_every_workflow_runs_through_the_runner(
         constants[resolve(prompt, "source_face")] = photos.mirrored
     slot = item_slot(prompt, set(constants))
     item = photos.group if "group" in path.stem else photos.astronaut
-    summary = run_items(engine, prompt, slot, constants, expand([item]), tmp_path, progress=False)
+    summary = run_items(engine, Workflow(prompt, slot, constants, expand([item])), RunTarget(tmp_path, progress=False))
     assert summary.exit_code == 0, summary.failures
     (row,) = [json.loads(line) for line in (tmp_path / "report.jsonl").read_text().splitlines()]
     assert row["status"] == "ok" and row["faces"] == (3 if "group" in path.stem else 1), row
@@ -437,7 +437,7 @@ def test_video_items_through_a_loadvideo_workflow(engine: Any, tmp_path: Path) -
     import av
     from tokenfuse.runner.comfy.convert import ui_to_api
     from tokenfuse.runner.items import expand, item_slot
-    from tokenfuse.runner.run import run_items
+    from tokenfuse.runner.run import RunTarget, Workflow, run_items
 
     (tmp_path / "clips").mkdir()
     _make_clip(tmp_path / "clips" / "one.mp4")
@@ -462,7 +462,9 @@ def test_video_items_through_a_loadvideo_workflow(engine: Any, tmp_path: Path) -
         "codec": "auto",
     }
     items = expand([tmp_path / "clips"])
-    summary = run_items(engine, prompt, item_slot(prompt, set()), {}, items, tmp_path / "out", progress=False)
+    summary = run_items(
+        engine, Workflow(prompt, item_slot(prompt, set()), {}, items), RunTarget(tmp_path / "out", progress=False)
+    )
     assert summary.exit_code == 0, summary.failures
     rows = [json.loads(line) for line in (tmp_path / "out" / "report.jsonl").read_text().splitlines()]
     assert [(r["name"], r["kind"], r["status"]) for r in rows] == [("one", "video", "ok"), ("two", "video", "ok")]
@@ -509,14 +511,16 @@ def test_server_mode_rows_equal_embedded(
     lacks only the TokenSchedulerController report string (not a UI output)."""
     from tokenfuse.runner.comfy.client import ServerComfy
     from tokenfuse.runner.items import expand
-    from tokenfuse.runner.run import run_items
+    from tokenfuse.runner.run import RunTarget, Workflow, run_items
 
     server = ServerComfy(fusion_server.url)
     assert server.websocket
     rows = {}
     for name, eng in (("embedded", engine), ("server", server)):
         out = tmp_path / name
-        summary = run_items(eng, _fusion_prompt(), "4", {}, expand([photos.astronaut]), out, progress=False)
+        summary = run_items(
+            eng, Workflow(_fusion_prompt(), "4", {}, expand([photos.astronaut])), RunTarget(out, progress=False)
+        )
         assert summary.exit_code == 0, (name, summary.failures, fusion_server.log.read_text()[-3000:])
         (rows[name],) = [json.loads(line) for line in (out / "report.jsonl").read_text().splitlines()]
     emb, srv = rows["embedded"], rows["server"]

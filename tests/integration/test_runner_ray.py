@@ -25,6 +25,7 @@ def test_two_workers_spread_and_recover(comfyui_path: Path, tmp_path: Path) -> N
     from tokenfuse.runner.ray.dispatch import run_items_ray
     from tokenfuse.runner.ray.pool import RayPool
     from tokenfuse.runner.ray.worker import WorkerSpec
+    from tokenfuse.runner.run import RunTarget, Workflow
 
     photos = tmp_path / "in"
     photos.mkdir()
@@ -49,7 +50,10 @@ def test_two_workers_spread_and_recover(comfyui_path: Path, tmp_path: Path) -> N
         items = expand([photos])
         out = tmp_path / "out"
         summary = run_items_ray(
-            pool, prompt, item_slot(prompt, set()), {}, items, out, progress=False, on_dispatch=kill_first
+            pool,
+            Workflow(prompt, item_slot(prompt, set()), {}, items),
+            RunTarget(out, progress=False),
+            on_dispatch=kill_first,
         )
     finally:
         if pool is not None:

@@ -72,6 +72,7 @@ def test_video_workflow_chunked_equals_one_worker(comfyui_path: Path, tmp_path: 
     from tokenfuse.runner.ray.pool import RayPool
     from tokenfuse.runner.ray.worker import WorkerSpec
     from tokenfuse.runner.ray.workflow_video import run_workflow_videos_ray
+    from tokenfuse.runner.run import RunTarget, Workflow
     from video_clips import audio_packets, cut_clip, read_frames, video_pts
 
     (tmp_path / "in").mkdir()
@@ -96,9 +97,13 @@ def test_video_workflow_chunked_equals_one_worker(comfyui_path: Path, tmp_path: 
         prompt = demo_video_prompt(pool.node_defs())
         slot = item_slot(prompt, set())
         items = expand([clip])
-        one = run_items_ray(pool, prompt, slot, {}, items, tmp_path / "one", progress=False)
+        one = run_items_ray(pool, Workflow(prompt, slot, {}, items), RunTarget(tmp_path / "one", progress=False))
         chunked = run_workflow_videos_ray(
-            pool, prompt, slot, {}, items, tmp_path / "chunked", chunks=3, progress=False, on_dispatch=kill_chunk1
+            pool,
+            Workflow(prompt, slot, {}, items),
+            RunTarget(tmp_path / "chunked", progress=False),
+            chunks=3,
+            on_dispatch=kill_chunk1,
         )
     finally:
         if pool is not None:
