@@ -44,6 +44,7 @@ from tokenfuse.service.access import (  # noqa: F401 - TOKEN_ENV, token_digest: 
     token_digest,
 )
 from tokenfuse.service.bodies import read_body, spool_body, without_paths
+from tokenfuse.video.encode import output_suffix
 
 if TYPE_CHECKING:
     from tokenfuse.runner.comfy.embedded import EmbeddedComfy
@@ -339,7 +340,7 @@ class FusionReplica:
             if self.core is not None:
                 from tokenfuse.runner.core.video import fuse_file
 
-                out = Path(tmp) / "fused.mp4"
+                out = Path(tmp) / f"fused{output_suffix()}"
 
                 def stop_when_gone(done: int, total: int) -> None:
                     if ticket.gone.is_set():

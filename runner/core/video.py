@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...video.encode import output_suffix
 from ..items import Item
 from ..ray.video_chunks import ChunkedVideo, join_video, record_chunk
 from .refine import RefineName, make_refine
@@ -156,7 +157,7 @@ class VideoWorker:
             path = self._files / f"{len(self._videos)}{Path(tracks.name).suffix or '.mp4'}"
             path.write_bytes(data)
             self._videos = {key: path}
-        out = self._files / f"chunk_{chunk.index}.mp4"
+        out = self._files / f"chunk_{chunk.index}{output_suffix(self.opts.encode.codec)}"
         stats = fuse_chunk(path, out, FuseJob(tracks, self.refine, self.opts), chunk, pts)
         blob = out.read_bytes()
         out.unlink()
@@ -254,7 +255,7 @@ def run_videos_local(items: list[Item], spec: CoreSpec, target: RunTarget) -> Su
                 if item.kind != "video":
                     raise ValueError("the core video engine takes videos only")
                 with tempfile.TemporaryDirectory(prefix="tokenfuse_core_") as tmp:
-                    out = Path(tmp) / f"{item.name}_fused.mp4"
+                    out = Path(tmp) / f"{item.name}_fused{output_suffix()}"
                     row.update(fuse_file(item.path, out, spec, refine, run.bar.step), status="ok")
                     files = [(out.name, out.read_bytes())]
             except Exception as e:  # noqa: BLE001 - a bad input fails its item only

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from ...video.encode import output_suffix
 from ..items import Item
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ class ChunkedVideo:
 
     @property
     def out_name(self) -> str:
-        return f"{self.item.name}_fused.mp4"
+        return f"{self.item.name}_fused{output_suffix()}"
 
     def fail(self, e: Exception) -> None:
         log.debug("video %s failed", self.item.path, exc_info=True)
@@ -117,7 +118,7 @@ def join_video(
         with tempfile.TemporaryDirectory(prefix="tokenfuse_join_") as tmp:
             paths = []
             for i in sorted(v.blobs):
-                paths.append(Path(tmp) / f"chunk_{i}.mp4")
+                paths.append(Path(tmp) / f"chunk_{i}{output_suffix()}")
                 paths[-1].write_bytes(v.blobs.pop(i))
             join = join_chunks(v.item.path, paths, Path(tmp) / v.out_name, metadata)
             files = [(v.out_name, (Path(tmp) / v.out_name).read_bytes())]

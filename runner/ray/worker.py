@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...video.encode import output_suffix
 from ..items import Item
 
 
@@ -182,7 +183,7 @@ class RunnerWorker:
         names[slot] = self._inputs.stage(key, filename, data, video=True)
         self._jobs += 1
         job = f"{prompt[_chunk_node_id(prompt)]['inputs']['job']}#{self._jobs}"  # unique: never a cached result
-        out = self._files / f"chunk_{self._jobs}.mp4"
+        out = self._files / f"chunk_{self._jobs}{output_suffix()}"
         JOBS[job] = ChunkJob(tracks, chunk, pts, out)
         try:
             staged = bind(prompt, names)

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...video.encode import output_suffix
+
 if TYPE_CHECKING:
     from ...video.track_pass import FaceTracks
 
@@ -164,7 +166,7 @@ def output_name(prompt: dict[str, dict[str, Any]], graph: VideoGraph, item_name:
     prefix = str(prompt[graph.saves[0]]["inputs"].get("filename_prefix", ""))
     stem = Path(prefix).name
     if not stem or "%" in prefix:
-        return f"{item_name}_fused.mp4"
+        return f"{item_name}_fused{output_suffix()}"
     return f"{stem}_00001_.mp4"
 
 
