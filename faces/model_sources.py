@@ -68,12 +68,14 @@ SOURCES: dict[str, ModelSource] = {
 
 def get_it(name: str, folder: str) -> str:
     """One sentence saying where model `name` goes (models/<folder>) and where to download it: the known address for
-    the files in SOURCES (by file name, any subfolder), else a pointer to the workflow's Note and NODES.md."""
+    the files in SOURCES (by file name, any subfolder), else a pointer to the workflow's Note and NODES.md. An unknown
+    name is not echoed: the sentence is the same for every such name, so the message says nothing of which paths
+    exist (the existence oracle the security tests check)."""
     base = name.replace("\\", "/").rsplit("/", 1)[-1]
     source = SOURCES.get(base)
     if source is None:
         return (
-            f"Put {base} in ComfyUI's models/{folder} folder (the workflow's Note and NODES.md say where to get the "
+            f"Put the file in ComfyUI's models/{folder} folder (the workflow's Note and NODES.md say where to get the "
             "pack's models), then press R in ComfyUI to refresh the lists."
         )
     return (
