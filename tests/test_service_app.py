@@ -556,6 +556,7 @@ TOKEN = "s3cret-token-for-the-tests-0123"
 def test_serve_beyond_loopback_without_a_token_is_refused(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
     """Issue 34 item 7: `serve --host 0.0.0.0` served anyone who could reach the port. Without a token it now exits 2
     before Ray or ComfyUI start; a token from --token or TOKENFUSE_SERVE_TOKEN reaches the replicas as its sha256."""
+    pytest.importorskip("ray", reason="Ray is optional: pip install -r requirements-scale.txt")
     from tokenfuse.service import app, deploy
     from tokenfuse.service.cli import main
 
@@ -607,7 +608,7 @@ def test_with_a_token_every_request_needs_it_before_any_body_is_read() -> None:
 
 
 def test_loopback_addresses() -> None:
-    from tokenfuse.service.app import is_loopback
+    from tokenfuse.service.access import is_loopback
 
     assert all(is_loopback(h) for h in ("127.0.0.1", "localhost", "LOCALHOST", "::1", "[::1]", "127.1.2.3"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "", "10.0.0.1", "::ffff:10.0.0.1", "example.com"))
