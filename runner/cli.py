@@ -23,16 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .comfy.convert import is_api_prompt, ui_to_api
 from .core.cli import add_core_arguments, cmd_run_core, refuse_core_options
 from .errors import WorkflowError
 from .items import Item, expand, item_slot, resolve
+from .on_comfyui.convert import is_api_prompt, ui_to_api
 from .output_folder import refuse_non_folder
 from .report import item_names
 from .run import EXIT_USAGE, RunTarget, Summary, Workflow, run_items
 
 if TYPE_CHECKING:
-    from .comfy.protocol import Comfy
+    from .on_comfyui.protocol import Comfy
     from .ray.pool import RayPool
 
 log = logging.getLogger("tokenfuse.runner")
@@ -292,10 +292,10 @@ class _Job:
 def _open_comfy(args: argparse.Namespace, extra_nodes: dict[str, type] | None) -> Comfy:
     """The ComfyUI of a run without --ray: a server (--server URL) or embedded in this process."""
     if args.server:
-        from .comfy.client import ServerComfy
+        from .on_comfyui.client import ServerComfy
 
         return ServerComfy(args.server)
-    from .comfy.embedded import EmbeddedComfy
+    from .on_comfyui.embedded import EmbeddedComfy
 
     return EmbeddedComfy(args.comfyui, cpu=args.cpu, sdpa=args.sdpa, extra_nodes=extra_nodes)
 

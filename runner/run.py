@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, TextIO
 
-from .comfy.protocol import Comfy, ComfyUnavailable, OutputFile
 from .items import Item, loaders
+from .on_comfyui.protocol import Comfy, ComfyUnavailable, OutputFile
 from .output_folder import check_entry, make_folders, output_root, remove_entry, write_new
 from .report import ReportWriter, done_keys, summarize_texts
 

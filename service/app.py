@@ -47,8 +47,8 @@ from tokenfuse.service.bodies import read_body, spool_body, without_paths
 from tokenfuse.video.encode import output_suffix
 
 if TYPE_CHECKING:
-    from tokenfuse.runner.comfy.embedded import EmbeddedComfy
     from tokenfuse.runner.core.video import CoreSpec
+    from tokenfuse.runner.on_comfyui.embedded import EmbeddedComfy
 
 log = logging.getLogger("tokenfuse.service")
 UNREADABLE = "not a decodable image"
@@ -144,10 +144,10 @@ class FusionReplica:
 
     def _start_comfy(self, cfg: ServiceConfig) -> None:
         from tokenfuse.runner.cli import apply_sets_to, load_prompt
-        from tokenfuse.runner.comfy.embedded import EmbeddedComfy
         from tokenfuse.runner.demo import DEMO_LOADER, DemoModels, demo_prompt, fill_defaults
         from tokenfuse.runner.errors import WorkflowError
         from tokenfuse.runner.items import item_slot
+        from tokenfuse.runner.on_comfyui.embedded import EmbeddedComfy
         from tokenfuse.service.batch_node import BATCH_LOADER, FRAMES_APART, FramesApart, LoadBatch, insert_frames_apart
 
         extra: dict[str, type] = {

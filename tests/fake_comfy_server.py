@@ -1,8 +1,8 @@
 """A small ComfyUI server stand-in for the runner's `--server` tests in CI (no ComfyUI there), on loopback only.
 
 It speaks the parts of ComfyUI 0.3.64's HTTP and websocket API the runner uses, with ComfyUI's message shapes (see
-runner/comfy/server_ws.py): /system_stats, /object_info, /upload/image, /prompt (400 with `error` + `node_errors` for a
-LoadImage file that was never uploaded), /queue (GET, POST delete), /interrupt (global or by prompt_id), /history,
+runner/on_comfyui/server_ws.py): /system_stats, /object_info, /upload/image, /prompt (400 with `error` + `node_errors`
+for a LoadImage file that was never uploaded), /queue (GET, POST delete), /interrupt (global or by prompt_id), /history,
 /view and /ws?clientId=. A SaveImage with an input "__invalid__" fails validation alone: 200, the prompt queued
 without it, its error in `node_errors` (what ComfyUI does when another output validates). One prompt runs at a time,
 in queue order, like ComfyUI's worker. Per node class:

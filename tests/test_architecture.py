@@ -82,8 +82,8 @@ def test_the_root_package_imports_only_nodes() -> None:
 # runner/'s rooms (docs/architecture.md, "The runner"): room -> the other rooms it may import. Every room may import
 # the shared modules at runner/'s top; the shared modules import no room, except cli.py (it starts each side) and the
 # `Comfy` protocol the item loop runs on.
-RUNNER_ROOMS: dict[str, set[str]] = {"comfy": set(), "ray": {"comfy"}, "core": {"ray"}}
-RUNNER_SHARED_MAY_IMPORT = {"comfy.protocol"}
+RUNNER_ROOMS: dict[str, set[str]] = {"on_comfyui": set(), "ray": {"on_comfyui"}, "core": {"ray"}}
+RUNNER_SHARED_MAY_IMPORT = {"on_comfyui.protocol"}
 
 
 def _runner_imports(path: Path) -> list[tuple[list[str], int]]:
@@ -103,9 +103,9 @@ def _runner_imports(path: Path) -> list[tuple[list[str], int]]:
 
 
 def test_runner_rooms_import_one_way() -> None:
-    """comfy/ imports no other room, ray/ only comfy/, core/ only ray/; the shared modules only the Comfy protocol
-    (cli.py, which starts every side, aside). A cycle between rooms (ray/ once imported the core engine's private
-    chunk helpers while core/ used the Ray pool) fails here."""
+    """on_comfyui/ imports no other room, ray/ only on_comfyui/, core/ only ray/; the shared modules only the Comfy
+    protocol (cli.py, which starts every side, aside). A cycle between rooms (ray/ once imported the core engine's
+    private chunk helpers while core/ used the Ray pool) fails here."""
     bad = []
     for path in sorted((REPO / "runner").rglob("*.py")):
         rel = path.relative_to(REPO / "runner").parts

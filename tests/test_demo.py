@@ -109,7 +109,7 @@ def test_the_sample_photo_demo_gets_its_sheet(
     the fused photo and the plan preview as the demo graph's SaveImage nodes would."""
     pytest.importorskip("skimage")
     import tokenfuse.runner.cli as cli
-    from tokenfuse.runner.comfy.protocol import ExecResult, OutputFile
+    from tokenfuse.runner.on_comfyui.protocol import ExecResult, OutputFile
 
     png = cv2.imencode(".png", np.full((64, 64, 3), 99, np.uint8))[1].tobytes()
 

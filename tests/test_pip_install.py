@@ -85,7 +85,7 @@ def test_wheel_contents(installed: tuple[Path, Path]) -> None:
         "tokenfuse/__init__.py",
         "tokenfuse/__main__.py",
         "tokenfuse/runner/cli.py",
-        "tokenfuse/runner/comfy/server_ws.py",
+        "tokenfuse/runner/on_comfyui/server_ws.py",
         "tokenfuse/runner/core/video.py",
         "tokenfuse/runner/ray/pool.py",
         "tokenfuse/service/app.py",

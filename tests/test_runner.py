@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from tokenfuse import NODE_CLASS_MAPPINGS
 from tokenfuse.runner.cli import apply_sets
-from tokenfuse.runner.comfy.convert import is_api_prompt, node_info, ui_to_api, widget_layout
 from tokenfuse.runner.errors import WorkflowError
 from tokenfuse.runner.items import expand, item_slot, resolve
+from tokenfuse.runner.on_comfyui.convert import is_api_prompt, node_info, ui_to_api, widget_layout
 from tokenfuse.runner.report import ReportWriter, done_keys, item_names, summarize_texts
 from tokenfuse.runner.run import RunLog, RunTarget, Summary, Workflow, save_outputs
 
@@ -361,8 +361,8 @@ def _run_main(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
 def test_node_errors_fail_an_item_even_when_one_output_validates() -> None:
     """validate_prompt says valid when one output validates (ComfyUI then runs only that one): a node error in the
     answer fails the item anyway, worded as a validation error; and a save node that filed nothing fails it too."""
-    from tokenfuse.runner.comfy.embedded import validation_error
-    from tokenfuse.runner.comfy.protocol import missing_saves, output_entries
+    from tokenfuse.runner.on_comfyui.embedded import validation_error
+    from tokenfuse.runner.on_comfyui.protocol import missing_saves, output_entries
 
     bad = {"9": {"class_type": "SaveImage", "errors": [{"message": "Value not in list", "details": "x"}]}}
     assert validation_error(True, None, {}) == ""
@@ -626,7 +626,7 @@ def test_staging_keeps_a_long_input_name_one_valid_file_name(tmp_path: Path) -> 
     failed with "File name too long" (embedded engine) or HTTP 500 (ComfyUI's upload, --server)."""
     import itertools
 
-    from tokenfuse.runner.comfy.embedded import EmbeddedComfy, staged_name
+    from tokenfuse.runner.on_comfyui.embedded import EmbeddedComfy, staged_name
 
     src = tmp_path / ("é" * 100 + "a" * 46 + ".png")  # 250 bytes
     src.write_bytes(b"x")
@@ -649,7 +649,7 @@ def test_work_folders_of_killed_runners_are_removed_after_a_day(tmp_path: Path) 
     import signal
     import time
 
-    from tokenfuse.runner.comfy.embedded import sweep_stale_run_folders
+    from tokenfuse.runner.on_comfyui.embedded import sweep_stale_run_folders
 
     victim = tmp_path / "photos"
     victim.mkdir()
@@ -678,7 +678,7 @@ def test_work_folders_of_killed_runners_are_removed_after_a_day(tmp_path: Path) 
         f"s = importlib.util.spec_from_file_location('tokenfuse', {str(REPO / '__init__.py')!r}, "
         f"submodule_search_locations=[{str(REPO)!r}]); m = importlib.util.module_from_spec(s); "
         "sys.modules['tokenfuse'] = m; s.loader.exec_module(m); "
-        "from tokenfuse.runner.comfy.embedded import hold_run_lock; "
+        "from tokenfuse.runner.on_comfyui.embedded import hold_run_lock; "
         f"fd = hold_run_lock(Path({str(live)!r})); print('locked', flush=True); time.sleep(60)"
     )
     runner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -700,7 +700,7 @@ def test_files_the_pack_wrote_during_a_prompt_are_found_by_name_and_stamp(tmp_pa
     prompt wrote there (new or rewritten; hidden temporary files aside) is what it carries back with the item."""
     import os
 
-    from tokenfuse.runner.comfy.embedded import changed_files, file_stamps
+    from tokenfuse.runner.on_comfyui.embedded import changed_files, file_stamps
 
     folder = tmp_path / "tokenfuse"
     assert file_stamps(folder) == {}  # no folder yet: nothing written before the first run
@@ -720,8 +720,8 @@ def test_an_items_files_include_what_the_pack_wrote_besides_the_save_nodes(tmp_p
     """A schedule's telemetry JSONL lives in the embedded engine's temporary output folder (removed when the run
     ends, a Ray worker's with its scratch folder): the item carries it as `tokenfuse/<name>` next to the saved image,
     so it lands in `<output>/<item>/tokenfuse/`."""
-    from tokenfuse.runner.comfy.protocol import ExecResult, OutputFile
     from tokenfuse.runner.items import Item
+    from tokenfuse.runner.on_comfyui.protocol import ExecResult, OutputFile
     from tokenfuse.runner.run import StagedPrompt, process_item
 
     class Engine:

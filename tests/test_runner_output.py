@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from tokenfuse.runner import cli
-from tokenfuse.runner.comfy.protocol import ExecResult, OutputFile
+from tokenfuse.runner.on_comfyui.protocol import ExecResult, OutputFile
 from tokenfuse.runner.output_folder import OutputFolderError
 from tokenfuse.runner.report import ReportWriter
 from tokenfuse.runner.run import save_outputs, set_aside

@@ -1,8 +1,8 @@
-"""The runner's `--server` mode (runner/comfy/client.py + runner/comfy/server_ws.py) against a loopback stand-in of
-ComfyUI's HTTP and websocket API (tests/fake_comfy_server.py), in CI without ComfyUI: per-step progress from the
-websocket, node errors and validation errors worded like the embedded engine's, the report's faces / fallbacks / peak
-memory, the /history polling fallback, and Ctrl-C (the prompt deleted from the queue and interrupted by its id, exit
-130).
+"""The runner's `--server` mode (runner/on_comfyui/client.py + runner/on_comfyui/server_ws.py) against a loopback
+stand-in of ComfyUI's HTTP and websocket API (tests/fake_comfy_server.py), in CI without ComfyUI: per-step progress from
+the websocket, node errors and validation errors worded like the embedded engine's, the report's faces / fallbacks /
+peak memory, the /history polling fallback, and Ctrl-C (the prompt deleted from the queue and interrupted by its id,
+exit 130).
 
 Against a real ComfyUI server: tests/integration/test_runner_comfy.py (test_server_mode_rows_equal_embedded).
 """
@@ -26,9 +26,9 @@ import pytest
 pytest.importorskip("aiohttp", reason="aiohttp (requirements-test.txt; ComfyUI's own requirement) not installed")
 from fake_comfy_server import fake_comfy  # noqa: E402
 from PIL import Image  # noqa: E402
-from tokenfuse.runner.comfy.client import NO_WEBSOCKET, ServerComfy  # noqa: E402
-from tokenfuse.runner.comfy.server_ws import NO_MEMORY, PromptEvents  # noqa: E402
 from tokenfuse.runner.items import expand  # noqa: E402
+from tokenfuse.runner.on_comfyui.client import NO_WEBSOCKET, ServerComfy  # noqa: E402
+from tokenfuse.runner.on_comfyui.server_ws import NO_MEMORY, PromptEvents  # noqa: E402
 from tokenfuse.runner.run import RunTarget, Workflow, run_items  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

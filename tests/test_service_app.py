@@ -20,9 +20,9 @@ import pytest
 from tokenfuse.faces.types import FaceSet
 from tokenfuse.fusion.fallback import FaceReport, format_report
 from tokenfuse.runner.cli import apply_sets, apply_sets_to
-from tokenfuse.runner.comfy.protocol import ExecResult
 from tokenfuse.runner.demo import demo_prompt
 from tokenfuse.runner.errors import WorkflowError
+from tokenfuse.runner.on_comfyui.protocol import ExecResult
 from tokenfuse.runner.report import frame_report, summarize_texts
 from tokenfuse.service.batch_node import FRAMES_APART, FramesApart, insert_frames_apart
 
@@ -115,7 +115,7 @@ def test_replica_starts_with_a_set_of_only_one_workflow(tmp_path: Path, monkeypa
     """`serve --video-workflow V --set fuse.steps=8` (fuse: the photo graph's node) used to fail the replica's start:
     the --set was applied to the video workflow too, which has no `fuse`."""
     app = _app()
-    import tokenfuse.runner.comfy.embedded as embedded
+    import tokenfuse.runner.on_comfyui.embedded as embedded
 
     monkeypatch.setattr(embedded, "EmbeddedComfy", _FakeEngine)
     (tmp_path / "video.json").write_text(json.dumps(VIDEO))
@@ -352,7 +352,7 @@ class _SavingEngine:
         (self.work / "input" / name).unlink(missing_ok=True)
 
     def execute(self, prompt: dict[str, Any], step: Any = None) -> ExecResult:
-        from tokenfuse.runner.comfy.protocol import OutputFile
+        from tokenfuse.runner.on_comfyui.protocol import OutputFile
 
         self.runs += 1
         (self.work / "temp" / f"tokenfuse_video_{self.runs}.mp4").write_bytes(b"intermediate")
@@ -389,7 +389,7 @@ def test_a_workflow_cannot_bring_its_own_batch_loader(tmp_path: Path, monkeypatc
     """The batch loader reads the names the service staged, and nothing else: a workflow (shared by a stranger) that
     held its own TokenFuseServiceLoadBatch with files "/any/path.png" made every answer carry that server file."""
     app = _app()
-    import tokenfuse.runner.comfy.embedded as embedded
+    import tokenfuse.runner.on_comfyui.embedded as embedded
     from tokenfuse.service.batch_node import BATCH_LOADER, LoadBatch
 
     monkeypatch.setattr(embedded, "EmbeddedComfy", _FakeEngine)

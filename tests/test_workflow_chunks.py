@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from test_runner import _defs
-from tokenfuse.runner.comfy.convert import ui_to_api
+from tokenfuse.runner.on_comfyui.convert import ui_to_api
 from tokenfuse.runner.ray.workflow_chunks import (
     CHUNK_CLASS,
     VideoGraph,

@@ -111,7 +111,7 @@ class RunnerWorker:
 
         import torch
 
-        from ..comfy.embedded import EmbeddedComfy
+        from ..on_comfyui.embedded import EmbeddedComfy
         from .chunk_node import CHUNK_NODE, RunnerVideoChunk
 
         # float results differ in the last bits between thread counts: pinned to this worker's CPU share, any number

@@ -54,7 +54,7 @@ def engine(comfy: SimpleNamespace, random_model: Any, tmp_path_factory: pytest.T
     from test_workflows_comfy import TEST_LOADER
     from tokenfuse.devkit import comfy_models
     from tokenfuse.nodes.glue import paths
-    from tokenfuse.runner.comfy.embedded import EmbeddedComfy
+    from tokenfuse.runner.on_comfyui.embedded import EmbeddedComfy
 
     root = tmp_path_factory.mktemp("runner_models")
     write_face_models(root / "facerestore", root / "insightface")
@@ -102,7 +102,7 @@ def test_converted_workflow_validates_in_comfyui(engine: Any, path: Path) -> Non
     """Our UI->API conversion, fed to ComfyUI's own validate_prompt (model files swapped for the test loader)."""
     import execution
     from test_workflows_comfy import _substitute
-    from tokenfuse.runner.comfy.convert import ui_to_api
+    from tokenfuse.runner.on_comfyui.convert import ui_to_api
 
     prompt = ui_to_api(json.loads(path.read_text(encoding="utf-8")), engine.node_defs())
     wf = json.loads(path.read_text(encoding="utf-8"))
@@ -125,7 +125,7 @@ def test_converted_workflow_validates_in_comfyui(engine: Any, path: Path) -> Non
 def test_conversion_equals_real_frontend(engine: Any, browser_tools: Any, comfy_server: SimpleNamespace) -> None:
     """Same API prompt as the real frontend's app.graphToPrompt for every example workflow (skips without browser)."""
     from comfy_http import frontend_check
-    from tokenfuse.runner.comfy.convert import ui_to_api
+    from tokenfuse.runner.on_comfyui.convert import ui_to_api
 
     results = frontend_check(browser_tools, comfy_server.url)["results"]
     defs = engine.node_defs()
@@ -141,8 +141,8 @@ def test_every_workflow_runs_through_the_runner(
 ) -> None:
     from test_workflows_comfy import _substitute
     from tokenfuse.runner.cli import apply_sets
-    from tokenfuse.runner.comfy.convert import ui_to_api
     from tokenfuse.runner.items import expand, item_slot, resolve
+    from tokenfuse.runner.on_comfyui.convert import ui_to_api
     from tokenfuse.runner.run import RunTarget, Workflow, run_items
 
     prompt = _substitute(ui_to_api(json.loads(path.read_text(encoding="utf-8")), engine.node_defs()))
@@ -386,8 +386,8 @@ def test_cli_against_server(comfy_server: SimpleNamespace, photos: SimpleNamespa
         },
         "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 1], "filename_prefix": "runner_test"}},
     }
-    from tokenfuse.runner.comfy.client import ServerComfy
     from tokenfuse.runner.demo import fill_defaults
+    from tokenfuse.runner.on_comfyui.client import ServerComfy
 
     prompt = fill_defaults(copy.deepcopy(wf), ServerComfy(comfy_server.url).node_defs())
     (tmp_path / "wf.json").write_text(json.dumps(prompt))
@@ -435,8 +435,8 @@ def test_video_items_through_a_loadvideo_workflow(engine: Any, tmp_path: Path) -
     """Video items go to a LoadVideo workflow (ComfyUI's core LoadVideo -> SaveVideo, UI format converted by the
     runner): every frame and the audio track come out in the item's folder."""
     import av
-    from tokenfuse.runner.comfy.convert import ui_to_api
     from tokenfuse.runner.items import expand, item_slot
+    from tokenfuse.runner.on_comfyui.convert import ui_to_api
     from tokenfuse.runner.run import RunTarget, Workflow, run_items
 
     (tmp_path / "clips").mkdir()
@@ -509,8 +509,8 @@ def test_server_mode_rows_equal_embedded(
     """The same fusion graph on the same photo, embedded and --server: the report rows carry the same fields and the
     same faces / fallbacks; --server gets the progress bars and the peak memory from the websocket. The server
     lacks only the TokenSchedulerController report string (not a UI output)."""
-    from tokenfuse.runner.comfy.client import ServerComfy
     from tokenfuse.runner.items import expand
+    from tokenfuse.runner.on_comfyui.client import ServerComfy
     from tokenfuse.runner.run import RunTarget, Workflow, run_items
 
     server = ServerComfy(fusion_server.url)
@@ -547,7 +547,7 @@ def test_server_mode_interrupt(fusion_server: SimpleNamespace, photos: SimpleNam
     import threading
 
     from comfy_http import http_json
-    from tokenfuse.runner.comfy.client import ServerComfy
+    from tokenfuse.runner.on_comfyui.client import ServerComfy
 
     server = ServerComfy(fusion_server.url)
     prompt = _fusion_prompt(steps=200)

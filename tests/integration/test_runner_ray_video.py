@@ -33,8 +33,8 @@ PARTS = f"{tempfile.gettempdir()}/tokenfuse_ray_*/tokenfuse_worker_*/files/.chun
 
 def demo_video_prompt(defs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The shipped video workflow as an API prompt on the demo models (module docstring)."""
-    from tokenfuse.runner.comfy.convert import ui_to_api
     from tokenfuse.runner.demo import DEMO_LOADER
+    from tokenfuse.runner.on_comfyui.convert import ui_to_api
 
     prompt = ui_to_api(json.loads(WORKFLOW.read_text(encoding="utf-8")), defs)
     kinds = {nid: n["class_type"] for nid, n in prompt.items()}

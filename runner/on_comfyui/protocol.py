@@ -1,7 +1,7 @@
 """What the runner needs from a ComfyUI: node definitions, a way to hand it an input file, and execution.
 
-Two implementations: runner/comfy/embedded.py (ComfyUI imported in this process, warm between items) and
-runner/comfy/client.py (a running ComfyUI server over HTTP).
+Two implementations: runner/on_comfyui/embedded.py (ComfyUI imported in this process, warm between items) and
+runner/on_comfyui/client.py (a running ComfyUI server over HTTP).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""The runner against a running ComfyUI server (`--server URL`): GET /object_info for the node definitions,
-POST /upload/image to hand over each input, POST /prompt, follow the prompt on the server's websocket (per-step
-progress, node errors, the pack's stats: runner/comfy/server_ws.py), GET /history/<id> for its outcome and UI outputs,
-GET /view for the saved files; Ctrl-C deletes the prompt from the queue and interrupts it (POST /queue, /interrupt
-with its prompt_id, so other clients' prompts are left alone).
+"""The runner against a running ComfyUI server (`--server URL`): GET /object_info for the node definitions, POST
+/upload/image to hand over each input, POST /prompt, follow the prompt on the server's websocket (per-step progress,
+node errors, the pack's stats: runner/on_comfyui/server_ws.py), GET /history/<id> for its outcome and UI outputs, GET
+/view for the saved files; Ctrl-C deletes the prompt from the queue and interrupts it (POST /queue, /interrupt with its
+prompt_id, so other clients' prompts are left alone).
 
 The report rows match the embedded ComfyUI's: faces / fallbacks come from ScheduledFusion's report, which the node
 also returns as UI text (the server keeps only UI outputs, so the GFPGANEnhance and TokenSchedulerController report
