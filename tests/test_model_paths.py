@@ -20,6 +20,19 @@ from tokenfuse.faces.models import ModelFileError
 from tokenfuse.nodes.checks import NodeInputError
 from tokenfuse.nodes.glue import env, paths
 
+# FaceDetect's widgets besides backend and model_name, as the tests of its model names pass them
+DETECT_ARGS = {
+    "score_threshold": 0.5,
+    "order": "left-right",
+    "indices": "",
+    "max_faces": 0,
+    "min_face_size": 0,
+    "crop_size": 128,
+    "crop_factor": 1.0,
+    "detect_size": 320,
+    "device": "cpu",
+}
+
 
 @pytest.fixture
 def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
@@ -183,17 +196,7 @@ def test_nodes_confine_every_model_name(tmp_path: Path, monkeypatch: pytest.Monk
     (tmp_path / "secret.onnx").write_bytes(b"x")
     image = torch.zeros(1, 64, 64, 3)
     detect = NODE_CLASS_MAPPINGS["TokenFuseFaceDetect"]()
-    args = dict(
-        score_threshold=0.5,
-        order="left-right",
-        indices="",
-        max_faces=0,
-        min_face_size=0,
-        crop_size=128,
-        crop_factor=1.0,
-        detect_size=320,
-        device="cpu",
-    )
+    args = dict(DETECT_ARGS)
     hostile = ["../../secret.onnx", str(tmp_path / "secret.onnx"), "a" * 100_000]
     for backend in ("yunet", "insightface"):
         for name in hostile:
@@ -234,17 +237,7 @@ def test_face_detectors_missing_models_name_file_folder_and_download(
     monkeypatch.setenv(MODELS_ENV, str(tmp_path / "models"))
     (tmp_path / "models" / "insightface").mkdir(parents=True)
     detect = NODE_CLASS_MAPPINGS["TokenFuseFaceDetect"]()
-    args = dict(
-        score_threshold=0.5,
-        order="left-right",
-        indices="",
-        max_faces=0,
-        min_face_size=0,
-        crop_size=128,
-        crop_factor=1.0,
-        detect_size=320,
-        device="cpu",
-    )
+    args = dict(DETECT_ARGS)
     image = torch.zeros(1, 64, 64, 3)
     buffalo = "https://github.com/deepinsight/insightface/releases/download/v0.7/buffalo_l.zip"
     for name in ("", "buffalo_l"):
