@@ -280,23 +280,43 @@ class SCRFDDetector:
 
 
 # ------------------------------------------------------------------------------------------------ shared driver
+@dataclass(frozen=True, eq=False)
+class DetectInput:
+    """What a detector runs on for one frame: the frame scaled to detect_size [h, w, 3] uint8 and the (sx, sy)
+    factors that map its coordinates back to the frame's (1, 1 when not scaled)."""
+
+    small: np.ndarray
+    back: tuple[float, float]
+
+
+def detect_input(rgb: np.ndarray, detect_size: int) -> DetectInput | None:
+    """The detector's input for a frame [H, W, 3] uint8: a copy scaled so its long side is at most detect_size
+    (INTER_AREA). None for frames under 16 px (no detector can see a face there). Split from detect_frame so a
+    video pass can scale the next frame in its decoding thread while the detector runs on this one."""
+    h, w = rgb.shape[:2]
+    if min(h, w) < 16:
+        return None
+    scale = min(1.0, detect_size / max(h, w)) if detect_size > 0 else 1.0
+    if scale >= 1.0:
+        return DetectInput(rgb, (1.0, 1.0))
+    small = cv2.resize(rgb, (max(1, round(w * scale)), max(1, round(h * scale))), interpolation=cv2.INTER_AREA)
+    return DetectInput(small, (small.shape[1] / w, small.shape[0] / h))
+
+
+def detect_prepared(detector: Detector, inp: DetectInput | None, score_threshold: float) -> list[Detection]:
+    """Run the detector on detect_input's result; boxes and landmarks in the frame's coordinates."""
+    if inp is None:
+        return []
+    dets = detector.detect(inp.small, score_threshold)
+    if inp.back == (1.0, 1.0):
+        return dets
+    back = np.array(inp.back, np.float32)
+    return [Detection((d.bbox.reshape(2, 2) / back).reshape(4), d.score, d.landmarks / back) for d in dets]
+
+
 def detect_frame(detector: Detector, rgb: np.ndarray, score_threshold: float, detect_size: int) -> list[Detection]:
     """Detect on a copy scaled so its long side is at most `detect_size`, map boxes and landmarks back.
 
     rgb: [H, W, 3] uint8. Frames under 16 px give no face (no detector can see one there).
     """
-    h, w = rgb.shape[:2]
-    if min(h, w) < 16:
-        return []
-    scale = min(1.0, detect_size / max(h, w)) if detect_size > 0 else 1.0
-    small = rgb
-    if scale < 1.0:
-        small = cv2.resize(rgb, (max(1, round(w * scale)), max(1, round(h * scale))), interpolation=cv2.INTER_AREA)
-        sy, sx = small.shape[0] / h, small.shape[1] / w
-    else:
-        sy = sx = 1.0
-    dets = detector.detect(small, score_threshold)
-    if scale >= 1.0:
-        return dets
-    back = np.array([sx, sy], np.float32)
-    return [Detection((d.bbox.reshape(2, 2) / back).reshape(4), d.score, d.landmarks / back) for d in dets]
+    return detect_prepared(detector, detect_input(rgb, detect_size), score_threshold)

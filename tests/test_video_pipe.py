@@ -130,3 +130,32 @@ def test_writer_errors_reach_the_caller_and_no_file_is_left(tmp_path: Path) -> N
                 writer.write(Frame(i, rgb, 33 * i, TB))
             writer.finish()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_write_made_makes_the_frame_in_the_encoder_thread_and_carries_its_error(tmp_path: Path) -> None:
+    made_in: list[str] = []
+
+    def brighten(i: int) -> Frame:
+        made_in.append(threading.current_thread().name)
+        if i == 5:
+            raise ValueError("paste failed at 5")
+        return Frame(i, np.full((64, 64, 3), 10 * i, np.uint8), 33 * i, TB)
+
+    out = tmp_path / "x.mp4"
+    with VideoWriter(out, FrameFormat(64, 64, Fraction(30), TB)) as plain, WriterThread(plain, depth=1) as writer:
+        for i in range(5):
+            writer.write_made(brighten, i)
+        writer.finish()
+    assert set(made_in) == {"tokenfuse-encode"} and [f.mean() for f in _frames(out)] == pytest.approx(
+        [0, 10, 20, 30, 40], abs=1.5
+    )
+    with pytest.raises(ValueError, match="paste failed at 5"):
+        with VideoWriter(out, FrameFormat(64, 64, Fraction(30), TB)) as plain, WriterThread(plain, depth=1) as writer:
+            for i in range(4, 20):
+                writer.write_made(brighten, i)
+            writer.finish()
+
+
+def _frames(path: Path) -> list[np.ndarray]:
+    with VideoReader(path) as reader:
+        return [f.rgb for f in reader]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import threading
 from pathlib import Path
 
 import cv2
@@ -221,3 +222,26 @@ def test_two_faces_far_apart_never_link_through_a_prediction() -> None:
         ]
     tracks = link_tracks(a)
     assert len(tracks) == 2 and all(tr.length == 60 for tr in tracks)
+
+
+def test_pass_one_scales_frames_in_the_decoding_thread_and_tracks_the_same(tmp_path: Path) -> None:
+    """make_detect's scaling (and the scene-cut histogram) run one frame ahead in the decoding thread; the tracks are
+    the ones a plain per-frame detect function gives."""
+    frames, _ = webp_frames("api_kling_dual_characters_effects-1.webp")
+    src = encode_clip(tmp_path / "dual.mp4", frames[:24])
+    split = make_detect(RetinaFaceDetector(), detect_size=256)
+    threads: set[str] = set()
+
+    class Watched(type(split)):  # type: ignore[misc]
+        def prepare(self, rgb: np.ndarray):
+            threads.add(threading.current_thread().name)
+            return super().prepare(rgb)
+
+    watched = Watched(split.detector, split.detect_size, split.score_threshold)
+    fast = track_video(src, watched)
+    plain = track_video(src, lambda rgb: split(rgb))
+    assert threads == {"tokenfuse-decode"}
+    assert max(frames[0].shape[:2]) > 256 and fast.detections == plain.detections > 24
+    assert len(fast.tracks) == len(plain.tracks) == 2 and fast.cuts == plain.cuts
+    for a, b in zip(fast.tracks, plain.tracks, strict=True):
+        assert np.array_equal(a.landmarks, b.landmarks) and np.array_equal(a.affines, b.affines)

@@ -13,6 +13,7 @@ the stages' sum may then exceed the wall time (the overlap is the point of the t
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
@@ -55,20 +56,22 @@ _NO_SPAN = _NoSpan()
 
 
 class StageClock:
-    """Seconds per stage (see STAGES; other names are accepted too). Not locked: each stage must be timed from one
-    thread at a time (float += of one key from one thread is safe under the GIL)."""
+    """Seconds per stage (see STAGES; other names are accepted too). Any thread may time any stage (`add` is locked:
+    a few uncontended lock rounds per frame)."""
 
     enabled = True
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+        self._lock = threading.Lock()
 
     def stage(self, name: str) -> _Span | _NoSpan:
         """A context manager adding its duration to stage `name`."""
         return _Span(self, name)
 
     def add(self, name: str, seconds: float) -> None:
-        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+        with self._lock:
+            self.seconds[name] = self.seconds.get(name, 0.0) + seconds
 
     def timed(self, items: Iterable[T], name: str) -> Iterator[T]:
         """Iterate `items`, adding the time each `next` takes (e.g. decoding) to stage `name`."""

@@ -292,14 +292,20 @@ class _Fuser:
     def _write(self, pending: _Pending) -> None:
         if pending.context:
             return
-        frame = pending.frame
         if pending.items:
-            with self.clock.stage("paste"):
-                frame = self._pasted(pending)
             self.stats.faces += len(pending.items)
-        self.writer.write(frame)  # timed where it runs (video/pipe.py WriterThread: the encoder's thread)
+            if isinstance(self.writer, WriterThread):
+                self.writer.write_made(self._pasted_timed, pending)  # paste-back in the encoder's thread
+            else:
+                self.writer.write(self._pasted_timed(pending))
+        else:
+            self.writer.write(pending.frame)  # timed where it runs (video/pipe.py WriterThread: the encoder's thread)
         self.stats.frames += 1
         self.progress.written(self.stats.frames)
+
+    def _pasted_timed(self, pending: _Pending) -> Frame:
+        with self.clock.stage("paste"):
+            return self._pasted(pending)
 
     def _pasted(self, pending: _Pending) -> Frame:
         """The buffered frame with its faces' refined crops pasted back (a new frame; the input is not touched)."""

@@ -19,7 +19,8 @@ from __future__ import annotations
 import inspect
 import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from .clock import NULL_CLOCK, StageClock
@@ -95,6 +96,14 @@ class Prefetch(Generic[T]):
             yield item
 
 
+@dataclass(frozen=True)
+class _Made(Generic[T]):
+    """A frame to make in the encoder's thread (WriterThread.write_made)."""
+
+    make: Callable[[T], Frame]
+    arg: T
+
+
 class WriterThread:
     """A VideoWriter driven from a daemon thread: `write` and `mux_audio` queue their call (at most `depth` waiting)
     and return; the writer runs them in order. `finish` waits for them, raises any error of the writer, and returns
@@ -122,6 +131,11 @@ class WriterThread:
 
     def write(self, frame: Frame) -> None:
         self._call(self.writer.write, frame)
+
+    def write_made(self, make: Callable[[T], Frame], arg: T) -> None:
+        """Queue `make(arg)` and write the frame it returns, both in the encoder's thread: per-frame work that only
+        reads what it is given (paste-back) leaves the caller's thread. make's time is not counted as "encode"."""
+        self._call(_Made(make, arg), None)
 
     def mux_audio(self, packets: list[Any]) -> None:
         if packets:
@@ -156,6 +170,9 @@ class WriterThread:
             if fn is None:
                 return
             try:
+                if isinstance(fn, _Made):
+                    made = fn
+                    fn, arg = self.writer.write, made.make(made.arg)
                 with self._clock.stage("encode"):
                     fn(arg)
             except BaseException as exc:  # raised again in the caller's thread by the next call or finish

@@ -34,7 +34,10 @@ class CutDetector:
     last_distance: float = 0.0
 
     def update(self, rgb: np.ndarray) -> bool:
-        hist = thumbnail_hist(rgb)
+        return self.update_hist(thumbnail_hist(rgb))
+
+    def update_hist(self, hist: np.ndarray) -> bool:
+        """update with the frame's thumbnail_hist computed already (e.g. in a decoding thread)."""
         prev, self._prev = self._prev, hist
         if prev is None:
             return False

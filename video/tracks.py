@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..faces.detect import Detector, detect_frame
+from ..faces.detect import DetectInput, Detector, detect_input, detect_prepared
 from ..faces.embed import ArcFaceEmbedder
 from ..faces.select import Selection, pick_indices
 
@@ -31,20 +31,23 @@ class FaceObs:
 DetectFn = Callable[[np.ndarray], list[FaceObs]]
 
 
-def make_detect(
-    detector: Detector,
-    detect_size: int = 480,
-    score_threshold: float = 0.5,
-    embedder: ArcFaceEmbedder | None = None,
-) -> DetectFn:
-    """A per-frame detect function over the pack's detectors: rgb [H, W, 3] uint8 -> detections.
+@dataclass(frozen=True)
+class FrameDetect:
+    """The per-frame detect function of make_detect, in two halves: `prepare` (the frame scaled for the detector;
+    pure, so pass 1 runs it in its decoding thread, one frame ahead) and `run` (the detector, and the embedder on
+    the full frame). Called as a function it does both: rgb [H, W, 3] uint8 -> detections."""
 
-    detect_size: long side the frame is scaled to for detection (faces need far fewer pixels than 1080p).
-    embedder: ArcFace for identity (linking across occlusions and reference selection); None = boxes only.
-    """
+    detector: Detector
+    detect_size: int = 480
+    score_threshold: float = 0.5
+    embedder: ArcFaceEmbedder | None = None
 
-    def detect(rgb: np.ndarray) -> list[FaceObs]:
-        dets = detect_frame(detector, rgb, score_threshold, detect_size)
+    def prepare(self, rgb: np.ndarray) -> DetectInput | None:
+        return detect_input(rgb, self.detect_size)
+
+    def run(self, rgb: np.ndarray, prepared: DetectInput | None) -> list[FaceObs]:
+        dets = detect_prepared(self.detector, prepared, self.score_threshold)
+        embedder = self.embedder
         return [
             FaceObs(
                 d.bbox.astype(np.float32),
@@ -55,7 +58,22 @@ def make_detect(
             for d in dets
         ]
 
-    return detect
+    def __call__(self, rgb: np.ndarray) -> list[FaceObs]:
+        return self.run(rgb, self.prepare(rgb))
+
+
+def make_detect(
+    detector: Detector,
+    detect_size: int = 480,
+    score_threshold: float = 0.5,
+    embedder: ArcFaceEmbedder | None = None,
+) -> FrameDetect:
+    """A per-frame detect function over the pack's detectors: rgb [H, W, 3] uint8 -> detections.
+
+    detect_size: long side the frame is scaled to for detection (faces need far fewer pixels than 1080p).
+    embedder: ArcFace for identity (linking across occlusions and reference selection); None = boxes only.
+    """
+    return FrameDetect(detector, detect_size, score_threshold, embedder)
 
 
 @dataclass(frozen=True, eq=False)
