@@ -245,8 +245,10 @@ def _combine(  # noqa: PLR0913 - hot path: propagate's second half, per propagat
 ) -> tuple[np.ndarray | None, float]:
     """propagate's second half: the validity check, then the keys' warped changes (and refined detail) mixed.
     small: the keys' work-size (flow, validity); with it the refined detail is computed in the mask's box only."""
-    mass = max(float(face_mask.sum()), 1e-6)
-    fractions = [float((v * face_mask).sum() / mass) for v in valids]
+    flat_mask = face_mask.reshape(-1)
+    mass = max(float(flat_mask.sum()), 1e-6)
+    # sum(v x mask) as one dot product: no [S, S] temporary (this was ~1.5 ms per key at 512 px)
+    fractions = [float(np.dot(v.reshape(-1), flat_mask)) / mass for v in valids]
     best = max(fractions)
     if best < opts.min_valid:
         return None, best

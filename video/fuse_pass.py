@@ -21,18 +21,18 @@ from typing import Any
 import cv2
 import numpy as np
 
-from ..faces.align import template, warp_face
+from ..faces.align import template
 from ..faces.masks import crop_mask
 from ..faces.paste import BlendOptions, paste_frame
 from ..faces.types import Face
 from .clock import NULL_CLOCK, StageClock
 from .decode import Source, VideoReader, no_frames_error, probe
 from .encode import CopiedStreams, EncodeOptions, FrameFormat, VideoWriter, remux_copy
-from .flow import FlowOptions, KeyChange, grey, propagate
+from .flow import FlowOptions, KeyChange, propagate
+from .frame_crops import FaceCrop, face_crop, with_crops
 from .keyframes import REASON_NONE, KeyframeOptions, choose_keyframes
 from .pipe import Prefetch, WriterThread, frames_and_audio
 from .progress import FrameProgress, takes_tick
-from .smooth import scale_affine
 from .track_pass import FaceTracks, Progress
 from .tracks import seed_offsets
 from .types import Frame
@@ -136,6 +136,7 @@ class _Item:
     affine: np.ndarray
     crop: np.ndarray
     key: bool
+    grey: np.ndarray  # the crop at the flow's work size [w, w] uint8
     change: np.ndarray | None = None
     own: bool = False  # flow failed: diffused itself
     queued: bool = False
@@ -184,7 +185,8 @@ class _Fuser:
         self.stats = VideoStats(key_frames=int(sum(len(k) for k in inside)))
 
     # ---------------------------------------------------------------------------------------------- reading
-    def add(self, frame: Frame) -> None:
+    def add(self, frame: Frame, crops: dict[int, FaceCrop] | None = None) -> None:
+        """Buffer a frame. crops: its faces' crops made ahead (video/frame_crops.py with_crops); None: made here."""
         pending = _Pending(frame, context=self.window is not None and frame.index not in self.window)
         if not pending.context:
             self._read += 1
@@ -197,10 +199,11 @@ class _Fuser:
             if pending.context and not key:
                 continue
             assert tr.affines is not None
-            affine = scale_affine(tr.affines[p], self.opts.crop_size)
-            with self.clock.stage("crop"):
-                crop = warp_face(frame.rgb, affine, self.opts.crop_size)
-            item = _Item(j, frame.index, affine, crop, key=key)
+            made = crops.get(j) if crops is not None else None
+            if made is None:
+                with self.clock.stage("crop"):
+                    made = face_crop(frame, tr.affines[p], self.opts.crop_size, self.opts.flow.work_size)
+            item = _Item(j, frame.index, made.affine, made.crop, key=key, grey=made.grey)
             pending.items.append(item)
             if item.key:
                 self._enqueue(item)
@@ -234,9 +237,7 @@ class _Fuser:
         for it, src, ref in zip(batch, crops, np.clip(out, 0.0, 1.0), strict=True):
             it.change = ref - src
             if it.key:
-                with self.clock.stage("crop"):
-                    key_grey = grey(it.crop, self.opts.flow.work_size)
-                self.done[it.j][it.t] = KeyChange(it.t, key_grey, it.change, src)
+                self.done[it.j][it.t] = KeyChange(it.t, it.grey, it.change, src)
 
     def flush(self) -> None:
         """Refine everything queued (a partial last batch included) and write what is ready."""
@@ -256,9 +257,9 @@ class _Fuser:
         if k1 not in done:
             return False
         with self.clock.stage("crop"):
-            target = grey(item.crop, self.opts.flow.work_size)
             crop = item.crop.astype(np.float32) / 255.0
-        change, _ = propagate(target, item.t, [done[k0], done[k1]], self.mask, self.opts.flow, crop, clock=self.clock)
+        around = [done[k0], done[k1]]
+        change, _ = propagate(item.grey, item.t, around, self.mask, self.opts.flow, crop, clock=self.clock)
         if change is None:
             item.own = True
             self.stats.flow_failures += 1
@@ -428,12 +429,14 @@ def fuse_video(source: Source, out_path: str | Path, job: FuseJob, *, clock: Sta
         ):
             fuser = _Fuser(job, writer, clock=clock)
             rest: list[Any] = []  # the packets demuxed after the last frame: muxed after the last frame is written
-            with Prefetch(frames_and_audio(reader), clock=clock) as items:
-                for frame, audio in items:
+            sizes = (opts.crop_size, opts.flow.work_size)
+            ahead = with_crops(clock.timed(frames_and_audio(reader), "decode"), tracks, sizes, clock)
+            with Prefetch(ahead, clock=NULL_CLOCK) as items:
+                for frame, audio, crops in items:
                     if frame is None:
                         rest = audio
                         continue
-                    fuser.add(frame)
+                    fuser.add(frame, crops)
                     writer.mux_audio(audio)
             fuser.flush()
             fuser.drain()
