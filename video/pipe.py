@@ -4,8 +4,8 @@ PyAV's decode and encode release the GIL (so do NumPy and OpenCV): a decode thre
 and an encode thread a few frames behind take the codecs' time off the pass's critical path (DESIGN.md §11;
 FaceFusion writes with ffmpeg in another process for the same reason). What reaches the writer is the same calls
 in the same order as without threads (frames, then the audio packets demuxed up to each frame): the encoder and the
-muxer get exactly what a single thread gives them (with one x264 thread, the file is byte for byte the same). Both
-ends are bounded (`depth` items), so memory stays a few frames whatever the video's length, and an error on either
+muxer get exactly what a single thread gives them (a lossless encode decodes to the same frames). Both ends are
+bounded (`depth` items), so memory stays a few frames whatever the video's length, and an error on either
 side is raised in the caller's thread.
 
     with Prefetch(frames_and_audio(reader), depth=4, clock=clock) as items:
