@@ -52,12 +52,21 @@ def color_transfer(crop: np.ndarray, reference: np.ndarray, mask: np.ndarray) ->
 
 def paste_face(frame: np.ndarray, face: Face, opts: BlendOptions = BlendOptions()) -> np.ndarray:
     """frame: [H, W, 3] float32 0..1 -> a new frame with face.crop composited in (frame unchanged if no crop)."""
-    if face.crop is None:
+    if face.crop is None or _roi(face, frame.shape[0], frame.shape[1]) is None:
         return frame
+    out: np.ndarray = frame.copy()
+    _paste_one(out, face, opts)
+    return out
+
+
+def _paste_one(frame: np.ndarray, face: Face, opts: BlendOptions) -> None:
+    """Composite face.crop into frame [H, W, 3] float32 in place (only where the warped mask is > 0)."""
+    if face.crop is None:
+        return
     h, w = frame.shape[:2]
     roi = _roi(face, h, w)
     if roi is None:
-        return frame
+        return
     x0, y0, x1, y1 = roi
     inv = face.inverse.copy()
     inv[:, 2] -= (x0, y0)  # crop -> ROI coordinates
@@ -76,15 +85,18 @@ def paste_face(frame: np.ndarray, face: Face, opts: BlendOptions = BlendOptions(
     alpha = cv2.warpAffine(
         face.mask.astype(np.float32), inv, size, flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0
     )
-    alpha = np.clip(alpha, 0.0, 1.0) * float(np.clip(opts.strength, 0.0, 1.0))
+    np.clip(alpha, 0.0, 1.0, out=alpha)
+    alpha *= np.float32(np.clip(opts.strength, 0.0, 1.0))
     dst = frame[y0:y1, x0:x1]
     if opts.seamless:
         warped = _seamless(warped, dst, alpha)
     a = alpha[..., None]
-    blended = dst * (1.0 - a) + np.clip(warped, 0.0, 1.0) * a
-    out: np.ndarray = frame.copy()
-    out[y0:y1, x0:x1] = np.where(a > 0, blended, dst)
-    return out
+    # dst x (1 - a) + clip(warped) x a, with two temporaries instead of five (same values)
+    blended = dst * (np.float32(1.0) - a)
+    np.clip(warped, 0.0, 1.0, out=warped)
+    np.multiply(warped, a, out=warped)
+    blended += warped
+    np.copyto(dst, blended, where=a > 0)
 
 
 def _seamless(src: np.ndarray, dst: np.ndarray, alpha: np.ndarray) -> np.ndarray:
@@ -110,8 +122,14 @@ def _seamless(src: np.ndarray, dst: np.ndarray, alpha: np.ndarray) -> np.ndarray
 
 
 def paste_frame(frame: np.ndarray, faces: tuple[Face, ...], opts: BlendOptions = BlendOptions()) -> np.ndarray:
-    """Paste every face with a crop, in order (later faces over earlier ones). frame: [H, W, 3] float32."""
-    out = frame
-    for face in faces:
-        out = paste_face(out, face, opts)
+    """Paste every face with a crop, in order (later faces over earlier ones). frame: [H, W, 3] float32; a new
+    frame is returned (frame is not changed)."""
+    out: np.ndarray = frame.copy()
+    paste_into(out, faces, opts)
     return out
+
+
+def paste_into(frame: np.ndarray, faces: tuple[Face, ...], opts: BlendOptions = BlendOptions()) -> None:
+    """paste_frame in place: frame [H, W, 3] float32 is changed (the video pass's own scratch copy)."""
+    for face in faces:
+        _paste_one(frame, face, opts)

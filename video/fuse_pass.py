@@ -23,7 +23,8 @@ import numpy as np
 
 from ..faces.align import template
 from ..faces.masks import crop_mask
-from ..faces.paste import BlendOptions, paste_frame
+from ..faces.paste import BlendOptions, paste_into
+from ..faces.pixels import to_u8_, unit_float
 from ..faces.types import Face
 from .clock import NULL_CLOCK, StageClock
 from .decode import Source, VideoReader, no_frames_error, probe
@@ -257,7 +258,7 @@ class _Fuser:
         if k1 not in done:
             return False
         with self.clock.stage("crop"):
-            crop = item.crop.astype(np.float32) / 255.0
+            crop = unit_float(item.crop)
         around = [done[k0], done[k1]]
         change, _ = propagate(item.grey, item.t, around, self.mask, self.opts.flow, crop, clock=self.clock)
         if change is None:
@@ -321,7 +322,9 @@ class _Fuser:
                 tr = self.ft.tracks[it.j]
                 p = it.t - tr.start
                 assert it.change is not None
-                crop = np.clip(it.crop.astype(np.float32) / 255.0 + it.change, 0.0, 1.0)
+                crop = unit_float(it.crop)
+                crop += it.change
+                np.clip(crop, 0.0, 1.0, out=crop)
                 affine = it.affine.copy()
                 affine[:, 2] += affine[:, :2] @ shift  # frame -> crop becomes ROI -> crop
                 inverse = cv2.invertAffineTransform(affine)
@@ -338,9 +341,9 @@ class _Fuser:
                         crop=crop,
                     )
                 )
-            roi = rgb[y0:y1, x0:x1].astype(np.float32) / 255.0
-            out = paste_frame(roi, tuple(faces), self.opts.blend)
-            rgb[y0:y1, x0:x1] = (np.clip(out, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+            roi = unit_float(rgb[y0:y1, x0:x1])
+            paste_into(roi, tuple(faces), self.opts.blend)
+            rgb[y0:y1, x0:x1] = to_u8_(roi)
         return Frame(frame.index, rgb, frame.pts, frame.time_base)
 
     def _paste_order(self, items: list[_Item]) -> list[_Item]:
