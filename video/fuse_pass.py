@@ -161,7 +161,7 @@ class _Fuser:
     def __init__(
         self,
         job: FuseJob,
-        writer: VideoWriter | WriterThread,
+        writer: WriterThread,
         window: range | None = None,
         clock: StageClock = NULL_CLOCK,
     ) -> None:
@@ -296,10 +296,7 @@ class _Fuser:
             return
         if pending.items:
             self.stats.faces += len(pending.items)
-            if isinstance(self.writer, WriterThread):
-                self.writer.write_made(self._pasted_timed, pending)  # paste-back in the encoder's thread
-            else:
-                self.writer.write(self._pasted_timed(pending))
+            self.writer.write_made(self._pasted_timed, pending)  # paste-back in the encoder's thread
         else:
             self.writer.write(pending.frame)  # timed where it runs (video/pipe.py WriterThread: the encoder's thread)
         self.stats.frames += 1
