@@ -17,7 +17,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from .types import Frame, VideoInfo
+from .types import SCALE_THREADS, Frame, VideoInfo
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +247,8 @@ class VideoReader:
                     damaged = exc
                     continue
                 for vf in frames:
-                    rgb = upright(vf.to_ndarray(format="rgb24"), rotation_of(getattr(vf, "rotation", 0)))
+                    pixels = vf.to_ndarray(format="rgb24", threads=SCALE_THREADS)
+                    rgb = upright(pixels, rotation_of(getattr(vf, "rotation", 0)))
                     yield Frame(self.frames_read, rgb, vf.pts, self.time_base)
                     self.frames_read += 1
         except av.error.FFmpegError as exc:

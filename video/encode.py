@@ -34,7 +34,7 @@ from typing import Any, Literal, cast, get_args
 import numpy as np
 
 from .streams import StreamCopy, add_copy
-from .types import Frame
+from .types import SCALE_THREADS, Frame
 
 log = logging.getLogger(__name__)
 
@@ -331,7 +331,7 @@ class VideoWriter:
             pts = self._last_pts + 1  # a repeated timestamp would be refused by the muxer
         self._last_pts = pts
         vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(pad_even(rgb)), format="rgb24").reformat(
-            format="yuv420p", dst_colorspace=BT709, dst_color_range=LIMITED
+            format="yuv420p", dst_colorspace=BT709, dst_color_range=LIMITED, threads=SCALE_THREADS
         )
         vf.pts = pts
         vf.time_base = self.time_base

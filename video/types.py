@@ -7,6 +7,12 @@ from fractions import Fraction
 
 import numpy as np
 
+SCALE_THREADS = 1
+"""Threads of PyAV's colour conversions (yuv -> rgb24 when decoding, rgb24 -> yuv420p when encoding). PyAV >= 17
+defaults to one per core, and its VideoFrame.reformat makes a new scaler, so new threads, for every frame: on a
+2-core machine that cost more than the conversion (720p decode + rgb24 3.1 -> 1.7 ms per frame, the same pixels),
+and the video passes run decoding, fusion and encoding in threads of their own already."""
+
 
 @dataclass(frozen=True)
 class VideoInfo:
