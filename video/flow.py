@@ -22,7 +22,17 @@ from typing import Any, Literal
 import cv2
 import numpy as np
 
+from ..faces.pixels import to_u8_, unit_float
 from .clock import NULL_CLOCK, StageClock
+from .flow_mix import (
+    blended,
+    mask_box,
+    masked_sum,
+    mix,
+    pyramid_factor,
+    refined_detail,
+    upscale_part,
+)
 
 Detail = Literal["refined", "change"]
 
@@ -100,10 +110,19 @@ def remap(img: np.ndarray, at: np.ndarray) -> np.ndarray:
 def consistency(fwd: np.ndarray, bwd: np.ndarray) -> np.ndarray:
     """[h, w] bool: forward flow a->b and backward b->a agree (|f + b(x + f)|^2 < 0.01 (|f|^2 + |b|^2) + 0.5)."""
     b_at = sample(bwd, fwd)
-    err = ((fwd + b_at) ** 2).sum(-1)
-    mag = (fwd**2).sum(-1) + (b_at**2).sum(-1)
-    ok: np.ndarray = err < 0.01 * mag + 0.5
+    d = fwd + b_at
+    # x^2 + y^2 per channel view: numpy's sum over a last axis of 2 was ~6x slower (the same values)
+    err = _sq(d)
+    mag = _sq(fwd) + _sq(b_at)
+    ok: np.ndarray = err < np.float32(0.01) * mag + np.float32(0.5)
     return ok
+
+
+def _sq(v: np.ndarray) -> np.ndarray:
+    """|v|^2 [h, w] of a vector field [h, w, 2]."""
+    x, y = v[..., 0], v[..., 1]
+    out: np.ndarray = x * x + y * y
+    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -197,39 +216,138 @@ def propagate(  # noqa: PLR0913 - hot path: called per propagated frame of every
 
     With the refined detail the change is computed at crop size only inside the face mask's box (mask_box: the
     pixels paste-back reads) and is 0 outside it; the low-pass half of the detail split, which reaches ~3 sigma
-    beyond the box, is computed over the whole crop at the flow's work size (see _coarse). Why: the crop-size
+    beyond the box, is computed over the whole crop at the flow's work size (see _coarse_level). Why: the crop-size
     arithmetic was most of a propagated frame's cost and the mask's box is ~half the crop.
     clock: where the time goes ("flow": the DIS flows and validity maps; "propagation": the rest).
     """
     if not keys:
         return None, 0.0
-    span = max(abs(keys[-1].frame - keys[0].frame), 1)  # two keys: weights 1 - distance / gap; one key: 1
+    if _in_box(keys, face_mask, opts, target):
+        assert target is not None
+        fused, best = _box_propagate(target_grey, frame, keys, face_mask, opts, target, clock)
+        if fused is None:
+            return None, best
+        rows, cols = mask_box(face_mask)
+        change = np.zeros_like(target)
+        np.subtract(fused, target[rows, cols], out=change[rows, cols])
+        return change, best
     s = keys[0].change.shape[0]
-    small, flows, valids, weights = [], [], [], []
+    small, weights = _work_flows(target_grey, frame, keys, clock)
     with clock.stage("flow"):
-        for key in keys:
-            f_w, v_w = work_flow(target_grey, key)
-            small.append((f_w, v_w))
-            f, v = upscale_flow(f_w, v_w, s)
-            flows.append(f)
-            valids.append(v)
-            weights.append(max(1e-3, 1.0 - abs(frame - key.frame) / span) if len(keys) > 1 else 1.0)
+        big = [upscale_flow(f, v, s) for f, v in small]
     with clock.stage("propagation"):
-        return _combine(frame, keys, flows, valids, weights, face_mask, opts, target, small)
+        return _combine(frame, keys, [f for f, _ in big], [v for _, v in big], weights, face_mask, opts, target)
 
 
-def mask_box(mask: np.ndarray, margin: int = 4) -> tuple[slice, slice]:
-    """(rows, cols): the box of mask > 0 [S, S] grown by margin px, clipped; the whole crop when the mask is empty.
-    Paste-back's bicubic warp of the crop reads at most 2 crop pixels beyond where the mask is > 0 (plus fixed-point
-    rounding): the margin covers it, so crop pixels outside the box never reach the frame."""
-    s = mask.shape[0]
-    rows, cols = np.flatnonzero((mask > 0).any(1)), np.flatnonzero((mask > 0).any(0))
-    if rows.size == 0:
-        return slice(0, s), slice(0, mask.shape[1])
-    return (
-        slice(max(int(rows[0]) - margin, 0), min(int(rows[-1]) + 1 + margin, s)),
-        slice(max(int(cols[0]) - margin, 0), min(int(cols[-1]) + 1 + margin, mask.shape[1])),
-    )
+def propagate_crop(  # noqa: PLR0913 - hot path: the video pass's per propagated frame call; see propagate
+    target_grey: np.ndarray,
+    frame: int,
+    keys: list[KeyChange],
+    face_mask: np.ndarray,
+    opts: FlowOptions,
+    crop: np.ndarray,
+    *,
+    clock: StageClock = NULL_CLOCK,
+) -> tuple[np.ndarray | None, float]:
+    """The frame's crop with the keys' refinement carried onto it, as paste-back takes it: crop [S, S, 3] uint8 (the
+    frame's own) -> a new uint8 crop, round(clip(crop + change of propagate)); or (None, fraction) when the flow
+    failed.
+
+    Why a crop and not a change: paste-back needs the crop, and the change was made from it and turned back into it
+    (three crop-size passes per face and frame); outside the face mask's box, where propagate's change is 0, the
+    result is the frame's own crop, copied, and only the box goes through float and back.
+    """
+    if not keys:
+        return None, 0.0
+    with clock.stage("propagation"):
+        target = unit_float(crop)
+    if _in_box(keys, face_mask, opts, target):
+        fused, best = _box_propagate(target_grey, frame, keys, face_mask, opts, target, clock)
+        if fused is None:
+            return None, best
+        with clock.stage("propagation"):
+            rows, cols = mask_box(face_mask)
+            out = crop.copy()
+            out[rows, cols] = to_u8_(fused)
+        return out, best
+    change, best = propagate(target_grey, frame, keys, face_mask, opts, target, clock=clock)
+    if change is None:
+        return None, best
+    with clock.stage("propagation"):
+        target += change
+        return to_u8_(target), best
+
+
+def _work_flows(
+    target_grey: np.ndarray, frame: int, keys: list[KeyChange], clock: StageClock
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[float]]:
+    """Per key, its work-size (flow, validity) from work_flow and its temporal weight (two keys: 1 - distance / gap;
+    one key: 1)."""
+    span = max(abs(keys[-1].frame - keys[0].frame), 1)
+    with clock.stage("flow"):
+        small = [work_flow(target_grey, key) for key in keys]
+    weights = [max(1e-3, 1.0 - abs(frame - key.frame) / span) if len(keys) > 1 else 1.0 for key in keys]
+    return small, weights
+
+
+def _in_box(keys: list[KeyChange], face_mask: np.ndarray, opts: FlowOptions, target: np.ndarray | None) -> bool:
+    """True when propagate takes the mask-box path: the refined detail (target and the keys' crops given), one or
+    two keys, and a work size at least the low-pass level (S / pyramid_factor) _coarse_level samples down to."""
+    if opts.detail != "refined" or target is None or not 1 <= len(keys) <= 2 or any(k.crop is None for k in keys):
+        return False
+    s = face_mask.shape[0]
+    return bool(s // pyramid_factor(max(opts.detail_sigma * s, 0.5)) <= keys[0].grey.shape[0])
+
+
+def _box_propagate(  # noqa: PLR0913 - hot path: propagate's mask-box path, per propagated frame
+    target_grey: np.ndarray,
+    frame: int,
+    keys: list[KeyChange],
+    face_mask: np.ndarray,
+    opts: FlowOptions,
+    target: np.ndarray,
+    clock: StageClock,
+) -> tuple[np.ndarray | None, float]:
+    """(target + change) in the face mask's box [h, w, 3] float32 (unclipped) and the valid fraction; (None,
+    fraction) when the flow failed. The flows and validity maps are scaled up only inside the box (the mask is 0
+    outside it, so the valid fraction is the same sum)."""
+    s = face_mask.shape[0]
+    small, weights = _work_flows(target_grey, frame, keys, clock)
+    box = mask_box(face_mask)
+    with clock.stage("flow"):
+        # flow and validity scaled up together, one 3-channel resize per key (the same pixels as two)
+        big = [upscale_part(np.dstack([f, v]), s, box) for f, v in small]
+        k = np.float32(s / small[0][0].shape[0])
+        flows = [b[..., :2] * k for b in big]
+        valids = [b[..., 2] for b in big]
+    with clock.stage("propagation"):
+        mask = face_mask[box]
+        mass = max(float(mask.sum()), 1e-6)
+        best = max(masked_sum(v, mask) / mass for v in valids)
+        if best < opts.min_valid:
+            return None, best
+        fused = _fused(keys, flows, valids, weights, target[box], box)
+        sigma = max(opts.detail_sigma * s, 0.5)
+        fused += upscale_part(_coarse_level(target, keys, small, weights, sigma), s, box)
+        return fused, best
+
+
+def _fused(  # noqa: PLR0913 - hot path: per propagated frame; its arguments are that frame's box arrays
+    keys: list[KeyChange],
+    flows: list[np.ndarray],
+    valids: list[np.ndarray],
+    weights: list[float],
+    target: np.ndarray,
+    box: tuple[slice, slice],
+) -> np.ndarray:
+    """warped of refined_detail in the box [h, w, 3] float32 (flows [h, w, 2] in crop pixels, valids [h, w], target
+    the box of the frame's crop): the keys' change and refined crops sampled along the flows, mixed by blended."""
+    s = keys[0].change.shape[0]
+    grid = _grid(s, s)[box]
+    at = [grid + f for f in flows]
+    changes = [remap(k.change, m) for k, m in zip(keys, at, strict=True)]
+    refined = [remap(k.refined, m) for k, m in zip(keys, at, strict=True)]
+    return blended(target, changes, refined, valids, weights)[1]
 
 
 def _combine(  # noqa: PLR0913 - hot path: propagate's second half, per propagated frame; its arguments are that frame's arrays, a bundle would allocate per frame
@@ -241,185 +359,54 @@ def _combine(  # noqa: PLR0913 - hot path: propagate's second half, per propagat
     face_mask: np.ndarray,
     opts: FlowOptions,
     target: np.ndarray | None,
-    small: list[tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> tuple[np.ndarray | None, float]:
-    """propagate's second half: the validity check, then the keys' warped changes (and refined detail) mixed.
-    small: the keys' work-size (flow, validity); with it the refined detail is computed in the mask's box only."""
-    flat_mask = face_mask.reshape(-1)
-    mass = max(float(flat_mask.sum()), 1e-6)
-    # sum(v x mask) as one dot product: no [S, S] temporary (this was ~1.5 ms per key at 512 px)
-    fractions = [float(np.dot(v.reshape(-1), flat_mask)) / mass for v in valids]
+    """propagate's second half over the whole crop (the path without the mask box, see _in_box): the validity
+    check, then the keys' warped changes (and refined detail) mixed."""
+    mass = max(float(face_mask.sum()), 1e-6)
+    fractions = [masked_sum(v, face_mask) / mass for v in valids]
     best = max(fractions)
     if best < opts.min_valid:
         return None, best
     refined = opts.detail == "refined" and target is not None and all(k.crop is not None for k in keys)
-    s = face_mask.shape[0]
-    sigma = max(opts.detail_sigma * s, 0.5)
-    if not refined or small is None or s // pyramid_factor(sigma) > small[0][0].shape[0]:
-        at = [coords(f) for f in flows]
-        change = _mix([remap(k.change, m) for k, m in zip(keys, at, strict=True)], valids, weights)
-        if refined:
-            assert target is not None
-            moved = [remap(k.refined, m) for k, m in zip(keys, at, strict=True)]
-            change = _refined_detail(target, change, moved, valids, weights, opts.detail_sigma)
-        return change, best
-    assert target is not None
-    box = mask_box(face_mask)
-    grid = _grid(s, s)[box]
-    box_at = [grid + f[box] for f in flows]
-    vb = [v[box] for v in valids]
-    _, warped = _detail_parts(
-        target[box],
-        _mix([remap(k.change, m) for k, m in zip(keys, box_at, strict=True)], vb, weights),
-        [remap(k.refined, m) for k, m in zip(keys, box_at, strict=True)],
-        vb,
-        weights,
-    )
-    warped += _coarse(target, keys, small, weights, sigma)[box]
-    warped -= target[box]
-    change = np.zeros_like(target)
-    change[box] = warped
+    at = [coords(f) for f in flows]
+    change = mix([remap(k.change, m) for k, m in zip(keys, at, strict=True)], valids, weights)
+    if refined:
+        assert target is not None
+        moved = [remap(k.refined, m) for k, m in zip(keys, at, strict=True)]
+        change = refined_detail(target, change, moved, valids, weights, opts.detail_sigma)
     return change, best
 
 
-def _coarse(
+def _coarse_level(
     target: np.ndarray,
     keys: list[KeyChange],
     small: list[tuple[np.ndarray, np.ndarray]],
     weights: list[float],
     sigma: float,
 ) -> np.ndarray:
-    """lowpass(own - warped) of _refined_detail [S, S, 3], computed from the work-size flows and the keys' work-size
+    """lowpass(own - warped) of refined_detail before its last step, the bilinear scale-up to the crop: a
+    [S / f, S / f, 3] level (f = pyramid_factor(sigma)), computed from the work-size flows and the keys' work-size
     change and refined crops (KeyChange.small) instead of crop-size ones.
 
-    lowpass averages down to a level of S / pyramid_factor(sigma) px (64 px for the default split of a 512 crop)
-    before it blurs; whenever the work size is at least that level, own - warped sampled at work size and then
-    averaged to the level differs from the crop-size one averaged down only by detail finer than the work size,
-    which the blur (sigma ~41 px) removes: measured on the bench's and the carphone clip, > 45 dB per frame.
+    lowpass averages down to that level (64 px for the default split of a 512 crop) before it blurs; whenever the
+    work size is at least that level, own - warped sampled at work size and then averaged to the level differs from
+    the crop-size one averaged down only by detail finer than the work size, which the blur (sigma ~41 px) removes:
+    measured on the bench's and the carphone clip, > 45 dB per frame.
     """
     w = small[0][0].shape[0]
     s = target.shape[0]
     at = [coords(f) for f, _ in small]
     vs = [v for _, v in small]
-    change = _mix([remap(k.small[0], m) for k, m in zip(keys, at, strict=True)], vs, weights)
-    own, warped = _detail_parts(
-        _area(target, w), change, [remap(k.small[1], m) for k, m in zip(keys, at, strict=True)], vs, weights
+    own, warped = blended(
+        _area(target, w),
+        [remap(k.small[0], m) for k, m in zip(keys, at, strict=True)],
+        [remap(k.small[1], m) for k, m in zip(keys, at, strict=True)],
+        vs,
+        weights,
     )
     np.subtract(own, warped, out=own)
     f = pyramid_factor(sigma)
     level = own if s // f == w else cv2.resize(own, (s // f, s // f), interpolation=cv2.INTER_AREA)
     level_sigma = np.sqrt(max(sigma**2 - (f * f - 1) / 12.0 - f * f / 6.0, 1.0)) / f
-    level = cv2.GaussianBlur(level, (0, 0), float(level_sigma))
-    out: np.ndarray = cv2.resize(level, (s, s), interpolation=cv2.INTER_LINEAR)
-    return out
-
-
-def _weighted_sum(images: list[np.ndarray], coefs: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
-    """sum_i images[i] [S, S, C] x coefs[i] [S, S] (+ out, when given, added in place), with one scratch array:
-    at 512 px each full-size temporary costs about as much as the arithmetic."""
-    scratch = np.empty_like(images[0])
-    acc: np.ndarray = out if out is not None else np.zeros_like(images[0])
-    for img, c in zip(images, coefs, strict=True):
-        np.multiply(img, c[..., None], out=scratch)
-        acc += scratch
-    return acc
-
-
-def _mix_coefs(valids: list[np.ndarray], weights: list[float]) -> list[np.ndarray]:
-    """The [S, S] float32 weight of each key in _mix: validity x temporal weight, normalised, where any key is valid;
-    the temporal weights alone (normalised) elsewhere."""
-    parts = [v * np.float32(wt) for v, wt in zip(valids, weights, strict=True)]
-    den = np.add.reduce(parts) if len(parts) > 1 else parts[0]
-    ok = den > 1e-4
-    inv = np.float32(1.0) / np.maximum(den, np.float32(1e-4))
-    total = float(sum(weights))
-    return [
-        np.where(ok, p * inv, np.float32(wt / total)).astype(np.float32) for p, wt in zip(parts, weights, strict=True)
-    ]
-
-
-def _mix(warped: list[np.ndarray], valids: list[np.ndarray], weights: list[float]) -> np.ndarray:
-    """Per pixel, the warped images [S, S, C] weighted by validity x temporal weight; where no key is valid, by
-    the temporal weights alone. The weights are worked out per pixel ([S, S]) first and applied once per image."""
-    out: np.ndarray = _weighted_sum(warped, _mix_coefs(valids, weights)).astype(np.float32, copy=False)
-    return out
-
-
-def _refined_detail(  # noqa: PLR0913 - hot path: per propagated frame (refined detail); its arguments are that frame's arrays, a bundle would allocate per frame
-    target: np.ndarray,
-    change: np.ndarray,
-    refined: list[np.ndarray],
-    valids: list[np.ndarray],
-    weights: list[float],
-    sigma: float,
-) -> np.ndarray:
-    """The change that makes the target crop [S, S, 3] = coarse(target + change) + fine(warped refined keys).
-
-    Where no key's flow is valid the warped refined crops are faded out (by the keys' mean validity) towards
-    target + change, the plain propagation, so an occlusion keeps the frame's own detail instead of a ghost.
-    At a key frame itself (flow 0, valid) this is exactly its refined crop.
-    """
-    s = target.shape[0]
-    own, warped = _detail_parts(target, change, refined, valids, weights)
-    # blur(own) + warped - blur(warped) == warped + blur(own - warped): the blur is linear, one is enough
-    np.subtract(own, warped, out=own)
-    warped += lowpass(own, max(sigma * s, 0.5))
-    warped -= target
-    result: np.ndarray = warped.astype(np.float32, copy=False)
-    return result
-
-
-def _detail_parts(
-    target: np.ndarray,
-    change: np.ndarray,
-    refined: list[np.ndarray],
-    valids: list[np.ndarray],
-    weights: list[float],
-) -> tuple[np.ndarray, np.ndarray]:
-    """(own, warped) of _refined_detail, both [h, w, 3] float32 (any size, the same for every input): own = target +
-    change, warped = trust x (sum_i r_i v_i w_i / sum_i v_i w_i) + (1 - trust) x own, trust =
-    clip(sum_i v_i w_i / sum_i w_i), computed as per-pixel [h, w] coefficients first, so the full-size arithmetic is a
-    few in-place passes."""
-    own = target + change
-    parts = [v * np.float32(wt) for v, wt in zip(valids, weights, strict=True)]
-    den = np.add.reduce(parts) if len(parts) > 1 else parts[0]
-    trust = np.clip(den / np.float32(sum(weights)), 0.0, 1.0)
-    scale = trust / np.maximum(den, np.float32(1e-6))
-    warped = _weighted_sum([own, *refined], [np.float32(1.0) - trust, *(p * scale for p in parts)])
-    return own, warped
-
-
-MIN_LEVEL_SIGMA = 4.0
-"""The smallest Gaussian sigma (px) `lowpass` blurs with on a reduced level: below it the level's sampling and the
-bilinear upsampling would show."""
-
-
-def pyramid_factor(sigma: float) -> int:
-    """The reduction (a power of two) `lowpass` blurs at: the largest f with sigma / f >= MIN_LEVEL_SIGMA."""
-    f = 1
-    while sigma / (2 * f) >= MIN_LEVEL_SIGMA:
-        f *= 2
-    return f
-
-
-def lowpass(img: np.ndarray, sigma: float) -> np.ndarray:
-    """A Gaussian blur of img [H, W, C] float32 with sigma px, computed on a level reduced by pyramid_factor(sigma)
-    and upsampled bilinearly.
-
-    Why: OpenCV's GaussianBlur costs ~6 sigma taps per pixel and pass; the default detail split (sigma 0.08 x a
-    512 crop = 41 px) took ~250 ms per crop at full size, ~1 ms on a 64 px level. The area reduction (a box of f px,
-    variance (f^2 - 1) / 12) and the bilinear upsampling (a tent of f px, variance f^2 / 6) blur too: the level's
-    sigma is reduced by their variance so the whole low-pass keeps sigma. What differs from the full-size blur is
-    the level's sampling of an image whose content above ~1 / sigma is gone already: measured on the bench's and the
-    carphone clip, the outputs agree at > 45 dB (bench/video.py --compare).
-    """
-    f = pyramid_factor(sigma)
-    if f == 1:
-        out: np.ndarray = cv2.GaussianBlur(img, (0, 0), sigma)
-        return out
-    h, w = img.shape[:2]
-    small = cv2.resize(img, (max(w // f, 1), max(h // f, 1)), interpolation=cv2.INTER_AREA)
-    level_sigma = np.sqrt(max(sigma**2 - (f * f - 1) / 12.0 - f * f / 6.0, 1.0)) / f
-    small = cv2.GaussianBlur(small, (0, 0), float(level_sigma))
-    out = cv2.resize(small, (w, h), interpolation=cv2.INTER_LINEAR)
+    out: np.ndarray = cv2.GaussianBlur(level, (0, 0), float(level_sigma))
     return out
