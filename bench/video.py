@@ -152,10 +152,10 @@ def floor_run(clip: Path, out: Path, crf: int, preset: str, x264_threads: int) -
             frame = next(it, None)
             if frame is None:
                 break
-            rgb = frame.to_ndarray(format="rgb24")
+            rgb = frame.to_ndarray(format="rgb24", threads=1)  # as the pack converts (video/types.py SCALE_THREADS)
             t1 = time.perf_counter()
             vf = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(
-                format="yuv420p", dst_colorspace=1, dst_color_range=1
+                format="yuv420p", dst_colorspace=1, dst_color_range=1, threads=1
             )
             vf.pts, vf.time_base = frame.pts, v.time_base
             for p in s.encode(vf):
@@ -294,6 +294,16 @@ def pipeline_row(
     )
 
 
+def median_pair(pairs: list[tuple[dict[str, Any], dict[str, Any]]], mode: str) -> tuple[dict[str, Any], ...]:
+    """The (floor row, run row) of the repeat with the median total / floor: each repeat times the floor right before
+    its run, so a machine whose speed drifts (a shared VM) moves both; with several repeats the spread is printed."""
+    ordered = sorted(pairs, key=lambda p: p[1]["ratio"])
+    if len(ordered) > 1:
+        ratios = ", ".join(f"{p[1]['ratio']:.2f}x" for p in pairs)
+        print(f"{mode}: total / floor over {len(pairs)} interleaved repeats: {ratios}; the median run is tabled")
+    return ordered[len(ordered) // 2]
+
+
 def stage_line(r: dict[str, Any]) -> str:
     from tokenfuse.video.clock import STAGES
 
@@ -339,6 +349,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--preset", default="veryfast", help="x264 preset of the output")
     p.add_argument("--crf", type=int, default=19, help="x264 CRF of the output (and of the floor)")
     p.add_argument("--faces", type=int, choices=[1, 3], default=1, help="talking heads in the clip (1 or 3)")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="time floor + pass 1 + pass 2 this many times, interleaved, and table the median ratio (a noisy machine)",
+    )
     p.add_argument("--json", default="", help="write the rows (stages in ms/frame, floor, ratios) to this file")
     p.add_argument("--stability-frames", type=int, default=600)
     p.add_argument("--workdir", default="", help="keep clips and outputs here (default: a temp folder)")
@@ -413,54 +429,61 @@ def main(argv: list[str] | None = None) -> None:
         if not clip.exists():
             print(f"making {clip.name} ...", flush=True)
             make_clip(clip, n, height=args.height, faces=args.faces)
-        floor = floor_run(clip, work / f"floor_{n}.mp4", args.crf, args.preset, 0)
-        stage_rows.append(floor_row(n, floor, args))
-        print("stages " + stage_line(stage_rows[-1]), flush=True)
-        clock1 = StageClock()
-        t0, c1 = time.perf_counter(), time.process_time()
-        tracks = track_video(
-            clip,
-            detect,
-            hooks=TrackHooks(progress=lambda d, t: print(f"\r  pass 1 {d}/{t}", end="", flush=True)),
-            clock=clock1,
-        )
-        t_track, c_track = (time.perf_counter() - t0) / n, (time.process_time() - c1) / n
-        print()
-        for mode, anchor in cases(n):
-            out = work / f"out_{n}_{mode}_{anchor}.mp4"
-            base = peak_rss_reset()
-            clock2 = StageClock()
-            t0, c0 = time.perf_counter(), time.process_time()
-            print(f"{n} frames, {mode}, anchor {anchor}", flush=True)
-            stats, anchor_bytes = refine(clip, out, tracks, mode, anchor, clock2)
-            secs, cpu = time.perf_counter() - t0, time.process_time() - c0
-            print()
-            if runner is None:
-                spf, cpu_spf = t_track + secs / n, c_track + cpu / n
-                stage_rows.append(pipeline_row(n, mode, clock1, clock2, spf, cpu_spf, floor))
-                print("stages " + stage_line(stage_rows[-1]), flush=True)
-            peak = _status("VmHWM")
-            flick = stability(clip, out, tracks, args.stability_frames)
-            rows.append(
-                dict(
-                    frames=n,
-                    mode=mode,
-                    anchor=anchor,
-                    anchor_mb=anchor_bytes / 2**20,
-                    keys=stats.key_frames,
-                    fails=stats.flow_failures,
-                    runs=stats.diffusion_runs,
-                    spf=secs / n,
-                    cpf=cpu / n,
-                    track_spf=t_track,
-                    peak=(peak or 0) / 2**20,
-                    base=(base or 0) / 2**20,
-                    flicker=flick,
-                    jraw=tracks.raw_jitter,
-                    jsm=tracks.smooth_jitter,
-                )
+        timed: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}  # mode -> (floor row, run row) per repeat
+        for rep in range(args.repeat):
+            last = rep == args.repeat - 1
+            floor = floor_run(clip, work / f"floor_{n}.mp4", args.crf, args.preset, 0)
+            print("stages " + stage_line(floor_row(n, floor, args)), flush=True)
+            clock1 = StageClock()
+            t0, c1 = time.perf_counter(), time.process_time()
+            tracks = track_video(
+                clip,
+                detect,
+                hooks=TrackHooks(progress=lambda d, t: print(f"\r  pass 1 {d}/{t}", end="", flush=True)),
+                clock=clock1,
             )
-            print("row " + table_row(rows[-1]), flush=True)  # each row as soon as it is measured
+            t_track, c_track = (time.perf_counter() - t0) / n, (time.process_time() - c1) / n
+            print()
+            for mode, anchor in cases(n):
+                out = work / f"out_{n}_{mode}_{anchor}.mp4"
+                base = peak_rss_reset()
+                clock2 = StageClock()
+                t0, c0 = time.perf_counter(), time.process_time()
+                print(f"{n} frames, {mode}, anchor {anchor}", flush=True)
+                stats, anchor_bytes = refine(clip, out, tracks, mode, anchor, clock2)
+                secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+                print()
+                if runner is None:
+                    spf, cpu_spf = t_track + secs / n, c_track + cpu / n
+                    row = pipeline_row(n, mode, clock1, clock2, spf, cpu_spf, floor)
+                    timed.setdefault(mode, []).append((floor_row(n, floor, args), row))
+                    print("stages " + stage_line(row), flush=True)
+                if not last:
+                    continue
+                peak = _status("VmHWM")
+                flick = stability(clip, out, tracks, args.stability_frames)
+                rows.append(
+                    dict(
+                        frames=n,
+                        mode=mode,
+                        anchor=anchor,
+                        anchor_mb=anchor_bytes / 2**20,
+                        keys=stats.key_frames,
+                        fails=stats.flow_failures,
+                        runs=stats.diffusion_runs,
+                        spf=secs / n,
+                        cpf=cpu / n,
+                        track_spf=t_track,
+                        peak=(peak or 0) / 2**20,
+                        base=(base or 0) / 2**20,
+                        flicker=flick,
+                        jraw=tracks.raw_jitter,
+                        jsm=tracks.smooth_jitter,
+                    )
+                )
+                print("row " + table_row(rows[-1]), flush=True)  # each row as soon as it is measured
+        for mode, pairs in timed.items():
+            stage_rows.extend(median_pair(pairs, mode))
     backend = {
         "fake": "stand-in sampler (no diffusion)",
         "sd15": f"random-weight SD1.5 U-Net ch {args.channels}, cfg 5",
