@@ -433,13 +433,13 @@ def fuse_video(source: Source, out_path: str | Path, job: FuseJob, *, clock: Sta
                 CopiedStreams(reader.audio, subtitles=reader.subtitles),
                 opts.encode,
             ) as video_writer,
-            WriterThread(video_writer, depth=16, clock=clock) as writer,
+            WriterThread(video_writer, clock=clock) as writer,
         ):
             fuser = _Fuser(job, writer, clock=clock)
             rest: list[Any] = []  # the packets demuxed after the last frame: muxed after the last frame is written
             sizes = (opts.crop_size, opts.flow.work_size)
             ahead = with_crops(clock.timed(frames_and_audio(reader), "decode"), tracks, sizes, clock)
-            with Prefetch(ahead, depth=16, clock=NULL_CLOCK) as items:
+            with Prefetch(ahead, clock=NULL_CLOCK) as items:
                 for frame, audio, crops in items:
                     if frame is None:
                         rest = audio
