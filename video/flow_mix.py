@@ -182,7 +182,7 @@ def lowpass(img: np.ndarray, sigma: float) -> np.ndarray:
     variance (f^2 - 1) / 12) and the bilinear upsampling (a tent of f px, variance f^2 / 6) blur too: the level's
     sigma is reduced by their variance so the whole low-pass keeps sigma. What differs from the full-size blur is
     the level's sampling of an image whose content above ~1 / sigma is gone already: measured on the bench's and the
-    carphone clip, the outputs agree at > 45 dB (bench/video.py --compare).
+    carphone clip, the outputs agree at > 45 dB per frame (each version writing a lossless file).
     """
     f = pyramid_factor(sigma)
     if f == 1:
