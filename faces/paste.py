@@ -61,16 +61,10 @@ def paste_face(frame: np.ndarray, face: Face, opts: BlendOptions = BlendOptions(
 
 def _paste_one(frame: np.ndarray, face: Face, opts: BlendOptions) -> None:
     """Composite face.crop into frame [H, W, 3] float32 in place (only where the warped mask is > 0)."""
-    if face.crop is None:
+    placed = _placement(face, frame.shape[0], frame.shape[1])
+    if placed is None:
         return
-    h, w = frame.shape[:2]
-    roi = _roi(face, h, w)
-    if roi is None:
-        return
-    x0, y0, x1, y1 = roi
-    inv = face.inverse.copy()
-    inv[:, 2] -= (x0, y0)  # crop -> ROI coordinates
-    size = (x1 - x0, y1 - y0)
+    (x0, y0, x1, y1), inv, size = placed
     crop = np.asarray(face.crop, np.float32)
     if opts.color_transfer:
         ref = cv2.warpAffine(
@@ -82,7 +76,30 @@ def _paste_one(frame: np.ndarray, face: Face, opts: BlendOptions) -> None:
         )
         crop = color_transfer(crop, ref, face.mask)
     warped = cv2.warpAffine(crop, inv, size, flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT101)
-    alpha = cv2.warpAffine(
+    alpha = _alpha(face, inv, size, opts.strength)
+    dst = frame[y0:y1, x0:x1]
+    if opts.seamless:
+        warped = _seamless(warped, dst, alpha)
+    _blend_into(dst, warped, alpha)
+
+
+def _placement(face: Face, h: int, w: int) -> tuple[tuple[int, int, int, int], np.ndarray, tuple[int, int]] | None:
+    """Where face.crop lands in an h x w frame: the rectangle (x0, y0, x1, y1), the crop -> rectangle affine [2, 3]
+    and the rectangle's (width, height); None without a crop or off the frame."""
+    if face.crop is None:
+        return None
+    roi = _roi(face, h, w)
+    if roi is None:
+        return None
+    x0, y0, x1, y1 = roi
+    inv = face.inverse.copy()
+    inv[:, 2] -= (x0, y0)  # crop -> ROI coordinates
+    return roi, inv, (x1 - x0, y1 - y0)
+
+
+def _alpha(face: Face, inv: np.ndarray, size: tuple[int, int], strength: float) -> np.ndarray:
+    """The face mask warped into the rectangle [h, w] float32, clipped to 0..1, times strength (clipped to 0..1)."""
+    alpha: np.ndarray = cv2.warpAffine(
         np.asarray(face.mask, np.float32),
         inv,
         size,
@@ -91,11 +108,8 @@ def _paste_one(frame: np.ndarray, face: Face, opts: BlendOptions) -> None:
         borderValue=0,
     )
     np.clip(alpha, 0.0, 1.0, out=alpha)
-    alpha *= np.float32(np.clip(opts.strength, 0.0, 1.0))
-    dst = frame[y0:y1, x0:x1]
-    if opts.seamless:
-        warped = _seamless(warped, dst, alpha)
-    _blend_into(dst, warped, alpha)
+    alpha *= np.float32(np.clip(strength, 0.0, 1.0))
+    return alpha
 
 
 def _blend_into(dst: np.ndarray, warped: np.ndarray, alpha: np.ndarray) -> None:
@@ -118,7 +132,7 @@ def paste_into_u8(frame: np.ndarray, faces: tuple[Face, ...], strength: float = 
 
     Why: a video frame is uint8 on both sides of paste-back; the float path converted the faces' footprint to float
     and back and warped float crops, ~60 % of a 720p face's paste. Here the cubic warp is OpenCV's uint8 one and the
-    blend is one cv2.blendLinear ((dst x (1 - a) + warped x a) / (1 + 1e-5), rounded): within 1 of the float path's
+    blend is one cv2.blendLinear ((dst x (1 - a) + warped x a) / (1 + 1e-5), rounded): within 2 of the float path's
     value where a > 0 (the crop's rounding to uint8 and the warp's own rounding), and exactly dst where a is 0 (a
     pixel's 1e-5 share is below half a step)."""
     for face in faces:
@@ -126,29 +140,14 @@ def paste_into_u8(frame: np.ndarray, faces: tuple[Face, ...], strength: float = 
 
 
 def _paste_one_u8(frame: np.ndarray, face: Face, strength: float) -> None:
-    if face.crop is None:
+    placed = _placement(face, frame.shape[0], frame.shape[1])
+    if placed is None:
         return
-    h, w = frame.shape[:2]
-    roi = _roi(face, h, w)
-    if roi is None:
-        return
-    x0, y0, x1, y1 = roi
-    inv = face.inverse.copy()
-    inv[:, 2] -= (x0, y0)  # crop -> ROI coordinates
-    size = (x1 - x0, y1 - y0)
+    (x0, y0, x1, y1), inv, size = placed
     warped = cv2.warpAffine(
         np.asarray(face.crop, np.uint8), inv, size, flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT101
     )
-    alpha = cv2.warpAffine(
-        np.asarray(face.mask, np.float32),
-        inv,
-        size,
-        flags=cv2.INTER_LINEAR,
-        borderMode=cv2.BORDER_CONSTANT,
-        borderValue=0,
-    )
-    np.clip(alpha, 0.0, 1.0, out=alpha)
-    alpha *= np.float32(np.clip(strength, 0.0, 1.0))
+    alpha = _alpha(face, inv, size, strength)
     dst = frame[y0:y1, x0:x1]
     dst[...] = cv2.blendLinear(dst, warped, np.float32(1.0) - alpha, alpha)
 
