@@ -239,6 +239,15 @@ def test_concurrent_detection_gives_the_serial_tracks(tmp_path: Path, monkeypatc
     assert one.detections == two.detections > 20 and one.cuts == two.cuts and len(one.tracks) == len(two.tracks) == 2
     for a, b in zip(one.tracks, two.tracks, strict=True):
         assert np.array_equal(a.landmarks, b.landmarks) and np.array_equal(a.affines, b.affines)
+    monkeypatch.setattr(track_pass, "DETECT_WORKERS", 2)
+    plain_threads: set[str] = set()
+
+    def plain(rgb: np.ndarray) -> list:  # any other callable: one frame at a time (it need not be thread-safe)
+        plain_threads.add(threading.current_thread().name)
+        return detect(rgb)
+
+    track_pass.track_video(src, plain)
+    assert len(plain_threads) == 1
 
 
 def track_video_with(track_pass: object, src: Path, detect: object, order: list[int]) -> object:

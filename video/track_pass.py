@@ -93,7 +93,9 @@ def _prepared(
 DETECT_WORKERS = 2
 """Frames detected at once in pass 1. The detectors are stateless ONNX sessions (YuNet takes a lock): two frames in
 flight keep both cores of a small machine busy where one run at a time left gaps between the detector's many small
-operators (720p, 2 cores: pass 1 ~10 -> ~8 ms per frame); the tracks are the same (results are taken in order)."""
+operators (720p, 2 cores: pass 1 ~10 -> ~8 ms per frame); the tracks are the same (results are taken in order).
+Only make_detect's FrameDetect runs this way: any other detect function runs one frame at a time (it need not be
+thread-safe)."""
 
 
 def _in_flight(
@@ -101,12 +103,13 @@ def _in_flight(
     pool: ThreadPoolExecutor,
     detected: Callable[[np.ndarray, DetectInput | None], list[FaceObs]],
     waiting: deque[tuple[Frame, np.ndarray, Future[list[FaceObs]]]],
+    ahead: int,
 ) -> Iterator[tuple[Frame, np.ndarray, Future[list[FaceObs]]]]:
-    """(frame, scene-cut histogram, its detections' future) in frame order, with up to DETECT_WORKERS frames
-    submitted ahead of the one yielded."""
+    """(frame, scene-cut histogram, its detections' future) in frame order, with up to `ahead` frames submitted
+    ahead of the one yielded."""
     for frame, hist, prepared in frames:
         waiting.append((frame, hist, pool.submit(detected, frame.rgb, prepared)))
-        if len(waiting) >= DETECT_WORKERS:
+        if len(waiting) >= ahead:
             yield waiting.popleft()
     while waiting:
         yield waiting.popleft()
@@ -133,6 +136,7 @@ def track_video(
     per_frame: list[list[FaceObs]] = []
     cuts: list[int] = []
     run = detect.run if isinstance(detect, FrameDetect) else lambda rgb, _prepared: detect(rgb)
+    workers = DETECT_WORKERS if isinstance(detect, FrameDetect) else 1
 
     def detected(rgb: np.ndarray, prepared: DetectInput | None) -> list[FaceObs]:
         with clock.stage("detect"):
@@ -141,10 +145,10 @@ def track_video(
     with (
         VideoReader(source) as reader,
         Prefetch(_prepared(reader, detect, clock), clock=NULL_CLOCK) as frames,
-        ThreadPoolExecutor(DETECT_WORKERS, thread_name_prefix="tokenfuse-detect") as pool,
+        ThreadPoolExecutor(workers, thread_name_prefix="tokenfuse-detect") as pool,
     ):
         waiting: deque[tuple[Frame, np.ndarray, Future[list[FaceObs]]]] = deque()
-        for item in _in_flight(frames, pool, detected, waiting):
+        for item in _in_flight(frames, pool, detected, waiting, workers):
             frame, hist, found = item
             with clock.stage("detect"):
                 if cutter.update_hist(hist):
