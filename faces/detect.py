@@ -39,6 +39,9 @@ class Detection:
 
 
 class Detector(Protocol):
+    """A face detector: rgb [H, W, 3] uint8 -> detections in its pixels. detect may run in two threads at once (video
+    pass 1, video/track_pass.py DETECT_WORKERS): keep no per-call state on the instance, or take a lock (YuNet)."""
+
     name: str
 
     def detect(self, rgb: np.ndarray, score_threshold: float) -> list[Detection]: ...
