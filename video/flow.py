@@ -224,10 +224,10 @@ def propagate(  # noqa: PLR0913 - hot path: called per propagated frame of every
         return None, 0.0
     if _in_box(keys, face_mask, opts, target):
         assert target is not None
-        fused, best = _box_propagate(target_grey, frame, keys, face_mask, opts, target, clock)
+        rows, cols = box = mask_box(face_mask)
+        fused, best = _box_propagate(target_grey, frame, keys, face_mask, opts, target, box, clock)
         if fused is None:
             return None, best
-        rows, cols = mask_box(face_mask)
         change = np.zeros_like(target)
         np.subtract(fused, target[rows, cols], out=change[rows, cols])
         return change, best
@@ -262,11 +262,11 @@ def propagate_crop(  # noqa: PLR0913 - hot path: the video pass's per propagated
     with clock.stage("propagation"):
         target = unit_float(crop)
     if _in_box(keys, face_mask, opts, target):
-        fused, best = _box_propagate(target_grey, frame, keys, face_mask, opts, target, clock)
+        rows, cols = box = mask_box(face_mask)
+        fused, best = _box_propagate(target_grey, frame, keys, face_mask, opts, target, box, clock)
         if fused is None:
             return None, best
         with clock.stage("propagation"):
-            rows, cols = mask_box(face_mask)
             out = crop.copy()
             out[rows, cols] = to_u8_(fused)
         return out, best
@@ -306,14 +306,14 @@ def _box_propagate(  # noqa: PLR0913 - hot path: propagate's mask-box path, per 
     face_mask: np.ndarray,
     opts: FlowOptions,
     target: np.ndarray,
+    box: tuple[slice, slice],
     clock: StageClock,
 ) -> tuple[np.ndarray | None, float]:
-    """(target + change) in the face mask's box [h, w, 3] float32 (unclipped) and the valid fraction; (None,
-    fraction) when the flow failed. The flows and validity maps are scaled up only inside the box (the mask is 0
-    outside it, so the valid fraction is the same sum)."""
+    """(target + change) in the face mask's box (mask_box(face_mask), the caller's) [h, w, 3] float32 (unclipped)
+    and the valid fraction; (None, fraction) when the flow failed. The flows and validity maps are scaled up only
+    inside the box (the mask is 0 outside it, so the valid fraction is the same sum)."""
     s = face_mask.shape[0]
     small, weights = _work_flows(target_grey, frame, keys, clock)
-    box = mask_box(face_mask)
     with clock.stage("flow"):
         # flow and validity scaled up together, one 3-channel resize per key (the same pixels as two)
         big = [upscale_part(np.dstack([f, v]), s, box) for f, v in small]

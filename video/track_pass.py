@@ -102,11 +102,11 @@ def _in_flight(
     frames: Iterator[tuple[Frame, np.ndarray, DetectInput | None]],
     pool: ThreadPoolExecutor,
     detected: Callable[[np.ndarray, DetectInput | None], list[FaceObs]],
-    waiting: deque[tuple[Frame, np.ndarray, Future[list[FaceObs]]]],
     ahead: int,
 ) -> Iterator[tuple[Frame, np.ndarray, Future[list[FaceObs]]]]:
     """(frame, scene-cut histogram, its detections' future) in frame order, with up to `ahead` frames submitted
     ahead of the one yielded."""
+    waiting: deque[tuple[Frame, np.ndarray, Future[list[FaceObs]]]] = deque()
     for frame, hist, prepared in frames:
         waiting.append((frame, hist, pool.submit(detected, frame.rgb, prepared)))
         if len(waiting) >= ahead:
@@ -147,9 +147,7 @@ def track_video(
         Prefetch(_prepared(reader, detect, clock), clock=NULL_CLOCK) as frames,
         ThreadPoolExecutor(workers, thread_name_prefix="tokenfuse-detect") as pool,
     ):
-        waiting: deque[tuple[Frame, np.ndarray, Future[list[FaceObs]]]] = deque()
-        for item in _in_flight(frames, pool, detected, waiting, workers):
-            frame, hist, found = item
+        for frame, hist, found in _in_flight(frames, pool, detected, workers):
             with clock.stage("detect"):
                 if cutter.update_hist(hist):
                     cuts.append(frame.index)
