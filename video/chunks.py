@@ -22,13 +22,13 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .decode import Source, VideoReader, probe
+from .decode import Source, VideoReader, output_colour, probe
 from .encode import _FORMATS, CopiedStreams, FrameFormat, VideoWriter, copyable_subtitles, mux_options, temp_path
 from .fuse_pass import FuseJob, FuseOptions, VideoStats, _Fuser
 from .keyframes import REASON_NONE, choose_keyframes
@@ -139,7 +139,7 @@ def read_frames(source: Source, first: int, last: int, pts: list[int | None]) ->
     """
     index = {p: i for i, p in enumerate(pts)} if all(p is not None for p in pts) else None
     if index is not None and len(index) == len(pts) and first > 0:
-        with VideoReader(source) as reader:
+        with VideoReader(source, keep_yuv=True) as reader:
             reader.seek(int(pts[first]))  # type: ignore[arg-type]
             frames = iter(reader)
             for f in frames:
@@ -149,14 +149,14 @@ def read_frames(source: Source, first: int, last: int, pts: list[int | None]) ->
                 if i != first:
                     log.debug("seek in %s landed past frame %d; decoding from the start", reader.name, first)
                     break
-                yield Frame(i, f.rgb, f.pts, f.time_base)
+                yield replace(f, index=i)
                 for g in frames:  # from here on the frames follow in order; fuse_chunk checks the count
                     k = index.get(g.pts)
                     if k is None or k > last:
                         return
-                    yield Frame(k, g.rgb, g.pts, g.time_base)
+                    yield replace(g, index=k)
                 return
-    with VideoReader(source) as reader:
+    with VideoReader(source, keep_yuv=True) as reader:
         for f in reader:
             if f.index > last:
                 return
@@ -175,7 +175,10 @@ def fuse_chunk(source: Source, out_path: str | Path, job: FuseJob, chunk: Chunk,
     info = probe(source)
     with (
         VideoWriter(
-            out_path, FrameFormat(tracks.width, tracks.height, info.rate, info.time_base, info.sar), options=opts.encode
+            out_path,
+            FrameFormat(tracks.width, tracks.height, info.rate, info.time_base, info.sar),
+            options=opts.encode,
+            colour=output_colour(source),
         ) as video_writer,
         WriterThread(video_writer) as writer,
     ):
@@ -321,11 +324,12 @@ def _join_reencode(
             out_path,
             FrameFormat(info.width, info.height, info.rate, info.time_base, info.sar),
             CopiedStreams(inp.audio, subtitles=inp.subtitles, metadata=metadata),
+            colour=output_colour(chunk_paths[0]),
         ) as writer:
             for path in chunk_paths:
-                with VideoReader(path) as reader:
+                with VideoReader(path, keep_yuv=True) as reader:
                     for frame in reader:
-                        writer.write(frame)
+                        writer.write(replace(frame, dirty=()))  # the chunk's planes as they are
                         stats.video_packets += 1
             writer.mux_audio(list(_audio_packets(inp, [*inp.audio, *writer.subtitles])))
             writer.finish()

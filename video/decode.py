@@ -18,6 +18,7 @@ from typing import IO, Any
 import numpy as np
 
 from .types import SCALE_THREADS, Frame, VideoInfo
+from .yuv import BT709_OUT, Colour, frame_planes, source_colour
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,13 @@ def probe(source: Source) -> VideoInfo:
         container.close()
 
 
+def output_colour(source: Source) -> Colour:
+    """The Colour a re-encode of `source` writes with: the one that keeps its YUV (VideoReader.colour), else BT.709
+    (video/yuv.py). Opens the input once."""
+    with VideoReader(source) as reader:
+        return reader.colour or BT709_OUT
+
+
 def count_packets(source: Source, at_most: int) -> int:
     """Video packets with data the file holds, counted by demuxing only (no decoding), stopping once past `at_most`
     (returns at_most + 1 then): what a frame limit is checked against, since a header's count or duration need not
@@ -165,7 +173,7 @@ class VideoReader:
             for frame in reader: ...
     """
 
-    def __init__(self, source: Source, keep_audio: bool = False) -> None:
+    def __init__(self, source: Source, keep_audio: bool = False, keep_yuv: bool = False) -> None:
         self.name = source_name(source)
         self.container = _open(source)
         self.video = self.container.streams.video[0]
@@ -188,6 +196,13 @@ class VideoReader:
         self.packets_read = 0  # video packets with data: what the file holds, decodable or not
         self._seeked = False
         self._audio_queue: list[Any] = []
+        self._keep: Colour | None = self.colour if keep_yuv else None
+
+    @property
+    def colour(self) -> Colour | None:
+        """The output Colour that keeps this input's YUV outside the faces (video/yuv.py source_colour, from the
+        stream's parameters; frames that do not match it, rotated ones among them, are converted whole), or None."""
+        return source_colour(self.video.codec_context)
 
     def __enter__(self) -> VideoReader:
         return self
@@ -249,7 +264,8 @@ class VideoReader:
                 for vf in frames:
                     pixels = vf.to_ndarray(format="rgb24", threads=SCALE_THREADS)
                     rgb = upright(pixels, rotation_of(getattr(vf, "rotation", 0)))
-                    yield Frame(self.frames_read, rgb, vf.pts, self.time_base)
+                    yuv = frame_planes(vf, self._keep) if self._keep is not None else None
+                    yield Frame(self.frames_read, rgb, vf.pts, self.time_base, yuv)
                     self.frames_read += 1
         except av.error.FFmpegError as exc:
             raise VideoReadError(

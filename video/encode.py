@@ -10,9 +10,11 @@
 - Audio streams are added with `add_stream_from_template` and their packets muxed as they are (no re-encoding,
   packets without dts skipped: the flush packets; Matroska audio carries dts, its B-frame video does not), with
   their language, title and default flag; audio the container cannot hold is transcoded to AAC (video/streams.py).
-- Frames are converted to YUV with the BT.709 matrix, limited range, and the stream says so (unspecified tags make
-  browsers guess, and an HD input decoded with its own BT.709 tags then shows shifted colours); the input's sample
-  aspect ratio is kept (anamorphic DV / HDV stays unsqueezed).
+- Frames are converted to YUV with the writer's Colour (video/yuv.py: the input's own BT.709 or BT.601 matrix when
+  its planes can be kept, else BT.709), limited range, and the stream says so (unspecified tags make browsers
+  guess, and an HD input decoded with its own BT.709 tags then shows shifted colours). A frame that carries its
+  decoder planes and the rectangles its RGB changed in (Frame.yuv, Frame.dirty) has only those converted. The
+  input's sample aspect ratio is kept (anamorphic DV / HDV stays unsqueezed).
 - yuv420p needs even width and height: an odd size is padded by one replicated row/column (logged), since libx264
   refuses odd sizes for 4:2:0 and players expect 4:2:0.
 - Subtitle streams are copied packet by packet too when the output container can hold their codec (MP4/MOV:
@@ -35,12 +37,12 @@ import numpy as np
 
 from .streams import StreamCopy, add_copy
 from .types import SCALE_THREADS, Frame
+from .yuv import BT709_OUT, LIMITED, Colour, convert_into
 
 log = logging.getLogger(__name__)
 
 Preset = Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow"]
 PRESETS: tuple[str, ...] = get_args(Preset)
-BT709, LIMITED = 1, 1  # AVCOL_SPC/PRI/TRC_BT709, AVCOL_RANGE_MPEG: what HD players assume, said explicitly
 _FORMATS = {".mp4": "mp4", ".m4v": "mp4", ".mov": "mov", ".mkv": "matroska"}
 _SPEED = {p: i for i, p in enumerate(PRESETS)}  # 0 = ultrafast .. 8 = veryslow
 
@@ -243,6 +245,7 @@ class VideoWriter:
         frame_format: FrameFormat,
         streams: CopiedStreams = CopiedStreams(),
         options: EncodeOptions = EncodeOptions(),
+        colour: Colour = BT709_OUT,
     ) -> None:
         ff = frame_format
         width, height, rate, time_base, sar = ff.width, ff.height, ff.rate, ff.time_base, ff.sar
@@ -266,7 +269,9 @@ class VideoWriter:
         self.size = (width, height)
         self.time_base = Fraction(time_base)
         self.rate = Fraction(rate) if rate else Fraction(30)
+        self.colour = colour
         self.frames_written = 0
+        self.planes_kept = 0  # frames written from the decoder's YUV (video/yuv.py), the faces' rectangles converted
         self.audio_packets = 0
         self.subtitle_packets = 0
         self._last_pts: int | None = None
@@ -294,7 +299,7 @@ class VideoWriter:
             if codec.tag is not None and fmt in ("mp4", "mov"):
                 self.stream.codec_context.codec_tag = codec.tag
             cc = self.stream.codec_context  # the RGB -> YUV matrix `write` uses, said in the stream (players follow it)
-            cc.colorspace, cc.color_range, cc.color_primaries, cc.color_trc = BT709, LIMITED, BT709, BT709
+            cc.colorspace, cc.color_range, cc.color_primaries, cc.color_trc = colour.tags
             if sar is not None and sar > 0 and sar != 1:
                 cc.sample_aspect_ratio = self.stream.sample_aspect_ratio = sar
             self.subtitles = copyable_subtitles(subtitle_streams, fmt, self.path.name)
@@ -314,7 +319,6 @@ class VideoWriter:
 
     def write(self, frame: Frame) -> None:
         """Encode one upright frame [H, W, 3] uint8; its pts (in this writer's time_base) is kept."""
-        import av
 
         rgb = frame.rgb
         if rgb.shape[1::-1] != self.size:
@@ -330,14 +334,27 @@ class VideoWriter:
         if self._last_pts is not None and pts <= self._last_pts:
             pts = self._last_pts + 1  # a repeated timestamp would be refused by the muxer
         self._last_pts = pts
-        vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(pad_even(rgb)), format="rgb24").reformat(
-            format="yuv420p", dst_colorspace=BT709, dst_color_range=LIMITED, threads=SCALE_THREADS
-        )
+        vf = self._yuv_frame(frame)
         vf.pts = pts
         vf.time_base = self.time_base
         for packet in self.stream.encode(vf):
             self.container.mux(packet)
         self.frames_written += 1
+
+    def _yuv_frame(self, frame: Frame) -> Any:
+        """frame as an av.VideoFrame in yuv420p: its decoder planes with only the dirty rectangles converted when it
+        carries both and they fit this writer (video/yuv.py), else the whole frame converted with self.colour."""
+        import av
+
+        planes, rgb = frame.yuv, frame.rgb
+        if planes is not None and frame.dirty is not None and planes.matrix == self.colour.matrix:
+            if rgb.shape[1::-1] == self.size and not (self.size[0] % 2 or self.size[1] % 2):
+                convert_into(planes.data, rgb, frame.dirty, planes.matrix)
+                self.planes_kept += 1
+                return av.VideoFrame.from_ndarray(planes.data, format="yuv420p")
+        return av.VideoFrame.from_ndarray(np.ascontiguousarray(pad_even(rgb)), format="rgb24").reformat(
+            format="yuv420p", dst_colorspace=self.colour.matrix, dst_color_range=LIMITED, threads=SCALE_THREADS
+        )
 
     def mux_audio(self, packets: list[Any]) -> None:
         """Copy input audio and subtitle packets (from VideoReader.pop_audio) unchanged; packets without dts are

@@ -37,6 +37,7 @@ from .progress import FrameProgress, takes_tick
 from .track_pass import FaceTracks, Progress
 from .tracks import seed_offsets
 from .types import Frame
+from .yuv import BT709_OUT
 
 log = logging.getLogger(__name__)
 
@@ -296,8 +297,8 @@ class _Fuser:
         if pending.items:
             self.stats.faces += len(pending.items)
             self.writer.write_made(self._pasted_timed, pending)  # paste-back in the encoder's thread
-        else:
-            self.writer.write(pending.frame)  # timed where it runs (video/pipe.py WriterThread: the encoder's thread)
+        else:  # unchanged: written from the decoder's planes where it kept them (video/yuv.py)
+            self.writer.write(replace(pending.frame, dirty=()))  # timed where it runs: the encoder's thread
         self.stats.frames += 1
         self.progress.written(self.stats.frames)
 
@@ -312,7 +313,9 @@ class _Fuser:
         frame = pending.frame
         rgb = frame.rgb if frame.rgb.flags.writeable else frame.rgb.copy()
         x0, y0, x1, y1 = self._footprint(pending.items, rgb.shape[0], rgb.shape[1])
+        dirty: tuple[tuple[int, int, int, int], ...] = ()
         if x1 > x0 and y1 > y0:
+            dirty = ((x0, y0, x1, y1),)
             # Only the faces' footprint goes through paste-back: a 4k frame costs what its faces do.
             shift = np.array([x0, y0], np.float64)
             faces = []
@@ -337,7 +340,7 @@ class _Fuser:
                     )
                 )
             _paste_u8(rgb[y0:y1, x0:x1], tuple(faces), self.opts.blend)
-        return Frame(frame.index, rgb, frame.pts, frame.time_base)
+        return Frame(frame.index, rgb, frame.pts, frame.time_base, frame.yuv, dirty)
 
     def _paste_order(self, items: list[_Item]) -> list[_Item]:
         """The faces in paste order (later over earlier): faces interpolated through a detection gap first, those the
@@ -424,7 +427,7 @@ def fuse_video(source: Source, out_path: str | Path, job: FuseJob, *, clock: Sta
                         raise
                 return stats
     sar = probe(source).sar
-    with VideoReader(source, keep_audio=True) as reader:
+    with VideoReader(source, keep_audio=True, keep_yuv=True) as reader:
         rate = reader.video.average_rate
         with (
             VideoWriter(
@@ -432,6 +435,7 @@ def fuse_video(source: Source, out_path: str | Path, job: FuseJob, *, clock: Sta
                 FrameFormat(tracks.width, tracks.height, rate, reader.time_base, sar),
                 CopiedStreams(reader.audio, subtitles=reader.subtitles),
                 opts.encode,
+                reader.colour or BT709_OUT,
             ) as video_writer,
             WriterThread(video_writer, clock=clock) as writer,
         ):

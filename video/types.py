@@ -59,13 +59,28 @@ class VideoInfo:
 
 
 @dataclass(frozen=True, eq=False)
+class Planes:
+    """A decoded frame's own YUV: data [H * 3 / 2, W] uint8 packed yuv420p (PyAV's layout), matrix: the swscale
+    colorspace its RGB was made with (video/yuv.py)."""
+
+    data: np.ndarray
+    matrix: int
+
+
+@dataclass(frozen=True, eq=False)
 class Frame:
-    """One decoded frame: rgb [H, W, 3] uint8 upright, pts in time_base units (None when the stream has none)."""
+    """One decoded frame: rgb [H, W, 3] uint8 upright, pts in time_base units (None when the stream has none).
+
+    yuv: the decoder's planes when the reader was asked to keep them (video/yuv.py), else None. dirty: set only by
+    whoever changed rgb and knows where: the rectangles (x0, y0, x1, y1) where rgb may differ from yuv (() for none);
+    None (the default) means "anywhere", and the writer converts the whole frame."""
 
     index: int
     rgb: np.ndarray
     pts: int | None
     time_base: Fraction
+    yuv: Planes | None = None
+    dirty: tuple[tuple[int, int, int, int], ...] | None = None
 
     @property
     def time(self) -> float | None:
