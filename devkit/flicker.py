@@ -12,13 +12,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 
 from ..faces.align import template, warp_face
 from ..faces.masks import crop_mask
 from ..video.decode import VideoReader
-from ..video.flow import dis_flow, grey, sample
+from ..video.flow import grey, sample
 from ..video.smooth import scale_affine
+
+_DIS: Any = None
+
+
+def _flow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Flow [h, w, 2] from grey a to grey b with DIS's medium preset as OpenCV defines it: the metric keeps its own
+    instance, so it does not move when the pack's propagation tunes its flow (video/flow.py _dis)."""
+    global _DIS
+    if _DIS is None:
+        _DIS = cv2.DISOpticalFlow_create(cv2.DISOPTICAL_FLOW_PRESET_MEDIUM)  # type: ignore[attr-defined]
+    return np.asarray(_DIS.calc(a, b, None), np.float32)
 
 
 def flicker_parts(
@@ -44,7 +56,7 @@ def flicker_parts(
                 cur[j] = (ci, co)
                 if j in prev:
                     pi, po = prev[j]
-                    flow = dis_flow(grey(ci.astype(np.uint8), size), grey(pi.astype(np.uint8), size))
+                    flow = _flow(grey(ci.astype(np.uint8), size), grey(pi.astype(np.uint8), size))
                     di, do = np.abs(ci - sample(pi, flow)), np.abs(co - sample(po, flow))
                     for suffix, m in parts.items():
                         res["den" + suffix][fa.index] += float((di * m).sum())

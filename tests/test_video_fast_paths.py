@@ -67,6 +67,18 @@ def test_consistency_is_the_plain_formula() -> None:
     assert got.dtype == bool and np.array_equal(got, plain) and 0.05 < got.mean() < 1.0
 
 
+def test_propagation_flow_has_fewer_iterations_and_the_flicker_metric_keeps_the_preset() -> None:
+    """video/flow.py tunes DIS (DIS_DESCENT_ITERATIONS, DIS_REFINEMENT_ITERATIONS); the added-flicker metric
+    (devkit/flicker.py) must keep measuring with OpenCV's medium preset, or its figures would move with the tuning."""
+    from tokenfuse.devkit import flicker
+
+    a, b, _ = (grey(c, 128) for c in _crops())
+    preset = cv2.DISOpticalFlow_create(cv2.DISOPTICAL_FLOW_PRESET_MEDIUM).calc(a, b, None)
+    assert np.array_equal(flicker._flow(a, b), preset)
+    tuned = dis_flow(a, b)
+    assert not np.array_equal(tuned, preset) and np.abs(tuned - preset).mean() < 0.5  # close, not the same
+
+
 @pytest.mark.parametrize("n_keys", [1, 2])
 def test_blended_matches_the_numpymix(n_keys: int) -> None:
     """cv2.blendLinear's per-pixel means equal the numpy form within its 1e-5 of a pixel's value, an occluded band

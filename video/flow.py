@@ -58,13 +58,21 @@ class FlowOptions:
 
 
 _DIS: Any = None
+DIS_DESCENT_ITERATIONS, DIS_REFINEMENT_ITERATIONS = 12, 3
+"""DIS's medium preset with fewer iterations (25 gradient-descent steps per patch and 5 variational refinement steps
+per scale in the preset): a 128 px flow costs ~1.7 instead of ~2.5 ms of CPU (four per propagated face and frame)
+and the faces' 128 px crops converge well before: the fused outputs stay within 47.5 dB PSNR per frame (means
+53-57 dB) of the preset's on the bench's clips and carphone, about what any other iteration count gives."""
 
 
 def _dis() -> Any:
-    """One DIS instance (medium preset) per process; creating it costs more than a 128 px flow."""
+    """One DIS instance (medium preset, fewer iterations) per process; creating it costs more than a 128 px flow."""
     global _DIS
     if _DIS is None:
-        _DIS = cv2.DISOpticalFlow_create(cv2.DISOPTICAL_FLOW_PRESET_MEDIUM)  # type: ignore[attr-defined]
+        dis = cv2.DISOpticalFlow_create(cv2.DISOPTICAL_FLOW_PRESET_MEDIUM)  # type: ignore[attr-defined]
+        dis.setGradientDescentIterations(DIS_DESCENT_ITERATIONS)
+        dis.setVariationalRefinementIterations(DIS_REFINEMENT_ITERATIONS)
+        _DIS = dis
     return _DIS
 
 
