@@ -319,7 +319,6 @@ class VideoWriter:
 
     def write(self, frame: Frame) -> None:
         """Encode one upright frame [H, W, 3] uint8; its pts (in this writer's time_base) is kept."""
-
         rgb = frame.rgb
         if rgb.shape[1::-1] != self.size:
             raise VideoWriteError(
