@@ -342,15 +342,15 @@ class VideoWriter:
 
     def _yuv_frame(self, frame: Frame) -> Any:
         """frame as an av.VideoFrame in yuv420p: its decoder planes with only the dirty rectangles converted when it
-        carries both and they fit this writer (video/yuv.py), else the whole frame converted with self.colour."""
+        carries both and they are this writer's matrix (video/yuv.py keeps planes of even-sized, upright frames only,
+        which `write` has checked against this writer's size), else the whole frame converted with self.colour."""
         import av
 
         planes, rgb = frame.yuv, frame.rgb
         if planes is not None and frame.dirty is not None and planes.matrix == self.colour.matrix:
-            if rgb.shape[1::-1] == self.size and not (self.size[0] % 2 or self.size[1] % 2):
-                convert_into(planes.data, rgb, frame.dirty, planes.matrix)
-                self.planes_kept += 1
-                return av.VideoFrame.from_ndarray(planes.data, format="yuv420p")
+            convert_into(planes.data, rgb, frame.dirty, planes.matrix)
+            self.planes_kept += 1
+            return av.VideoFrame.from_ndarray(planes.data, format="yuv420p")
         return av.VideoFrame.from_ndarray(np.ascontiguousarray(pad_even(rgb)), format="rgb24").reformat(
             format="yuv420p", dst_colorspace=self.colour.matrix, dst_color_range=LIMITED, threads=SCALE_THREADS
         )
