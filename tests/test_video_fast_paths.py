@@ -135,6 +135,54 @@ def test_propagation_never_calls_blas(monkeypatch: pytest.MonkeyPatch) -> None:
     assert got is not None
 
 
+def test_four_channel_sampling_gives_the_three_channel_values() -> None:
+    """The mask-box path samples the keys' change and refined crops as 4-channel images (KeyChange.quad, the fourth
+    channel 0) because OpenCV's remap has vector code for 1 and 4 channels only: the first three channels must be the
+    3-channel remap's values, bit for bit, and the crop-size positions made from the flow scaled before its resize must
+    be those of the flow resized and then scaled (a power-of-two scale: exact)."""
+    crops = _crops()
+    opts = FlowOptions()
+    keys = _keys(crops, opts)
+    change4, refined4 = keys[0].quad
+    assert change4.shape == (256, 256, 4) and not change4[..., 3].any() and not refined4[..., 3].any()
+    assert np.array_equal(change4[..., :3], keys[0].change) and np.array_equal(refined4[..., :3], keys[0].refined)
+    flow = dis_flow(grey(crops[0], opts.work_size), keys[0].grey)
+    box = (slice(30, 241), slice(17, 230))
+    before = cv2.resize(flow, (256, 256), interpolation=cv2.INTER_LINEAR)[box] * np.float32(2.0)
+    after = upscale_part(flow * np.float32(2.0), 256, box)
+    assert np.array_equal(before, after)
+    ys, xs = np.mgrid[box].astype(np.float32)
+    at = np.dstack([xs, ys]) + after
+    for three, four in ((keys[0].change, change4), (keys[0].refined, refined4)):
+        want = cv2.remap(three, at, None, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+        got = cv2.remap(four, at, None, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+        assert np.array_equal(got[..., :3], want)
+
+
+def test_propagation_samples_crop_size_images_with_four_channels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every crop-size remap of the video pass's propagation is a 4-channel one (a 3-channel float remap took twice
+    as long), and so are the work-size samples of the keys' crops."""
+    import tokenfuse.video.flow as flow_module
+
+    crops = _crops()
+    opts = FlowOptions()
+    keys = _keys(crops, opts)
+    mask = crop_mask(template(256), 256, 0.08)
+    seen: list[tuple[int, ...]] = []
+    real = cv2.remap
+
+    def remap(img: np.ndarray, *args: object, **kwargs: object) -> np.ndarray:
+        seen.append(img.shape)
+        out: np.ndarray = real(img, *args, **kwargs)
+        return out
+
+    monkeypatch.setattr(flow_module.cv2, "remap", remap)
+    got, _ = propagate_crop(grey(crops[0], opts.work_size), 3, keys, mask, opts, crops[0])
+    assert got is not None
+    images = [shape for shape in seen if len(shape) == 3 and shape[2] != 2]  # flows (2 channels) are sampled too
+    assert (256, 256, 4) in images and all(shape[2] == 4 for shape in images), images
+
+
 def _face(crop: np.ndarray, mask: np.ndarray, angle: float, shift: tuple[float, float]) -> Face:
     s = crop.shape[0]
     inverse = cv2.getRotationMatrix2D((s / 2, s / 2), angle, 0.8)  # crop -> frame
