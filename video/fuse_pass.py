@@ -37,7 +37,7 @@ from .progress import FrameProgress, takes_tick
 from .track_pass import FaceTracks, Progress
 from .tracks import seed_offsets
 from .types import Frame
-from .yuv import BT709_OUT
+from .yuv import BT709_OUT, merged_rects
 
 log = logging.getLogger(__name__)
 
@@ -309,38 +309,47 @@ class _Fuser:
     def _pasted(self, pending: _Pending) -> Frame:
         """The buffered frame with its faces' refined crops pasted back, into the frame's own pixels: the decoder made
         them for this frame alone and nothing reads them once the frame is written (a copy cost ~0.5 ms per 720p
-        frame)."""
+        frame).
+
+        Only a face's footprint (where its warped mask is > 0) goes through paste-back, so a 4k frame costs what its
+        faces do. With plain alpha compositing (uint8) each face is pasted into its own footprint, in paste order:
+        in a rectangle covering several faces, each face's warp covered its whole crop square inside it (~2x its
+        footprint). Colour transfer and Poisson blending composite in float, so their faces share one rectangle and
+        are rounded to uint8 once. The frame's dirty rectangles are those footprints (video/yuv.py merged_rects)."""
         frame = pending.frame
         rgb = frame.rgb if frame.rgb.flags.writeable else frame.rgb.copy()
-        x0, y0, x1, y1 = self._footprint(pending.items, rgb.shape[0], rgb.shape[1])
-        dirty: tuple[tuple[int, int, int, int], ...] = ()
-        if x1 > x0 and y1 > y0:
-            dirty = ((x0, y0, x1, y1),)
-            # Only the faces' footprint goes through paste-back: a 4k frame costs what its faces do.
-            shift = np.array([x0, y0], np.float64)
-            faces = []
-            for it in self._paste_order(pending.items):
-                tr = self.ft.tracks[it.j]
-                p = it.t - tr.start
-                assert it.fused is not None
-                affine = it.affine.copy()
-                affine[:, 2] += affine[:, :2] @ shift  # frame -> crop becomes ROI -> crop
-                inverse = cv2.invertAffineTransform(affine)
-                box = tr.bboxes[p] - np.tile(shift, 2)
-                faces.append(
-                    Face(
-                        bbox=(float(box[0]), float(box[1]), float(box[2]), float(box[3])),
-                        score=float(tr.scores[p]),
-                        landmarks=tr.landmarks[p] - shift.astype(np.float32),
-                        affine=affine,
-                        inverse=inverse,
-                        crop_size=self.opts.crop_size,
-                        mask=self.mask,
-                        crop=it.fused,
-                    )
-                )
-            _paste_u8(rgb[y0:y1, x0:x1], tuple(faces), self.opts.blend)
-        return Frame(frame.index, rgb, frame.pts, frame.time_base, frame.yuv, dirty)
+        h, w = rgb.shape[:2]
+        order = self._paste_order(pending.items)
+        blend = self.opts.blend
+        groups = [order] if blend.color_transfer or blend.seamless else [[it] for it in order]
+        rects: list[tuple[int, int, int, int]] = []
+        for group in groups:
+            x0, y0, x1, y1 = self._footprint(group, h, w)
+            if x1 > x0 and y1 > y0:
+                rects.append((x0, y0, x1, y1))
+                _paste_u8(rgb[y0:y1, x0:x1], tuple(self._face(it, x0, y0) for it in group), blend)
+        return Frame(frame.index, rgb, frame.pts, frame.time_base, frame.yuv, merged_rects(rects))
+
+    def _face(self, it: _Item, x0: int, y0: int) -> Face:
+        """Item it as a Face pasted into the frame rectangle starting at (x0, y0): its transforms, box and landmarks
+        moved from frame to rectangle coordinates, its crop the fused one."""
+        tr = self.ft.tracks[it.j]
+        p = it.t - tr.start
+        assert it.fused is not None
+        shift = np.array([x0, y0], np.float64)
+        affine = it.affine.copy()
+        affine[:, 2] += affine[:, :2] @ shift  # frame -> crop becomes rectangle -> crop
+        box = tr.bboxes[p] - np.tile(shift, 2)
+        return Face(
+            bbox=(float(box[0]), float(box[1]), float(box[2]), float(box[3])),
+            score=float(tr.scores[p]),
+            landmarks=tr.landmarks[p] - shift.astype(np.float32),
+            affine=affine,
+            inverse=cv2.invertAffineTransform(affine),
+            crop_size=self.opts.crop_size,
+            mask=self.mask,
+            crop=it.fused,
+        )
 
     def _paste_order(self, items: list[_Item]) -> list[_Item]:
         """The faces in paste order (later over earlier): faces interpolated through a detection gap first, those the
@@ -351,8 +360,8 @@ class _Fuser:
 
     def _footprint(self, items: list[_Item], h: int, w: int) -> tuple[int, int, int, int]:
         """(x0, y0, x1, y1): the frame rectangle covering every face's pasted pixels (where its warped mask is > 0),
-        clipped to the frame. Paste-back leaves every other pixel as it is, so only this rectangle goes through
-        float (about half of the crop's footprint: the mask leaves the crop's corners out)."""
+        clipped to the frame. Paste-back leaves every other pixel as it is, so only this rectangle is pasted into
+        (about half of the crop's footprint: the mask leaves the crop's corners out)."""
         corners = self.support
         pts = np.concatenate([corners @ inv[:, :2].T + inv[:, 2] for inv in (_inverse(it.affine) for it in items)])
         x0, y0 = np.floor(pts.min(0)).astype(int) - 2

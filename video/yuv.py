@@ -111,3 +111,27 @@ def convert_into(planes: np.ndarray, rgb: np.ndarray, rects: tuple[Rect, ...], m
             f = 1 if k == 0 else 2  # Y at full resolution, U and V at half
             rows, cols = slice((y0 - b0) // f, (y1 - b0) // f), slice((x0 - a0) // f, (x1 - a0) // f)
             d[y0 // f : y1 // f, x0 // f : x1 // f] = s[rows, cols]
+
+
+def merged_rects(rects: list[Rect]) -> tuple[Rect, ...]:
+    """The dirty rectangles (x0, y0, x1, y1) for convert_into: two become their bounding rectangle whenever it is no
+    larger than the two together (overlapping rectangles are converted twice otherwise: the same values, twice the
+    work there); other rectangles stay apart (one rectangle around faces far apart converts the frame between them)."""
+    out: list[Rect] = []
+    for rect in rects:
+        i = 0
+        while i < len(out):
+            other = out[i]
+            box = (min(rect[0], other[0]), min(rect[1], other[1]), max(rect[2], other[2]), max(rect[3], other[3]))
+            if _area(box) <= _area(rect) + _area(other):
+                rect = box
+                del out[i]
+                i = 0
+            else:
+                i += 1
+        out.append(rect)
+    return tuple(out)
+
+
+def _area(r: Rect) -> int:
+    return max(r[2] - r[0], 0) * max(r[3] - r[1], 0)
