@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import av
 import cv2
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ from tokenfuse.video.keyframes import KeyframeOptions
 from tokenfuse.video.track_pass import TrackOptions, track_video
 from tokenfuse.video.tracks import FaceObs
 from tokenfuse.video.yuv import planes_of
-from video_clips import encode_clip
+from video_clips import encode_clip, read_planes
 
 
 def test_support_box_holds_every_pasted_pixel_under_rotation_and_scale() -> None:
@@ -84,7 +83,7 @@ def test_faces_far_apart_are_pasted_each_in_its_own_footprint(tmp_path: Path, mo
     opts = FuseOptions(crop_size=64, keyframes=KeyframeOptions(per_second=2.0), encode=EncodeOptions(0, "ultrafast"))
     fuse_video(src, tmp_path / "out.mp4", FuseJob(ft, refine, opts))
     monkeypatch.undo()
-    ins, outs = _planes(src), _planes(tmp_path / "out.mp4")
+    ins, outs = read_planes(src), read_planes(tmp_path / "out.mp4")
     # each warp spans one face's mask footprint (49 px wide here); the crop square inside a rectangle around both
     # faces spanned 58-59 px
     assert len(outs) == 6 and warps and max(w for w, _ in warps) < 54, warps
@@ -95,8 +94,3 @@ def test_faces_far_apart_are_pasted_each_in_its_own_footprint(tmp_path: Path, mo
         assert np.array_equal(u_in[:, 60:100], u_out[:, 60:100]) and np.array_equal(v_in[:, 60:100], v_out[:, 60:100])
         for x0 in (20, 280):  # each face's centre was fused
             assert np.abs(y_in[50:70, x0 : x0 + 20].astype(int) - y_out[50:70, x0 : x0 + 20]).mean() > 10
-
-
-def _planes(path: Path) -> list[np.ndarray]:
-    with av.open(str(path)) as c:
-        return [f.to_ndarray() for f in c.decode(video=0)]

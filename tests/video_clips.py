@@ -141,6 +141,12 @@ def read_frames(path: Path, limit: int | None = None) -> list[np.ndarray]:
         return out
 
 
+def read_planes(path: Path) -> list[np.ndarray]:
+    """Every frame's raw yuv420p planes, packed [H * 3 / 2, W] (no colour conversion)."""
+    with av.open(str(path)) as c:
+        return [f.to_ndarray() for f in c.decode(video=0)]
+
+
 def add_audio(video: Path, audio_from: Path, dst: Path) -> Path:
     """video's packets plus audio_from's first audio stream over the video's duration, interleaved by time."""
     with av.open(str(video)) as v, av.open(str(audio_from)) as a, av.open(str(dst), "w") as out:
