@@ -19,6 +19,9 @@ of pass 2 (VmHWM, reset per run), added flicker and crop jitter.
 --refine face   : ComfyUI's sampler on the project's trained face model (devkit/face_model: SD1.5-shaped U-Net at
                   32 base channels + its VAE, cfg 1 with its learned context) through VideoFaceFusion (needs
                   --comfyui): the real sampler path with trained attention, so flicker numbers mean something.
+--x264-threads  : x264 threads of the output and of the floor (0 = x264's own choice, the pack's default). Both
+                  move together: 1 slows the floor more than the pipeline (whose other threads fill the cores), so
+                  its ratio reads better for a slower run; 2 measured the same as auto on 2 cores.
 --anchors       : anchor_attention settings to run key-frame (and per-frame) mode with, e.g. off,full,pooled
                   (ComfyUI samplers only; the stand-in sampler has no attention).
 
@@ -348,6 +351,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kps", type=float, default=2.0, help="key frames per second")
     p.add_argument("--preset", default="veryfast", help="x264 preset of the output")
     p.add_argument("--crf", type=int, default=19, help="x264 CRF of the output (and of the floor)")
+    p.add_argument("--x264-threads", type=int, default=0, help="x264 threads of the output and the floor (0 = auto)")
     p.add_argument("--faces", type=int, choices=[1, 3], default=1, help="talking heads in the clip (1 or 3)")
     p.add_argument(
         "--repeat",
@@ -406,7 +410,7 @@ def main(argv: list[str] | None = None) -> None:
             faces_per_batch=args.batch,
             seed=1,
             keyframes=KeyframeOptions(per_second=0.0 if mode == "per_frame" else args.kps),
-            encode=EncodeOptions(crf=args.crf, preset=args.preset),
+            encode=EncodeOptions(crf=args.crf, preset=args.preset, threads=args.x264_threads),
         )
         progress = (lambda d, t: print(f"\r  pass 2 {d}/{t}", end="", flush=True)) if "warmup" not in out.name else None
         return fuse_video(clip, out, FuseJob(tracks, fake_refine, opts, progress), clock=clock or StageClock()), 0
@@ -422,7 +426,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"warm-up (not timed): {WARM_FRAMES} frames, {', '.join(f'{m}/{a}' for m, a in warm_cases)} ...", flush=True)
     for mode, anchor in warm_cases:
         refine(warm_clip, work / f"warmup_{mode}_{anchor}.mp4", warm_tracks, mode, anchor)
-    floor_run(warm_clip, work / "warmup_floor.mp4", args.crf, args.preset, 0)
+    floor_run(warm_clip, work / "warmup_floor.mp4", args.crf, args.preset, args.x264_threads)
     rows, stage_rows = [], []
     for n in lengths:
         clip = work / f"head{tag}_{n}.mp4"
@@ -432,7 +436,7 @@ def main(argv: list[str] | None = None) -> None:
         timed: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}  # mode -> (floor row, run row) per repeat
         for rep in range(args.repeat):
             last = rep == args.repeat - 1
-            floor = floor_run(clip, work / f"floor_{n}.mp4", args.crf, args.preset, 0)
+            floor = floor_run(clip, work / f"floor_{n}.mp4", args.crf, args.preset, args.x264_threads)
             print("stages " + stage_line(floor_row(n, floor, args)), flush=True)
             clock1 = StageClock()
             t0, c1 = time.perf_counter(), time.process_time()
@@ -533,8 +537,9 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"\nWhere the time goes, ms per frame, whole pipeline (pass 1 + pass 2), {args.faces} face(s), "
         f"{args.height * 16 // 9 // 2 * 2}x{args.height}; encoder libx264 preset {args.preset} CRF {args.crf}, "
-        f"x264 threads auto, OpenCV threads {cv2.getNumThreads()}, torch threads {args.threads}; load average "
-        f"{load_average()}. Floor: PyAV decode -> rgb24 -> from_ndarray -> the same encoder, same process and clip."
+        f"x264 threads {args.x264_threads or 'auto'}, OpenCV threads {cv2.getNumThreads()}, "
+        f"torch threads {args.threads}; load average {load_average()}. Floor: PyAV decode -> rgb24 -> from_ndarray "
+        "-> the same encoder, same process and clip."
     )
     print(
         "| frames | run | "

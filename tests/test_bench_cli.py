@@ -449,6 +449,46 @@ def test_video_warms_every_timed_case_up_before_the_first_timed_row(
     ]
 
 
+def test_video_x264_threads_reach_the_floor_and_the_pipeline_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """--x264-threads sets the encoder threads of the output and of the floor together (a ratio against a floor with
+    other encoder settings would mean nothing), and the table's header names them."""
+    import types
+
+    video = _load_bench(monkeypatch, "video.py")
+    floors: list[int] = []
+    encoders: list[int] = []
+    monkeypatch.setattr(video, "make_clip", lambda path, n, **k: path)
+    monkeypatch.setattr(video, "stability", lambda *a, **k: 1.0)
+
+    def floor_run(clip: Path, out: Path, crf: int, preset: str, threads: int) -> dict[str, float]:
+        floors.append(threads)
+        return {"decode": 1.0, "encode": 2.0, "total": 3.0, "cpu": 3.0}
+
+    def fuse_video(clip: Path, out: Path, job: Any, **k: Any) -> Any:
+        encoders.append(job.opts.encode.threads)
+        return types.SimpleNamespace(key_frames=1, flow_failures=0, diffusion_runs=1)
+
+    import tokenfuse.faces.detect
+    import tokenfuse.video.fuse_pass
+    import tokenfuse.video.track_pass
+    import tokenfuse.video.tracks
+
+    monkeypatch.setattr(video, "floor_run", floor_run)
+    monkeypatch.setattr(tokenfuse.faces.detect, "RetinaFaceDetector", lambda: None)
+    monkeypatch.setattr(tokenfuse.video.tracks, "make_detect", lambda *a, **k: None)
+    tracks = types.SimpleNamespace(raw_jitter=0.0, smooth_jitter=0.0)
+    monkeypatch.setattr(tokenfuse.video.track_pass, "track_video", lambda *a, **k: tracks)
+    monkeypatch.setattr(tokenfuse.video.fuse_pass, "fuse_video", fuse_video)
+    argv = ["video.py", "--frames", "40", "--modes", "keyframes", "--workdir", str(tmp_path), "--x264-threads", "2"]
+    monkeypatch.setattr(sys, "argv", argv)
+    video.main()
+    assert floors and set(floors) == {2}, floors
+    assert encoders and set(encoders) == {2}, encoders
+    assert "x264 threads 2," in capsys.readouterr().out
+
+
 def test_step_cache_warms_every_variant_up_and_says_where_its_calibration_came_from(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
