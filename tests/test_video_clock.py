@@ -35,3 +35,28 @@ def test_null_clock_measures_nothing_and_passes_items_through() -> None:
     NULL_CLOCK.add("paste", 1.0)
     assert list(NULL_CLOCK.timed(iter([1, 2]), "decode")) == [1, 2]
     assert sum(NULL_CLOCK.seconds.values()) == 0.0
+
+
+def test_a_thread_time_clock_counts_cpu_and_not_waiting() -> None:
+    """StageClock(timer=time.thread_time) (bench/video_budget.py): a stage that sleeps costs ~nothing, one that
+    computes costs its CPU time, in stages and in timed iteration alike."""
+
+    def spin(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    def waiting():
+        for i in range(2):
+            time.sleep(0.02)
+            yield i
+
+    clock = StageClock(timer=time.thread_time)
+    with clock.stage("flow"):
+        time.sleep(0.05)
+    with clock.stage("paste"):
+        spin(0.03)
+    assert list(clock.timed(waiting(), "decode")) == [0, 1]
+    assert clock.seconds["flow"] < 0.01
+    assert clock.seconds["decode"] < 0.01
+    assert 0.029 <= clock.seconds["paste"] < 0.5
