@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -487,6 +488,69 @@ def test_video_x264_threads_reach_the_floor_and_the_pipeline_alike(
     assert floors and set(floors) == {2}, floors
     assert encoders and set(encoders) == {2}, encoders
     assert "x264 threads 2," in capsys.readouterr().out
+
+
+def test_video_budget_adds_the_parts_cpu_and_divides_by_the_cores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """bench/video_budget.py: the bound is the CPU of the floor, pass 1 and pass 2's own stages over the cores (and
+    without propagation); pass 2 runs with OpenCV on one thread and a thread-time clock, and OpenCV's threads are
+    given back after; the untimed first round is left out of the medians."""
+    import types
+
+    import cv2
+
+    budget = _load_bench(monkeypatch, "video_budget.py")
+    parts = {
+        "floor": 20.0,
+        "pass1": 18.0,
+        "crop": 5.0,
+        "diffusion": 1.0,
+        "flow": 5.0,
+        "propagation": 10.0,
+        "paste": 3.0,
+    }
+    got = budget.budget(parts, 12.5, 2)
+    assert got["cpu"] == 62.0 and got["bound_ms"] == 31.0 and abs(got["bound_ratio"] - 2.48) < 1e-9
+    assert got["bound_ms_no_propagation"] == 26.0 and abs(got["bound_ratio_no_propagation"] - 2.08) < 1e-9
+    track = types.SimpleNamespace
+    tracks = types.SimpleNamespace(
+        frame_count=10, tracks=(track(start=0, end=10), track(start=0, end=10), track(start=5, end=10))
+    )
+    assert budget.faces_per_frame(tracks) == 2.5
+    assert budget._goal("medium", 720) == 2.0 and budget._goal("veryfast", 720) == 2.5
+    assert budget._goal("medium", 1080) == 2.5
+
+    seen: list[tuple[int, Any]] = []
+    rounds = iter([99.0, 4.0, 6.0])  # the untimed round's stage time must not reach the median
+
+    def fuse_video(clip: Path, out: Path, job: Any, *, clock: Any) -> None:
+        seen.append((cv2.getNumThreads(), clock.timer))
+        clock.add("flow", next(rounds) * 10 / 1000)
+
+    def floor_run(*a: Any) -> dict[str, float]:
+        return {"decode": 1.0, "encode": 2.0, "total": 5.0, "cpu": 8.0}
+
+    vb = types.SimpleNamespace(make_clip=lambda path, n, **k: path, floor_run=floor_run, fake_refine=None)
+    monkeypatch.setattr(budget, "_video_bench", lambda: vb)
+    import tokenfuse.faces.detect
+    import tokenfuse.video.fuse_pass
+    import tokenfuse.video.track_pass
+    import tokenfuse.video.tracks
+
+    monkeypatch.setattr(tokenfuse.faces.detect, "RetinaFaceDetector", lambda: None)
+    monkeypatch.setattr(tokenfuse.video.tracks, "make_detect", lambda *a, **k: None)
+    monkeypatch.setattr(tokenfuse.video.track_pass, "track_video", lambda *a, **k: tracks)
+    monkeypatch.setattr(tokenfuse.video.fuse_pass, "fuse_video", fuse_video)
+    threads = cv2.getNumThreads()
+    out = tmp_path / "b.json"
+    budget.main(["--repeat", "2", "--cores", "2", "--workdir", str(tmp_path), "--json", str(out)])
+    assert [t for t, _ in seen] == [1, 1, 1] and all(timer is time.thread_time for _, timer in seen)
+    assert cv2.getNumThreads() == threads
+    data = json.loads(out.read_text())
+    assert data["parts"]["flow"] == 5.0  # median of 4 and 6 ms per frame, not 99
+    assert data["faces_per_frame"] == 2.5 and data["floor_wall"] == 5.0
+    assert "| flow | 5.0 | 2.0 |" in capsys.readouterr().out
 
 
 def test_step_cache_warms_every_variant_up_and_says_where_its_calibration_came_from(
